@@ -1,0 +1,139 @@
+"""Recurrent units: SimpleRNN with a ReLU-family activation, and Masking.
+
+With the pattern frozen, `h_t = m_t * (W x_t + U h_{t-1} + b)`, so the tangent
+recursion is `dh_t = m_t * (W dx_t + U dh_{t-1})` (DESIGN.md section 3). Padded
+steps (Keras masking) carry the state and create no neurons.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from keras_roll.errors import UnsupportedModelError
+from keras_roll.rules.activations import Activation, activation_ops
+from keras_roll.rules.base import Op, Tangent, apply_linear
+from keras_roll.rules.registry import register_rule
+
+
+class SimpleRNNOp(Op):
+    """The whole SimpleRNN layer: one neuron per unit and (unpadded) time step."""
+
+    def __init__(self, layer, activation: Activation, name=None):
+        super().__init__(layer, name)
+        self.cell = layer.cell
+        self.act = activation
+
+    def _time_major(self, t):
+        perm = [1, 0] + list(range(2, len(t.shape)))
+        return tf.transpose(t, perm)
+
+    def forward(self, inputs, mask):
+        x = inputs[0]
+        cell, layer = self.cell, self.layer
+        dtype = x.dtype
+        kernel = tf.cast(cell.kernel, dtype)
+        recurrent = tf.cast(cell.recurrent_kernel, dtype)
+        xw = tf.matmul(x, kernel)
+        if cell.bias is not None:
+            xw += tf.cast(cell.bias, dtype)
+        batch = tf.shape(x)[0]
+        steps = tf.shape(x)[1]
+        if mask is None:
+            m = tf.ones(tf.stack([batch, steps]), tf.bool)
+        else:
+            m = tf.cast(mask, tf.bool)
+        if layer.go_backwards:
+            xw, m = tf.reverse(xw, [1]), tf.reverse(m, [1])
+        h0 = tf.zeros(tf.stack([batch, cell.units]), dtype)
+
+        def step(carry, elems):
+            h, _, _ = carry
+            xw_t, m_t = elems
+            z = xw_t + tf.matmul(h, recurrent)
+            new = tf.cast(self.act.fn(z), dtype)
+            keep = m_t[:, None]
+            out = tf.where(keep, new, tf.zeros_like(new) if layer.zero_output_for_mask else h)
+            return tf.where(keep, new, h), z, out
+
+        _, z, outs = tf.scan(step, (self._time_major(xw), self._time_major(m)),
+                             initializer=(h0, h0, h0))
+        z, outs = self._time_major(z), self._time_major(outs)
+        record = {"z": z, "slope": self.act._slope(z), "mask": m}
+        output = outs if layer.return_sequences else outs[:, -1]
+        return output, record
+
+    def tangent(self, tangents, record, mask):
+        cell = self.cell
+        slope, m = record["slope"], record["mask"]
+        dtype = slope.dtype
+        batch = tf.shape(slope)[0]
+        kernel = tf.cast(cell.kernel, dtype)
+        recurrent = tf.cast(cell.recurrent_kernel, dtype)
+        tw = apply_linear(lambda xs: tf.matmul(xs[0], kernel), tangents).per_example(batch)
+        if self.layer.go_backwards:
+            tw = tf.reverse(tw, [2])
+        k = tf.shape(tw)[1]
+        tw = tf.transpose(tw, [2, 0, 1, 3])  # [T, B, K, units]
+        slope_t = self._time_major(slope)[:, :, None]  # [T, B, 1, units]
+        keep_t = self._time_major(m)[:, :, None, None]
+        dh0 = tf.zeros(tf.stack([batch, k, cell.units]), dtype)
+
+        def step(carry, elems):
+            dh, _ = carry
+            tw_t, s_t, keep = elems
+            dz = tw_t + tf.matmul(dh, recurrent)
+            return tf.where(keep, s_t * dz, dh), dz
+
+        dhs, dzs = tf.scan(step, (tw, slope_t, keep_t), initializer=(dh0, dh0))
+        if self.layer.zero_output_for_mask:
+            outs = tf.where(keep_t, dhs, tf.zeros_like(dhs))
+        else:
+            outs = dhs
+        outs = tf.transpose(outs, [1, 2, 0, 3])
+        out = outs if self.layer.return_sequences else outs[:, :, -1]
+        neuron_t = tf.reshape(tf.transpose(dzs, [1, 2, 0, 3]), tf.stack([batch, k, -1]))
+        return Tangent(out), neuron_t
+
+    def neurons(self, record):
+        return self.act.neurons(record)
+
+    def neuron_shape(self, record_shapes):
+        return tuple(record_shapes["z"][1:])
+
+
+@register_rule(keras.layers.SimpleRNN)
+def _simple_rnn_rule(layer):
+    for attr, why in (("stateful", "carries state between batches"),
+                      ("return_state", "returns its state as a second output")):
+        if getattr(layer, attr):
+            raise UnsupportedModelError(
+                f"Layer '{layer.name}' (SimpleRNN) has {attr}=True, which {why}; "
+                f"keras_roll linearizes a model as a function of its input alone. "
+                f"Rebuild it with {attr}=False."
+            )
+    acts = activation_ops(layer, layer.cell.activation)
+    if len(acts) != 1 or not isinstance(acts[0], Activation):
+        raise UnsupportedModelError(
+            f"Layer '{layer.name}' (SimpleRNN) needs a ReLU-family activation to be "
+            f"piecewise linear; it uses "
+            f"'{getattr(layer.cell.activation, '__name__', layer.cell.activation)}'. "
+            f"Build it with activation='relu' (or leaky_relu)."
+        )
+    return SimpleRNNOp(layer, acts[0])
+
+
+class MaskingOp(Op):
+    """`keras.layers.Masking`: zeroes padded steps (their mask is part of the pattern)."""
+
+    def forward(self, inputs, mask):
+        x = inputs[0]
+        keep = tf.reduce_any(tf.not_equal(x, self.layer.mask_value), axis=-1, keepdims=True)
+        keep = tf.cast(keep, x.dtype)
+        return x * keep, {"keep": keep}
+
+    def tangent(self, tangents, record, mask):
+        return tangents[0].masked(record["keep"]), None
+
+
+register_rule(keras.layers.Masking, MaskingOp)

@@ -1,0 +1,119 @@
+"""Small models covering every supported layer family, for the tests.
+
+Each builder returns a built Keras model with deterministic weights. Activations
+are separate layers where the tests need Keras-visible pre-activations
+(`preactivation_tensors`); `fused=True` variants put them into `activation=`.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+
+def _seed(seed):
+    keras.utils.set_random_seed(seed)
+
+
+def mlp(fused=False, dtype="float32", seed=0, in_dim=6, widths=(8, 7), out=3):
+    _seed(seed)
+    inp = keras.Input((in_dim,), dtype=dtype)
+    h = inp
+    for i, w in enumerate(widths):
+        if fused:
+            h = keras.layers.Dense(w, activation="relu", dtype=dtype, name=f"dense{i}")(h)
+        else:
+            h = keras.layers.Dense(w, dtype=dtype, name=f"dense{i}")(h)
+            h = keras.layers.ReLU(dtype=dtype, name=f"relu{i}")(h)
+    out_t = keras.layers.Dense(out, activation="softmax", dtype=dtype, name="logits")(h)
+    return keras.Model(inp, out_t, name=f"mlp_{'fused' if fused else 'split'}")
+
+
+def cnn(seed=0):
+    """Conv + BatchNorm + average and max pooling + dense head."""
+    _seed(seed)
+    inp = keras.Input((8, 8, 2))
+    h = keras.layers.Rescaling(1 / 4.0, offset=-0.5)(inp)
+    h = keras.layers.Conv2D(4, 3, padding="same", name="conv0")(h)
+    h = keras.layers.BatchNormalization(name="bn0")(h)
+    h = keras.layers.ReLU(name="relu0")(h)
+    h = keras.layers.MaxPooling2D(2, name="maxpool")(h)
+    h = keras.layers.DepthwiseConv2D(3, padding="same", name="dw")(h)
+    h = keras.layers.LeakyReLU(0.1, name="leaky")(h)
+    h = keras.layers.AveragePooling2D(2, name="avgpool")(h)
+    h = keras.layers.Flatten()(h)
+    h = keras.layers.Dropout(0.3)(h)
+    h = keras.layers.Dense(5, name="dense")(h)
+    h = keras.layers.ReLU(name="relu1")(h)
+    out = keras.layers.Dense(3, name="logits")(h)
+    model = keras.Model(inp, out, name="cnn")
+    _randomize_batch_norm(model)
+    return model
+
+
+def residual(seed=0):
+    """A residual block with a projection shortcut, ReLU6 and PReLU."""
+    _seed(seed)
+    inp = keras.Input((6, 6, 3))
+    h = keras.layers.Conv2D(4, 3, padding="same", name="conv_a")(inp)
+    h = keras.layers.ReLU(max_value=6.0, name="relu6")(h)
+    h = keras.layers.Conv2D(4, 3, padding="same", name="conv_b")(h)
+    s = keras.layers.Conv2D(4, 1, name="shortcut")(inp)
+    h = keras.layers.Add(name="add")([h, s])
+    h = keras.layers.PReLU(alpha_initializer=keras.initializers.Constant(0.25),
+                           name="prelu")(h)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    out = keras.layers.Dense(3, name="logits")(h)
+    return keras.Model(inp, out, name="residual")
+
+
+def rnn(activation="relu", return_sequences=False, seed=0, steps=5, channels=3):
+    """Masking + SimpleRNN (variable length through zero padding)."""
+    _seed(seed)
+    inp = keras.Input((steps, channels))
+    h = keras.layers.Masking(0.0)(inp)
+    act = "relu" if activation == "relu" else keras.activations.leaky_relu
+    h = keras.layers.SimpleRNN(6, activation=act, return_sequences=return_sequences,
+                               name="rnn")(h)
+    if return_sequences:
+        h = keras.layers.GlobalAveragePooling1D()(h)
+    out = keras.layers.Dense(2, name="logits")(h)
+    return keras.Model(inp, out, name=f"rnn_{activation}")
+
+
+def nested(seed=0):
+    """A functional model inside a Sequential inside a functional model."""
+    _seed(seed)
+    block_in = keras.Input((5,))
+    b = keras.layers.Dense(6, name="inner_dense")(block_in)
+    b = keras.layers.ReLU(name="inner_relu")(b)
+    block = keras.Model(block_in, b, name="block")
+    seq = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, name="seq_dense"),
+                            keras.layers.ReLU(name="seq_relu")], name="seq")
+    inp = keras.Input((5,))
+    h = block(inp)
+    h = seq(h)
+    out = keras.layers.Dense(2, name="logits")(h)
+    return keras.Model(inp, out, name="nested")
+
+
+def _randomize_batch_norm(model):
+    rng = np.random.default_rng(0)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            n = layer.moving_mean.shape[0]
+            layer.moving_mean.assign(rng.normal(0, 0.3, n))
+            layer.moving_variance.assign(rng.uniform(0.5, 2.0, n))
+            layer.gamma.assign(rng.uniform(0.5, 1.5, n))
+            layer.beta.assign(rng.normal(0, 0.2, n))
+
+
+def padded_sequences(batch=4, steps=5, channels=3, seed=0):
+    """Random sequences of lengths 2..steps, zero-padded at the end."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(batch, steps, channels)).astype("float32")
+    lengths = rng.integers(2, steps + 1, size=batch)
+    lengths[0] = steps
+    for i, n in enumerate(lengths):
+        x[i, n:] = 0.0
+    return x, lengths
