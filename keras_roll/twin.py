@@ -342,8 +342,8 @@ class Linearized:
                     continue
             sl = slice(i, i + int(xb.shape[0]))
             for start in range(0, d, k):
-                yield sl, fwd, start, k, self._axes_fn(fwd.trace, start, k, example_shape,
-                                                        reduce)
+                first = tf.constant(start, tf.int32)
+                yield sl, fwd, start, k, self._axes_fn(fwd.trace, first, k, example_shape, reduce)
             i += int(xb.shape[0])
 
     # ------------------------------------------------------------------ validation

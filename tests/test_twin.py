@@ -1,0 +1,239 @@
+"""The twin's Jacobians against independent tf.GradientTape references."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_roll
+from tests import model_zoo as zoo
+
+ACTIVATION_LAYERS = (keras.layers.ReLU, keras.layers.LeakyReLU, keras.layers.PReLU)
+
+
+def _tape_jacobian(fn, x):
+    """[B, n, D] Jacobian of fn(x) (flattened per example) by back-propagation."""
+    xt = tf.convert_to_tensor(x)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(xt)
+        outs = fn(xt)
+    b, d = x.shape[0], int(np.prod(x.shape[1:]))
+    jacs = [tf.reshape(tape.batch_jacobian(o, xt), (b, -1, d)).numpy() for o in outs]
+    values = [tf.reshape(o, (b, -1)).numpy() for o in outs]
+    return values, jacs
+
+
+def _rows(lin, x, name):
+    names = lin.neuron_names_for(x)
+    return np.array([i for i, (n, _) in enumerate(names) if n == name])
+
+
+def _assert_close(actual, expected, rtol=1e-5):
+    scale = max(np.abs(expected).max(), 1e-12)
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=rtol * scale)
+
+
+def _check_activation_layers(model, x, rtol=1e-5):
+    """Every activation layer's pre-activation Jacobian equals the tape's."""
+    lin = keras_roll.linearize(model)
+    jac = lin.jacobian(x)
+    acts = [layer for layer in model.layers if isinstance(layer, ACTIVATION_LAYERS)]
+    sub = keras.Model(model.inputs, [layer.input for layer in acts])
+    values, ref = _tape_jacobian(lambda t: tf.nest.flatten(sub(t, training=False)), x)
+    fwd = lin.forward(x)
+    for layer, value, r in zip(acts, values, ref):
+        rows = _rows(lin, x, layer.name)
+        assert len(rows) == r.shape[1], layer.name
+        _assert_close(jac[:, rows], r, rtol)
+        _assert_close(fwd.neurons.z.numpy()[:, rows], value, rtol)
+    return lin, jac
+
+
+def _check_outputs(model, x, rtol=1e-5):
+    lin = keras_roll.linearize(model)
+    (value,), (ref,) = _tape_jacobian(lambda t: [model(t, training=False)], x)
+    _assert_close(lin.output_jacobian(x), ref, rtol)
+    _assert_close(lin(x).numpy().reshape(value.shape), value, rtol)
+
+
+def test_mlp_matches_tape():
+    x = np.random.default_rng(0).normal(size=(5, 6)).astype("float32")
+    model = zoo.mlp(fused=False)
+    _check_activation_layers(model, x)
+    lin = keras_roll.linearize(model)
+    assert lin.output_link == "softmax"
+    logits = keras.Model(model.inputs, model.get_layer("logits").output)
+    # The softmax is folded: the output Jacobian is the Jacobian of the logits.
+    (value,), (ref,) = _tape_jacobian(lambda t: [tf.math.log(logits(t))], x)
+    sm = tf.nn.log_softmax(lin(x)).numpy()
+    _assert_close(sm, value)
+
+
+def test_float64_model_matches_tape_tightly():
+    x = np.random.default_rng(1).normal(size=(4, 6))
+    model = zoo.mlp(fused=False, dtype="float64")
+    lin, jac = _check_activation_layers(model, x, rtol=1e-12)
+    assert jac.dtype == np.float64 and lin.dtype == "float64"
+
+
+def test_cnn_with_batchnorm_and_pooling_matches_tape():
+    rng = np.random.default_rng(2)
+    x = rng.uniform(0, 4, size=(3, 8, 8, 2)).astype("float32")
+    model = zoo.cnn()
+    lin, jac = _check_activation_layers(model, x)
+    _check_outputs(model, x)
+    # Max-pool neurons: v_winner - v_k for each 2x2 window, by numpy on the tape Jacobian.
+    pool = model.get_layer("maxpool")
+    sub = keras.Model(model.inputs, pool.input)
+    (pv,), (pj,) = _tape_jacobian(lambda t: [sub(t, training=False)], x)
+    pv = pv.reshape(3, 8, 8, 4)
+    pj = pj.reshape(3, 8, 8, 4, -1)
+    rows = _rows(lin, x, "maxpool")
+    names = [lin.neuron_names_for(x)[r][1] for r in rows]
+    fwd = lin.forward(x)
+    valid = fwd.neurons.valid.numpy()[:, rows]
+    got_z = fwd.neurons.z.numpy()[:, rows]
+    checked = 0
+    for b in range(3):
+        for col, (ho, wo, w, c) in enumerate(names):
+            window = [(2 * ho + i, 2 * wo + j) for i in range(2) for j in range(2)]
+            vals = [pv[b, h, v, c] for h, v in window]
+            win = window[int(np.argmax(vals))]
+            other = window[w]
+            if win == other:
+                assert not valid[b, col]
+                continue
+            assert valid[b, col]
+            assert got_z[b, col] == pytest.approx(pv[b][win][c] - pv[b][other][c], abs=1e-5)
+            ref = pj[b][win][c] - pj[b][other][c]
+            np.testing.assert_allclose(jac[b, rows[col]], ref, atol=1e-5 * np.abs(pj).max())
+            checked += 1
+    assert checked > 50
+
+
+def test_residual_relu6_prelu_matches_tape():
+    x = np.random.default_rng(3).normal(scale=8.0, size=(3, 6, 6, 3)).astype("float32")
+    model = zoo.residual()
+    _, jac = _check_activation_layers(model, x)
+    _check_outputs(model, x)
+    # ReLU6 saturates somewhere: both breakpoints are exercised.
+    z = keras.Model(model.inputs, model.get_layer("relu6").input)(x).numpy()
+    assert (z > 6).any() and (z < 0).any() and ((z > 0) & (z < 6)).any()
+
+
+def test_nested_models_are_inlined():
+    x = np.random.default_rng(4).normal(size=(4, 5)).astype("float32")
+    model = zoo.nested()
+    lin = keras_roll.linearize(model)
+    assert [n for n, _ in lin.neuron_names][::3][:2] == ["block/inner_relu"] * 2
+    _check_outputs(model, x)
+    inner = model.get_layer("block")
+    seq = model.get_layer("seq")
+    a = keras.Model(inner.inputs, inner.get_layer("inner_relu").input)
+    values, ref = _tape_jacobian(lambda t: [a(t)], x)
+    jac = lin.jacobian(x)
+    _assert_close(jac[:, :6], ref[0])
+    s = keras.Sequential([seq.get_layer("seq_dense")])
+    values, ref = _tape_jacobian(lambda t: [s(inner(t))], x)
+    _assert_close(jac[:, 6:], ref[0])
+
+
+def _rnn_reference(model, x, leaky):
+    """A SimpleRNN written out by hand: pre-activations of every step."""
+    layer = model.get_layer("rnn")
+    cell = layer.cell
+    act = (lambda z: tf.nn.leaky_relu(z, 0.2)) if leaky else tf.nn.relu
+    head = model.get_layer("logits")
+
+    def fn(xt):
+        mask = tf.reduce_any(tf.not_equal(xt, 0.0), axis=-1)
+        h = tf.zeros((xt.shape[0], cell.units))
+        zs, hs = [], []
+        for t in range(xt.shape[1]):
+            z = xt[:, t] @ cell.kernel + h @ cell.recurrent_kernel + cell.bias
+            h = tf.where(mask[:, t, None], act(z), h)
+            zs.append(z)
+            hs.append(h)
+        if layer.return_sequences:
+            m = tf.cast(mask, h.dtype)[..., None]
+            pooled = tf.reduce_sum(tf.stack(hs, 1) * m, 1) / tf.reduce_sum(m, 1)
+        else:
+            pooled = h
+        return [tf.stack(zs, 1), head(pooled)]
+
+    return fn
+
+
+@pytest.mark.parametrize("activation,sequences", [("relu", False), ("leaky", True)])
+def test_simple_rnn_with_masked_variable_length_input(activation, sequences):
+    model = zoo.rnn(activation, return_sequences=sequences)
+    x, lengths = zoo.padded_sequences()
+    (z, out), (zj, oj) = _tape_jacobian(_rnn_reference(model, x, activation == "leaky"), x)
+    _assert_close(model(x).numpy(), out)  # the hand-written reference is the model
+    lin = keras_roll.linearize(model)
+    _assert_close(lin(x).numpy(), out)
+    _assert_close(lin.output_jacobian(x), oj)
+    fwd = lin.forward(x)
+    jac = lin.jacobian(x)
+    valid = fwd.neurons.valid.numpy()
+    steps = np.arange(x.shape[1])
+    expected_valid = np.repeat(steps[None, :] < lengths[:, None], 6, axis=1)
+    np.testing.assert_array_equal(valid, expected_valid)
+    # Padded steps create no neurons; the others match the hand-written recurrence.
+    _assert_close(np.where(valid[..., None], jac, 0), np.where(valid[..., None], zj, 0))
+    _assert_close(np.where(valid, fwd.neurons.z.numpy(), 0), np.where(valid, z, 0))
+
+
+def test_fused_and_split_activations_give_the_same_jacobian():
+    x = np.random.default_rng(5).normal(size=(4, 6)).astype("float32")
+    fused = keras_roll.linearize(zoo.mlp(fused=True, seed=7)).jacobian(x)
+    split = keras_roll.linearize(zoo.mlp(fused=False, seed=7)).jacobian(x)
+    np.testing.assert_allclose(fused, split, rtol=1e-6, atol=1e-7)
+
+
+def test_jvp_equals_jacobian_times_direction_shared_and_per_example():
+    rng = np.random.default_rng(6)
+    x = rng.uniform(0, 4, size=(2, 8, 8, 2)).astype("float32")
+    lin = keras_roll.linearize(zoo.cnn())
+    jac = lin.jacobian(x)
+    ojac = lin.output_jacobian(x)
+    v = rng.normal(size=(2, 3, 8, 8, 2)).astype("float32")
+    got = lin.jvp(x, v)
+    expect = np.einsum("bnd,bkd->bkn", jac, v.reshape(2, 3, -1))
+    _assert_close(got.neurons.numpy(), expect)
+    _assert_close(got.logits.numpy(), np.einsum("bld,bkd->bkl", ojac, v.reshape(2, 3, -1)))
+    shared = lin.jvp(x, v[0])
+    _assert_close(shared.neurons.numpy(), np.einsum("bnd,kd->bkn", jac, v[0].reshape(3, -1)))
+
+
+def test_small_memory_budget_streams_the_same_jacobian():
+    rng = np.random.default_rng(7)
+    x = rng.uniform(0, 4, size=(5, 8, 8, 2)).astype("float32")
+    model = zoo.cnn()
+    full = keras_roll.linearize(model).jacobian(x)
+    lin = keras_roll.linearize(model, memory_budget=200_000)
+    chunks = list(lin.iter_axis_chunks(x))
+    assert len(chunks) > 4  # several example and direction chunks
+    for sl, fwd, start, k, jvp in chunks:
+        assert jvp.neurons.numpy().nbytes <= 200_000
+    _assert_close(lin.jacobian(x), full, rtol=1e-6)
+
+
+def test_plan_chunks_respects_the_budget_for_large_inputs():
+    from keras_roll.twin import plan_chunks
+
+    d = 299 * 299 * 3
+    per = 4 * 2_000_000  # bytes per direction per example of a big conv net
+    b, k = plan_chunks(32, d, per, 256 * 2**20, None)
+    assert b * k * per <= 256 * 2**20 and k >= 1 and b >= 1
+
+
+def test_weights_are_read_at_call_time():
+    x = np.random.default_rng(8).normal(size=(3, 6)).astype("float32")
+    model = zoo.mlp(fused=True)
+    lin = keras_roll.linearize(model)
+    before = lin.jacobian(x)
+    dense = model.get_layer("dense0")
+    dense.kernel.assign(dense.kernel * 2.0)
+    after = lin.jacobian(x)
+    np.testing.assert_allclose(after[:, :8], 2 * before[:, :8], rtol=1e-6)
