@@ -161,8 +161,8 @@ def _fold_output_link(steps: list[Step], output_key: int) -> str | None:
             last = step.output == output_key and i == len(step.ops) - 1
             if not last:
                 raise UnsupportedModelError(
-                    f"Layer '{step.name}' ({type(step.layer).__name__}) applies a "
-                    f"{op.link} inside the network; keras_roll allows softmax / sigmoid "
+                    f"Layer '{step.name}' ({type(step.layer).__name__}) applies the activation "
+                    f"'{op.link}' inside the network; keras_roll allows softmax / sigmoid "
                     f"only as the final output, where it is folded into the loss. Use a "
                     f"ReLU-family activation in hidden layers."
                 )

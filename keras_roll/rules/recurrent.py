@@ -112,7 +112,10 @@ def _simple_rnn_rule(layer):
                 f"keras_roll linearizes a model as a function of its input alone. "
                 f"Rebuild it with {attr}=False."
             )
-    acts = activation_ops(layer, layer.cell.activation)
+    try:
+        acts = activation_ops(layer, layer.cell.activation)
+    except UnsupportedModelError:
+        acts = []
     if len(acts) != 1 or not isinstance(acts[0], Activation):
         raise UnsupportedModelError(
             f"Layer '{layer.name}' (SimpleRNN) needs a ReLU-family activation to be "
