@@ -21,6 +21,7 @@ from keras_roll.graph import Program, build_program
 from keras_roll.rules.base import Neurons, Tangent
 
 DEFAULT_MEMORY_BUDGET = 256 * 2**20  # bytes of live tangents per chunk
+DEFAULT_EXAMPLES = 64  # examples per chunk when streaming directions
 MAX_DENSE_RESULT = 4 * 2**30  # refuse to return dense Jacobians above this size
 
 
@@ -329,7 +330,7 @@ class Linearized:
         example_shape = tf.constant(x.shape[1:], tf.int32)
         d = int(np.prod(x.shape[1:]))
         per = None
-        b = batch_size or b_total
+        b = min(b_total, batch_size or DEFAULT_EXAMPLES)
         i = 0
         while i < b_total:
             xb = x[i : i + b]
@@ -391,14 +392,19 @@ def trace_batch(trace, lin: Linearized):
 
 def plan_chunks(b_total: int, d: int, per_direction: int, budget: int,
                 batch_size: int | None) -> tuple[int, int]:
-    """Chooses (examples, directions) per chunk so that `b * k * per <= budget`."""
-    b = min(b_total, batch_size or b_total)
+    """Chooses (examples, directions) per chunk so that `b * k * per <= budget`.
+
+    Examples default to chunks of `DEFAULT_EXAMPLES` (large enough to keep the
+    matmuls efficient); directions fill the rest of the budget, balanced so the
+    last chunk is not almost empty.
+    """
+    b = min(b_total, batch_size or DEFAULT_EXAMPLES)
     k = budget // max(1, b * per_direction)
     if k < min(d, 32) and batch_size is None:
         b = max(1, min(b, budget // max(1, per_direction * min(d, 32))))
         k = budget // max(1, b * per_direction)
     k = int(max(1, min(d, k)))
-    if k < d:  # balance the chunks so that the last one is not almost empty
+    if k < d:
         k = math.ceil(d / math.ceil(d / k))
     return int(b), k
 

@@ -1,0 +1,1 @@
+"""Runnable keras_roll examples (absl apps): `python -m examples.<name> --flagfile=...`."""
