@@ -117,3 +117,42 @@ def padded_sequences(batch=4, steps=5, channels=3, seed=0):
     for i, n in enumerate(lengths):
         x[i, n:] = 0.0
     return x, lengths
+
+
+def kitchen_sink(seed=0):
+    """Every remaining supported layer once: 1-D and 3-D convs, separable convs,
+    Normalization, paddings, croppings, permutes, merges, dropouts, max pooling 1-D
+    and global max pooling."""
+    _seed(seed)
+    inp = keras.Input((12, 4))
+    norm = keras.layers.Normalization(mean=[0.1, -0.2, 0.3, 0.0],
+                                      variance=[1.5, 0.5, 2.0, 1.0], name="norm")
+    h = norm(inp)
+    h = keras.layers.GaussianNoise(0.5)(h)
+    a = keras.layers.Conv1D(5, 3, padding="causal", name="conv1d")(h)
+    a = keras.layers.ReLU(negative_slope=0.05, threshold=0.1, name="relu_thr")(a)
+    b = keras.layers.SeparableConv1D(5, 3, padding="same", name="sep1d")(h)
+    b = keras.layers.LeakyReLU(0.3, name="leaky1d")(b)
+    h = keras.layers.Subtract()([a, b])
+    h = keras.layers.ZeroPadding1D(1)(h)
+    h = keras.layers.Cropping1D((0, 2))(h)
+    h = keras.layers.SpatialDropout1D(0.2)(h)
+    p = keras.layers.MaxPooling1D(2, name="maxpool1d")(h)
+    q = keras.layers.AveragePooling1D(2)(h)
+    h = keras.layers.Average()([p, q])
+    h = keras.layers.Permute((2, 1))(h)
+    h = keras.layers.Reshape((5, 6, 1))(h)
+    h = keras.layers.SeparableConv2D(3, 2, name="sep2d")(h)
+    h = keras.layers.ReLU(name="relu_sep2d")(h)
+    h = keras.layers.ZeroPadding2D(1)(h)
+    h = keras.layers.Cropping2D(((1, 0), (0, 1)))(h)
+    g = keras.layers.GlobalMaxPooling2D(name="gmax")(h)
+    h3 = keras.layers.Reshape((5, 6, 1, 3))(h)
+    h3 = keras.layers.Conv3D(2, (2, 2, 1), name="conv3d")(h3)
+    h3 = keras.layers.ReLU(name="relu3d")(h3)
+    h3 = keras.layers.Flatten()(h3)
+    h = keras.layers.Concatenate()([g, h3])
+    h = keras.layers.Dense(4, name="dense")(h)
+    h = keras.layers.ReLU(name="relu_dense")(h)
+    out = keras.layers.Dense(3, name="logits")(h)
+    return keras.Model(inp, out, name="kitchen_sink")

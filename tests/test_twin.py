@@ -237,3 +237,13 @@ def test_weights_are_read_at_call_time():
     dense.kernel.assign(dense.kernel * 2.0)
     after = lin.jacobian(x)
     np.testing.assert_allclose(after[:, :8], 2 * before[:, :8], rtol=1e-6)
+
+
+def test_every_other_supported_layer_matches_tape():
+    x = np.random.default_rng(9).normal(size=(3, 12, 4)).astype("float32")
+    model = zoo.kitchen_sink()
+    _check_activation_layers(model, x)
+    _check_outputs(model, x)
+    lin = keras_roll.linearize(model)
+    names = {n for n, _ in lin.neuron_names}
+    assert {"maxpool1d", "gmax"} <= names
