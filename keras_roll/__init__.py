@@ -3,19 +3,48 @@ piecewise-linear Keras networks.
 
 Reference: G.-H. Lee, D. Alvarez-Melis, T. S. Jaakkola, "Towards Robust, Locally
 Linear Deep Networks", ICLR 2019.
+
+Example:
+
+```python
+import keras_roll
+
+cert = keras_roll.certify(model, x)          # l1 / l2 / l_inf margins per input
+cert.summary()
+wrapped = keras_roll.wrap(model, lam=2.0, C=1.0)
+wrapped.compile("sgd", "sparse_categorical_crossentropy")
+wrapped.fit(x_train, y_train)
+```
 """
 
 from keras_roll import rules
 from keras_roll.errors import UnsupportedModelError
+from keras_roll.margins import (
+    Certificate,
+    StabilityBounds,
+    certify,
+    l2_margins,
+    lp_margins,
+    stability_bounds,
+)
+from keras_roll.regions import RegionCount, count_regions
 from keras_roll.rules import register_rule
 from keras_roll.twin import Linearized, linearize
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Certificate",
     "Linearized",
+    "RegionCount",
+    "StabilityBounds",
     "UnsupportedModelError",
+    "certify",
+    "count_regions",
+    "l2_margins",
     "linearize",
+    "lp_margins",
     "register_rule",
     "rules",
+    "stability_bounds",
 ]

@@ -166,11 +166,11 @@ class Linearized:
         trace = []
         size = tf.constant(0, tf.int64)
         neurons = []
-        for step in prog.steps:
+        for i, step in enumerate(prog.steps):
             ins = [env[k] for k in step.inputs]
             in_masks = [masks[k] for k in step.inputs]
             mask = in_masks[0]
-            entry = {"ops": []}
+            entry = {"ops": []} if i else {"ops": [], "input": x}
             if mask is not None:
                 entry["mask"] = mask
             h = ins
@@ -204,7 +204,7 @@ class Linearized:
 
     def _finish(self, neuron_t, out: Tangent, batch, k):
         out = out.per_example(batch)
-        logits = tf.reshape(out, tf.stack([batch, k, -1]))
+        logits = tf.reshape(out, tf.stack([batch, k, tf.reduce_prod(tf.shape(out)[2:])]))
         if neuron_t:
             neurons = tf.concat(neuron_t, axis=-1)
         else:
@@ -294,7 +294,7 @@ class Linearized:
         b_total = int(x.shape[0])
         d = int(np.prod(x.shape[1:]))
         out = None
-        for sl, fwd, start, k, jvp in self.iter_axis_chunks(x, batch_size=batch_size):
+        for sl, _fwd, start, k, jvp in self.iter_axis_chunks(x, batch_size=batch_size):
             block = getattr(jvp, which).numpy()  # [b, k, n]
             if out is None:
                 n = block.shape[-1]
@@ -381,13 +381,10 @@ class Linearized:
 
 
 def trace_batch(trace, lin: Linearized):
-    """A `[B, ...]` tensor from the trace, to read the batch size inside graphs."""
-    for entry in trace:
-        for rec in entry["ops"]:
-            for value in rec.values():
-                return value
-    raise ValueError(f"Model '{lin.model.name}' has no pattern-carrying unit; pass directions "
-                     f"as [B, K, *input_shape].")
+    """The `[B, ...]` model input kept in the trace, to read the batch size in graphs."""
+    if not trace:
+        raise ValueError(f"Model '{lin.model.name}' has no layers to linearize.")
+    return trace[0]["input"]
 
 
 def plan_chunks(b_total: int, d: int, per_direction: int, budget: int,

@@ -14,7 +14,13 @@ import keras
 import tensorflow as tf
 
 from keras_roll.errors import UnsupportedModelError
-from keras_roll.rules.base import Neurons, Op, Tangent
+from keras_roll.rules.base import (
+    Neurons,
+    Op,
+    Tangent,
+    flatten_directions,
+    flatten_examples,
+)
 from keras_roll.rules.registry import register_rule
 
 
@@ -70,12 +76,10 @@ class Activation(Op):
         slope = record["slope"]
         batch = tf.shape(slope)[0]
         pre = t.per_example(batch)
-        flat = tf.reshape(pre, tf.stack([batch, tf.shape(pre)[1], -1]))
-        return Tangent(pre * slope[:, None], shared=False), flat
+        return Tangent(pre * slope[:, None], shared=False), flatten_directions(pre)
 
     def neurons(self, record):
         z = record["z"]
-        batch = tf.shape(z)[0]
         inf = tf.constant(math.inf, z.dtype)
         below = tf.fill(tf.shape(z), inf)
         above = tf.fill(tf.shape(z), inf)
@@ -92,10 +96,7 @@ class Activation(Op):
             valid = tf.broadcast_to(m, tf.shape(z))
         else:
             valid = tf.ones(tf.shape(z), tf.bool)
-
-        def flat(t):
-            return tf.reshape(t, tf.stack([batch, -1]))
-
+        flat = flatten_examples
         return Neurons(flat(z), flat(below), flat(above), flat(valid), flat(piece))
 
     def neuron_shape(self, record_shapes):

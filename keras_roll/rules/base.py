@@ -62,6 +62,18 @@ def split_batch(t: tf.Tensor, batch_size) -> tf.Tensor:
     return tf.reshape(t, tf.concat([[batch_size, -1], shape[1:]], axis=0))
 
 
+def flatten_directions(t: tf.Tensor) -> tf.Tensor:
+    """`[B, K, *shape]` -> `[B, K, prod(shape)]` (well defined for an empty batch)."""
+    shape = tf.shape(t)
+    return tf.reshape(t, tf.stack([shape[0], shape[1], tf.reduce_prod(shape[2:])]))
+
+
+def flatten_examples(t: tf.Tensor) -> tf.Tensor:
+    """`[B, *shape]` -> `[B, prod(shape)]` (well defined for an empty batch)."""
+    shape = tf.shape(t)
+    return tf.reshape(t, tf.stack([shape[0], tf.reduce_prod(shape[1:])]))
+
+
 def apply_linear(fn, tangents: list[Tangent]) -> Tangent:
     """Applies a linear, example-independent map to tangents.
 

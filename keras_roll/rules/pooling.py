@@ -12,7 +12,15 @@ import keras
 import tensorflow as tf
 
 from keras_roll.errors import UnsupportedModelError
-from keras_roll.rules.base import Neurons, Op, Tangent, merge_batch, split_batch
+from keras_roll.rules.base import (
+    Neurons,
+    Op,
+    Tangent,
+    flatten_directions,
+    flatten_examples,
+    merge_batch,
+    split_batch,
+)
 from keras_roll.rules.registry import register_rule
 
 
@@ -52,16 +60,14 @@ class MaxWindows(Op):
         patches = split_batch(self.windows(merge_batch(t)), batch)  # [B, K, *out, w, C]
         chosen = tf.reduce_sum(patches * one_hot[:, None], axis=-2)
         diff = chosen[..., None, :] - patches
-        k = tf.shape(t)[1]
-        return Tangent(chosen), tf.reshape(diff, tf.stack([batch, k, -1]))
+        return Tangent(chosen), flatten_directions(diff)
 
     def neurons(self, record):
         patches, out = record["patches"], record["out"]
-        batch = tf.shape(out)[0]
         z = out[..., None, :] - patches
         valid = tf.broadcast_to(record["valid"], tf.shape(z))
         inf = tf.fill(tf.shape(z), tf.constant(float("inf"), z.dtype))
-        flat = lambda t: tf.reshape(t, tf.stack([batch, -1]))  # noqa: E731
+        flat = flatten_examples
         return Neurons(flat(z), flat(z), flat(inf), flat(valid),
                        flat(tf.cast(record["one_hot"] > 0, tf.int32)))
 

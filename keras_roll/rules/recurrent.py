@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.rules.activations import Activation, activation_ops
-from keras_roll.rules.base import Op, Tangent, apply_linear
+from keras_roll.rules.base import Op, Tangent, apply_linear, flatten_directions
 from keras_roll.rules.registry import register_rule
 
 
@@ -92,7 +92,7 @@ class SimpleRNNOp(Op):
             outs = dhs
         outs = tf.transpose(outs, [1, 2, 0, 3])
         out = outs if self.layer.return_sequences else outs[:, :, -1]
-        neuron_t = tf.reshape(tf.transpose(dzs, [1, 2, 0, 3]), tf.stack([batch, k, -1]))
+        neuron_t = flatten_directions(tf.transpose(dzs, [1, 2, 0, 3]))
         return Tangent(out), neuron_t
 
     def neurons(self, record):
