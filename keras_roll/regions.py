@@ -1,0 +1,245 @@
+"""Counting the complete linear regions (#CLR) met by a data set.
+
+Lee, Alvarez-Melis & Jaakkola ("Towards Robust, Locally Linear Deep Networks",
+ICLR 2019, Lemma 7): among a set of points, none of which lies on a region
+boundary, the number of complete linear regions is
+
+* at most the number of distinct activation patterns (points with the same
+  pattern share one region), and
+* at least the number of distinct output Jacobians (points in one region share
+  their Jacobian, so distinct Jacobians mean distinct regions).
+
+A point on a boundary (a valid neuron exactly at a breakpoint, with nonzero
+gradient) belongs to several closed regions at once, and the bounds need not
+hold; `count_regions` reports how many there are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+
+from keras_roll.margins import (
+    _as_linearized,
+    _check_common,
+    _neuron_arrays,
+    _progress,
+    iter_gradient_norms,
+)
+from keras_roll.twin import plan_chunks
+
+__all__ = ["RegionCount", "count_regions"]
+
+
+@dataclasses.dataclass(repr=False)
+class RegionCount:
+    """Bounds on the number of complete linear regions among `n` points (Lemma 7).
+
+    Attributes:
+        patterns: number of distinct activation patterns (upper bound on #CLR).
+        jacobians: number of distinct output Jacobians (lower bound on #CLR).
+        on_boundary: number of points lying on a region boundary; the bounds
+            are guaranteed only when it is 0.
+        n: number of points.
+        pattern_ids: `[n]` int, the pattern of every point (numbered in order
+            of first appearance).
+        jacobian_ids: `[n]` int, the Jacobian class of every point.
+        boundary: `[n]` bool, which points lie on a boundary.
+    """
+
+    patterns: int
+    jacobians: int
+    on_boundary: int
+    n: int
+    pattern_ids: np.ndarray
+    jacobian_ids: np.ndarray
+    boundary: np.ndarray
+
+    @property
+    def bounds_hold(self) -> bool:
+        """Whether Lemma 7 applies (no point on a boundary)."""
+        return self.on_boundary == 0
+
+    def __repr__(self) -> str:
+        return (f"RegionCount(n={self.n}, jacobians={self.jacobians} <= #CLR <= "
+                f"patterns={self.patterns}, on_boundary={self.on_boundary})")
+
+    def summary(self, print_fn=print) -> None:
+        """Prints the bounds as a small table.
+
+        Example:
+
+        ```python
+        keras_roll.count_regions(model, x_test).summary()
+        ```
+        """
+        width = 56
+        rows = [("points", self.n),
+                ("#CLR lower bound (distinct Jacobians)", self.jacobians),
+                ("#CLR upper bound (distinct patterns)", self.patterns),
+                ("points on a boundary", self.on_boundary)]
+        lines = ["Complete linear regions (Lee et al., ICLR 2019, Lemma 7)", "_" * width]
+        lines += [f"{label:<44}{value:>12d}" for label, value in rows]
+        lines.append("_" * width)
+        if not self.bounds_hold:
+            lines.append(f"{self.on_boundary} point(s) lie on a region boundary: the bounds "
+                         f"are not guaranteed.")
+        print_fn("\n".join(lines))
+
+
+def count_regions(model, x, batch_size: int | None = None, memory_budget: int | None = None,
+                  rtol: float = 1e-5, projections: int = 16, seed: int = 0,
+                  verbose="auto") -> RegionCount:
+    """Bounds the number of complete linear regions among the points of `x`.
+
+    Implements Lemma 7 of Lee et al. (ICLR 2019): the number of distinct
+    activation patterns (the linear piece of every valid neuron, the winner of
+    every max window) bounds #CLR from above, the number of distinct output
+    Jacobians (of the logits) from below, provided no point lies on a boundary.
+
+    Jacobians are compared through `J R` for a fixed random `[D, projections]`
+    Gaussian `R` (exactly `J` when `D <= projections`), computed by one
+    forward-mode pass per distinct pattern; two Jacobians count as equal when
+    these projections agree up to `rtol` times the largest projected entry.
+    Projecting can only merge distinct Jacobians, so the count stays a lower
+    bound. A point lies on a boundary when some valid neuron sits exactly on a
+    breakpoint with a nonzero gradient; a warning says how many do.
+
+    Args:
+        model: a Keras model or a `Linearized`.
+        x: `[B, *input_shape]` points.
+        batch_size: examples per forward batch (default from the memory budget).
+        memory_budget: bytes of tangents per chunk.
+        rtol: relative tolerance for equal Jacobians.
+        projections: number of random directions the Jacobians are compared on.
+        seed: seed of the random projections.
+        verbose: "auto", True or False (a progress bar over the points).
+
+    Returns:
+        A `RegionCount`.
+
+    Example:
+
+    ```python
+    rc = keras_roll.count_regions(model, x_test)
+    print(rc.jacobians, "<= #CLR <=", rc.patterns)
+    ```
+    """
+    _check_common("analytic", 1e-4, batch_size, memory_budget, verbose)
+    if not (0 <= rtol < 1):
+        raise ValueError(f"rtol must be in [0, 1), got {rtol!r}.")
+    if int(projections) != projections or projections < 1:
+        raise ValueError(f"projections must be a positive integer, got {projections!r}.")
+    lin = _as_linearized(model)
+    x = lin.check_input(x)
+    b_total = int(x.shape[0])
+    if b_total == 0:
+        empty = np.zeros(0, np.int64)
+        return RegionCount(0, 0, 0, 0, empty, empty.copy(), np.zeros(0, bool))
+    if not lin.neuron_names_for(x):  # an affine model: a single region
+        zeros = np.zeros(b_total, np.int64)
+        return RegionCount(1, 1, 0, b_total, zeros, zeros.copy(), np.zeros(b_total, bool))
+    budget = int(memory_budget or lin.memory_budget)
+    itemsize = np.dtype(lin.dtype).itemsize
+
+    # 1. Patterns and boundary candidates, one forward batch at a time.
+    keys: dict[bytes, int] = {}
+    pattern_ids = np.empty(b_total, np.int64)
+    candidate = np.zeros(b_total, bool)
+    first = lin.forward(x[:1])
+    n_neurons = int(first.neurons.z.shape[1])
+    per_example = 4 * (int(first.tangent_size) + n_neurons) * itemsize
+    step = batch_size or max(1, min(b_total, budget // max(1, per_example)))
+    with _progress(b_total, verbose, "count_regions") as bar:
+        for i in range(0, b_total, step):
+            fwd = first if (i == 0 and step == 1) else lin.forward(x[i:i + step])
+            below, above, valid, piece = _neuron_arrays(fwd)
+            code = np.where(valid, piece, -1).astype(np.int16)
+            for r, row in enumerate(code):
+                pattern_ids[i + r] = keys.setdefault(row.tobytes(), len(keys))
+            candidate[i:i + step] = np.any(valid & (np.minimum(below, above) == 0), axis=1)
+            bar.update(code.shape[0])
+
+    # 2. Points on a boundary: a valid neuron at a breakpoint with a nonzero gradient.
+    boundary = np.zeros(b_total, bool)
+    cand = np.flatnonzero(candidate)
+    if cand.size:
+        xc = x.numpy()[cand]
+        for sl, fwd, gn in iter_gradient_norms(lin, xc, batch_size, budget):
+            below, above, valid, _ = _neuron_arrays(fwd)
+            on = valid & (np.minimum(below, above) == 0) & (gn.linf > 0)
+            boundary[cand[sl]] = np.any(on, axis=1)
+    on_boundary = int(boundary.sum())
+    if on_boundary:
+        warnings.warn(
+            f"{on_boundary} of {b_total} points lie on a linear-region boundary (a neuron "
+            f"exactly at a breakpoint); the #CLR bounds of Lemma 7 assume none does. See "
+            f"RegionCount.boundary.", stacklevel=2)
+
+    # 3. Output Jacobians, one representative per pattern.
+    n_patterns = len(keys)
+    _, reps = np.unique(pattern_ids, return_index=True)  # first point of every pattern
+    feats = _projected_jacobians(lin, x, reps, int(projections), seed, budget)
+    classes = _cluster(feats, rtol)
+    jacobian_ids = classes[pattern_ids]
+    return RegionCount(
+        patterns=n_patterns, jacobians=int(classes.max()) + 1 if classes.size else 0,
+        on_boundary=on_boundary, n=b_total, pattern_ids=pattern_ids,
+        jacobian_ids=jacobian_ids, boundary=boundary)
+
+
+def _projected_jacobians(lin, x, rows, m, seed, budget):
+    """`[len(rows), m * L]` output Jacobians times a fixed `[D, m]` matrix."""
+    ex_shape = tuple(x.shape[1:])
+    d = int(np.prod(ex_shape))
+    if d <= m:
+        r = np.eye(d)
+    else:
+        r = np.random.default_rng(seed).normal(size=(m, d)) / np.sqrt(d)
+    v = r.reshape(-1, *ex_shape).astype(lin.dtype)
+    k = v.shape[0]
+    xr = x.numpy()[rows]
+    fwd = lin.forward(xr[:1])
+    per = (int(fwd.tangent_size) + int(fwd.neurons.z.shape[1])) * np.dtype(lin.dtype).itemsize
+    b, kk = plan_chunks(len(rows), k, per, budget, None)
+    out = []
+    for i in range(0, len(rows), b):
+        parts = [lin.jvp(xr[i:i + b], v[j:j + kk]).logits.numpy() for j in range(0, k, kk)]
+        block = np.concatenate(parts, axis=1)  # [b, k, L]
+        out.append(block.reshape(block.shape[0], -1).astype(np.float64))
+    return np.concatenate(out, axis=0)
+
+
+def _cluster(feats, rtol):
+    """Greedy classes of rows equal up to `rtol * max|feats|` (sup norm).
+
+    Rows are visited in order of their first feature, and each is compared only
+    with class leaders whose first feature is within the tolerance.
+    """
+    n = feats.shape[0]
+    classes = np.full(n, -1, np.int64)
+    if n == 0:
+        return classes
+    atol = rtol * float(np.max(np.abs(feats))) if feats.size else 0.0
+    if feats.shape[1] == 0:
+        return np.zeros(n, np.int64)
+    order = np.argsort(feats[:, 0], kind="stable")
+    leaders: list[int] = []  # row indices, increasing first feature
+    start = 0
+    for i in order:
+        while start < len(leaders) and feats[leaders[start], 0] < feats[i, 0] - atol:
+            start += 1
+        window = leaders[start:]
+        if window:
+            diff = np.max(np.abs(feats[window] - feats[i]), axis=1)
+            hit = int(np.argmin(diff))
+            if diff[hit] <= atol:
+                classes[i] = classes[window[hit]]
+                continue
+        classes[i] = len(leaders)
+        leaders.append(i)
+    # Number the classes in order of first appearance among the rows.
+    _, first = np.unique(classes, return_index=True)
+    return np.argsort(np.argsort(first))[classes]
