@@ -5,7 +5,7 @@ data (variable-length sequences, Keras masking), then certifies, for test
 sequences, the l1 / l2 / l_inf radius of the largest ball inside each input's
 linear region, names the binding neurons and counts the distinct linear regions.
 
-    python -m examples.demo [--epochs=8] [--units=32] [--num_test=200]
+    python -m examples.demo [--epochs=15] [--units=32] [--num_test=200]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import keras_roll
 from keras_roll.data import load_japanese_vowels
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("epochs", 8, "Training epochs.")
+flags.DEFINE_integer("epochs", 15, "Training epochs.")
 flags.DEFINE_integer("units", 32, "SimpleRNN units.")
 flags.DEFINE_integer("num_test", 200, "Test sequences to certify.")
 flags.DEFINE_integer("seed", 0, "Random seed.")
