@@ -78,7 +78,7 @@ def main(argv):
     def tangent_pass():
         chunks.clear()
         out = None
-        for sl, _, _start, k, result in lin.iter_axis_chunks(x, reduce=reduce):
+        for sl, _, _start, k, result in lin.iter_axis_chunks(x, reduce=reduce, per_neuron=True):
             chunks.append((sl, k))
             out = result
         out.numpy()

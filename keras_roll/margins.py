@@ -261,7 +261,8 @@ def iter_gradient_norms(lin: Linearized, x, batch_size: int | None = None,
     d = int(np.prod(x.shape[1:]))
     acc = None
     for sl, fwd, start, k, (sq, mx, sm) in lin.iter_axis_chunks(
-            x, batch_size=batch_size, reduce=_norms_reduce, memory_budget=memory_budget):
+            x, batch_size=batch_size, reduce=_norms_reduce, memory_budget=memory_budget,
+            per_neuron=True):
         sq, mx, sm = (np.asarray(t.numpy(), np.float64) for t in (sq, mx, sm))
         if start == 0:
             acc = [sq, mx, sm]

@@ -202,31 +202,38 @@ class Linearized:
             env[step.output] = ts[0]
         return neuron_t, env[prog.output_key]
 
-    def _finish(self, neuron_t, out: Tangent, batch, k):
+    def _finish(self, neuron_t, out: Tangent, batch, k, concat=True):
         out = out.per_example(batch)
         logits = tf.reshape(out, tf.stack([batch, k, tf.reduce_prod(tf.shape(out)[2:])]))
-        if neuron_t:
-            neurons = tf.concat(neuron_t, axis=-1)
-        else:
-            neurons = tf.zeros(tf.stack([batch, k, 0]), self.dtype)
-        return JVP(neurons, logits)
+        if not neuron_t:
+            neuron_t = [tf.zeros(tf.stack([batch, k, 0]), self.dtype)]
+        return JVP(tf.concat(neuron_t, axis=-1) if concat else neuron_t, logits)
 
-    def _jvp(self, trace, v, shared: bool):
+    def _jvp(self, trace, v, shared: bool, concat=True):
+        """JVP along `v`; with `concat=False`, `neurons` is a list of per-unit blocks."""
         v = tf.cast(v, self.dtype)
         batch = tf.shape(trace_batch(trace, self))[0] if shared else tf.shape(v)[0]
         k = tf.shape(v)[0] if shared else tf.shape(v)[1]
         neuron_t, out = self._tangent(trace, Tangent(v, shared=shared))
-        return self._finish(neuron_t, out, batch, k)
+        return self._finish(neuron_t, out, batch, k, concat)
 
-    def _axes_jvp(self, trace, start, k: int, example_shape, reduce=None):
-        """JVP along input axes `start .. start + k - 1` (zero past the last axis)."""
+    def _axes_jvp(self, trace, start, k: int, example_shape, reduce=None, per_neuron=False):
+        """JVP along input axes `start .. start + k - 1` (zero past the last axis).
+
+        With `per_neuron=True`, `reduce` is applied to each unit's `[b, k, n]`
+        block separately and its results are concatenated along the last axis:
+        much faster for reductions over the direction axis (no `[b, k, N]` copy).
+        """
         d = tf.reduce_prod(example_shape)
         eye = tf.one_hot(tf.range(start, start + k), d, dtype=self.dtype)
         dirs = tf.reshape(eye, tf.concat([[k], example_shape], 0))
-        jvp = self._jvp(trace, dirs, True)
+        jvp = self._jvp(trace, dirs, True, concat=not per_neuron)
         if reduce is None:
             return jvp
-        return reduce(jvp, start)
+        if not per_neuron:
+            return reduce(jvp, start)
+        parts = [reduce(JVP(block, jvp.logits), start) for block in jvp.neurons]
+        return tf.nest.map_structure(lambda *xs: tf.concat(xs, axis=-1), *parts)
 
     # ------------------------------------------------------------------ public API
 
@@ -314,13 +321,16 @@ class Linearized:
         return out
 
     def iter_axis_chunks(self, x, batch_size: int | None = None, reduce=None,
-                         memory_budget: int | None = None):
+                         memory_budget: int | None = None, per_neuron: bool = False):
         """Streams the Jacobian along input axes in chunks.
 
         Yields `(example_slice, forward_pass, start, k, result)` where `result` is
         the `JVP` along axes `start .. start + k - 1` for the examples in
         `example_slice` (columns past the last axis are zero), or
         `reduce(jvp, start)` computed inside the compiled function if given.
+        With `per_neuron=True` the reduction must act on each neuron separately
+        (e.g. a sum over directions): it then runs on each unit's block without
+        first concatenating the `[b, k, N]` tangents, which is several times faster.
         """
         x = self.check_input(x)
         b_total = int(x.shape[0])
@@ -344,7 +354,8 @@ class Linearized:
             sl = slice(i, i + int(xb.shape[0]))
             for start in range(0, d, k):
                 first = tf.constant(start, tf.int32)
-                yield sl, fwd, start, k, self._axes_fn(fwd.trace, first, k, example_shape, reduce)
+                yield sl, fwd, start, k, self._axes_fn(fwd.trace, first, k, example_shape,
+                                                        reduce, per_neuron)
             i += int(xb.shape[0])
 
     # ------------------------------------------------------------------ validation
