@@ -17,7 +17,8 @@ wrapped.fit(x_train, y_train)
 ```
 """
 
-from keras_roll import rules
+from keras_roll import callbacks, rules
+from keras_roll.callbacks import MarginMonitor
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.margins import (
     Certificate,
@@ -28,6 +29,7 @@ from keras_roll.margins import (
     stability_bounds,
 )
 from keras_roll.regions import RegionCount, count_regions
+from keras_roll.roll import RollRegularizer, roll_loss, unwrap, wrap
 from keras_roll.rules import register_rule
 from keras_roll.twin import Linearized, linearize
 
@@ -35,6 +37,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Certificate",
+    "MarginMonitor",
+    "RollRegularizer",
     "Linearized",
     "RegionCount",
     "StabilityBounds",
@@ -45,6 +49,10 @@ __all__ = [
     "linearize",
     "lp_margins",
     "register_rule",
+    "roll_loss",
     "rules",
     "stability_bounds",
+    "unwrap",
+    "wrap",
+    "callbacks",
 ]

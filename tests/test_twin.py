@@ -214,7 +214,7 @@ def test_small_memory_budget_streams_the_same_jacobian():
     lin = keras_roll.linearize(model, memory_budget=200_000)
     chunks = list(lin.iter_axis_chunks(x))
     assert len(chunks) > 4  # several example and direction chunks
-    for sl, fwd, start, k, jvp in chunks:
+    for _sl, _fwd, _start, _k, jvp in chunks:
         assert jvp.neurons.numpy().nbytes <= 200_000
     _assert_close(lin.jacobian(x), full, rtol=1e-6)
 

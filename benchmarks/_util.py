@@ -1,0 +1,62 @@
+"""Timing helpers shared by the benchmarks."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import tensorflow as tf
+
+
+def median_time(fn, repeats: int, warmup: int = 2) -> float:
+    """Median wall time of `fn()` over `repeats` calls after `warmup` calls.
+
+    `fn` must block until its result is ready (e.g. call `.numpy()`).
+
+    Example:
+
+    ```python
+    t = median_time(lambda: step(x).numpy(), repeats=10)
+    ```
+    """
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def matmul_rate(m: int, k: int, n: int, repeats: int = 5) -> float:
+    """Measured float32 GFLOP/s of a compiled `[m, k] @ [k, n]` matmul."""
+    a = tf.random.normal((m, k))
+    b = tf.random.normal((k, n))
+    fn = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)))
+    t = median_time(lambda: fn().numpy(), repeats)
+    return 2.0 * m * k * n / t / 1e9
+
+
+def interleaved_medians(fns: dict, repeats: int, warmup: int = 2) -> dict:
+    """Median wall time of each `fn()`, timing them round-robin.
+
+    Interleaving makes ratios robust to slow drifts of the machine's speed
+    (other processes, thermal state).
+
+    Example:
+
+    ```python
+    t = interleaved_medians({"a": lambda: f(x).numpy(), "b": lambda: g(x).numpy()}, 20)
+    ```
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}

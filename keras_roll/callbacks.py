@@ -1,0 +1,110 @@
+"""Keras callbacks: monitor the l2 margin of the linear regions during training."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_roll import roll
+from keras_roll.margins import l2_margins
+from keras_roll.twin import linearize
+
+PERCENTILES = (25, 50, 75, 100)
+
+
+def _write_scalar(tag, value, step):
+    """`tf.summary.scalar` without needing the tensorboard package installed.
+
+    Writes the tensor summary with the "scalars" plugin metadata, exactly what
+    TensorBoard's own scalar summary writes.
+    """
+    from tensorflow.core.framework import summary_pb2
+
+    meta = summary_pb2.SummaryMetadata()
+    meta.plugin_data.plugin_name = "scalars"
+    tf.summary.write(tag, tf.constant(value, tf.float32), step=step,
+                     metadata=meta.SerializeToString())
+
+
+class MarginMonitor(keras.callbacks.Callback):
+    """Logs percentiles of the l2 margin of the linear regions on `x_val`.
+
+    Every `every` epochs it computes, for each example of `x_val`, the radius
+    of the largest l2 ball around it inside its linear region (Lee et al.,
+    ICLR 2019, Prop. 6: `min_j |z_j| / ||grad_x z_j||_2`, exact gradients from the
+    frozen-pattern twin, `keras_roll.l2_margins`) of the plain model (a model made by
+    `keras_roll.roll.wrap` is unwrapped), and adds `margin_l2_p25`,
+    `margin_l2_p50`, `margin_l2_p75` and `margin_l2_p100` to the epoch `logs`,
+    so they appear in `History` (one entry per monitored epoch; nearest-rank
+    percentiles, numpy `method="nearest"`, so infinite margins never turn into
+    NaN). With `log_dir`
+    they are also written to TensorBoard (`tf.summary`, step = epoch).
+
+    Args:
+        x_val: `[B, *input_shape]` examples.
+        every: monitor every `every` epochs (1 = every epoch).
+        log_dir: optional TensorBoard log directory.
+        batch_size: examples per margin computation.
+
+    Example:
+
+    ```python
+    monitor = keras_roll.callbacks.MarginMonitor(x_val, every=5)
+    history = wrapped.fit(x, y, epochs=50, callbacks=[monitor])
+    history.history["margin_l2_p50"]
+    ```
+    """
+
+    def __init__(self, x_val, every: int = 1, log_dir: str | None = None,
+                 batch_size: int = 256):
+        super().__init__()
+        if not isinstance(every, (int, np.integer)) or isinstance(every, bool) or every < 1:
+            raise ValueError(f"every must be a positive int, got every={every!r}.")
+        if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
+        self.x_val = np.asarray(x_val)
+        if len(self.x_val) == 0:
+            raise ValueError("x_val is empty; pass at least one example.")
+        self.every = int(every)
+        self.log_dir = log_dir
+        self.batch_size = int(batch_size)
+        self._lin = None
+        self._lin_model = None
+        self._writer = None
+
+    def _linearized(self):
+        plain = roll.unwrap(self.model)
+        if self._lin is None or self._lin_model is not plain:
+            for layer in getattr(self.model, "layers", []):
+                if isinstance(layer, roll.RollRegularizer) and layer.inner_model is plain:
+                    self._lin = layer._lin  # reuse the twin of the regularizer
+                    break
+            else:
+                self._lin = linearize(plain)
+            self._lin_model = plain
+        return self._lin
+
+    def margins(self) -> np.ndarray:
+        """The current l2 margins of `x_val`, `[B]`."""
+        return l2_margins(self._linearized(), self.x_val, batch_size=self.batch_size)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if (epoch + 1) % self.every:
+            return
+        values = np.percentile(self.margins(), PERCENTILES, method="nearest")
+        stats = {f"margin_l2_p{q}": float(v) for q, v in zip(PERCENTILES, values)}
+        if logs is not None:
+            logs.update(stats)
+        if self.log_dir is not None:
+            if self._writer is None:
+                self._writer = tf.summary.create_file_writer(self.log_dir)
+            with self._writer.as_default():
+                for key, value in stats.items():
+                    _write_scalar(key, value, epoch)
+            self._writer.flush()
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

@@ -1,0 +1,149 @@
+"""Helper for tests/test_distribute.py: ROLL under a two-replica MirroredStrategy.
+
+Run as a script (`python tests/_roll_distribute.py OUT.json`): it splits the CPU
+into two logical devices *before* TensorFlow initialises, then compares, for one
+global batch,
+
+* `roll_loss` per example and its weight gradient computed per replica with
+  `strategy.run` (summed over replicas) against one device;
+* one `fit` step of the wrapped model with SGD (the weight update is -lr times
+  the all-reduced gradient) against the same step without a strategy, for the
+  exact loss in several chunks (custom gradient inside `tf.cond`) and for the
+  seeded sampled loss (in one chunk);
+* the `loss` and `roll_loss` that `fit` reports.
+
+It writes the maximum absolute differences (and a few reference magnitudes)
+as JSON; the test asserts on them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+_cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(
+    _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import keras_roll  # noqa: E402
+from keras_roll import roll  # noqa: E402
+
+GLOBAL_BATCH = 16
+LR, LAM = 0.5, 2.0
+
+
+def build(seed=0):
+    keras.utils.set_random_seed(seed)
+    inp = keras.Input((5,))
+    h = keras.layers.Dense(8, name="d0")(inp)
+    h = keras.layers.ReLU(name="r0")(h)
+    h = keras.layers.Dense(6, name="d1")(h)
+    h = keras.layers.LeakyReLU(0.1, name="r1")(h)
+    out = keras.layers.Dense(3, activation="softmax", name="logits")(h)
+    return keras.Model(inp, out)
+
+
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(GLOBAL_BATCH, 5)).astype("float32")
+    y = rng.integers(0, 3, size=GLOBAL_BATCH).astype("int32")
+    return x, y
+
+
+def max_diff(a, b):
+    return float(max(np.max(np.abs(np.asarray(u) - np.asarray(v))) for u, v in zip(a, b)))
+
+
+def direct(strategy, x):
+    """roll_loss and d mean(roll_loss) / dW, one device vs. per replica."""
+    model = build()
+    lin = keras_roll.linearize(model, memory_budget=4096)  # several chunks per replica
+    with tf.GradientTape() as tape:
+        ref_loss = roll.roll_loss(lin, x, gamma=50.0)
+        ref_mean = tf.reduce_mean(ref_loss)
+    ref_grads = tape.gradient(ref_mean, model.trainable_variables)
+    ref_grads = [tf.zeros_like(v) if g is None else g
+                 for g, v in zip(ref_grads, model.trainable_variables)]
+
+    with strategy.scope():
+        model_d = build()
+    lin_d = keras_roll.linearize(model_d, memory_budget=4096)
+    dataset = tf.data.Dataset.from_tensor_slices(x).batch(GLOBAL_BATCH)
+    batch = next(iter(strategy.experimental_distribute_dataset(dataset)))
+
+    @tf.function
+    def step(xb):
+        def replica_fn(xr):
+            with tf.GradientTape() as tape:
+                per = roll.roll_loss(lin_d, xr, gamma=50.0)
+                scaled = tf.reduce_sum(per) / GLOBAL_BATCH
+            grads = tape.gradient(scaled, model_d.trainable_variables)
+            grads = [tf.zeros_like(v) if g is None else g
+                     for g, v in zip(grads, model_d.trainable_variables)]
+            return per, grads
+
+        per, grads = strategy.run(replica_fn, args=(xb,))
+        grads = [strategy.reduce("SUM", g, axis=None) for g in grads]
+        return per, grads
+
+    per, grads = step(batch)
+    per = tf.concat(strategy.experimental_local_results(per), axis=0)
+    return {
+        "direct_loss_diff": max_diff([ref_loss], [per]),
+        "direct_loss_scale": float(np.max(np.abs(ref_loss))),
+        "direct_grad_diff": max_diff(ref_grads, grads),
+        "direct_grad_scale": float(max(np.max(np.abs(g)) for g in ref_grads)),
+    }
+
+
+def fit_step(strategy, x, y, budget, lam=LAM, **kwargs):
+    """One SGD step of the wrapped model; returns new weights and the logs."""
+
+    def make():
+        model = build()
+        wrapped = roll.wrap(model, lam=lam, memory_budget=budget, **kwargs)
+        wrapped.compile(keras.optimizers.SGD(LR), "sparse_categorical_crossentropy")
+        return model, wrapped
+
+    if strategy is None:
+        model, wrapped = make()
+    else:
+        with strategy.scope():
+            model, wrapped = make()
+    hist = wrapped.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
+    logs = {k: float(v[-1]) for k, v in hist.history.items()}
+    return [v.numpy() for v in model.trainable_variables], logs
+
+
+def main(out_path):
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    x, y = data()
+    result = {"replicas": strategy.num_replicas_in_sync}
+    result.update(direct(strategy, x))
+    # "chunked": the exact loss in several chunks (custom gradient inside tf.cond);
+    # "sampled": all D = 5 axes drawn per example (so exact, in one chunk) with a seed,
+    # which runs the per-step, per-replica seed counter.
+    variants = [("chunked", 4096, {"gamma": 50.0}), ("sampled", None, {"samples": 5, "seed": 1})]
+    # How much the regularizer moves the weights in one step (lr * lam * max |grad|):
+    # an add_loss that Keras did not scale by 1 / replicas would double it.
+    result["roll_update"] = LR * LAM * result["direct_grad_scale"]
+    for name, budget, kwargs in variants:
+        w1, logs1 = fit_step(None, x, y, budget, **kwargs)
+        w2, logs2 = fit_step(strategy, x, y, budget, **kwargs)
+        result[f"{name}_weight_diff"] = max_diff(w1, w2)
+        result[f"{name}_loss"] = [logs1["loss"], logs2["loss"]]
+        result[f"{name}_roll"] = [logs1["roll_loss"], logs2["roll_loss"]]
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
