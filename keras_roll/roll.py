@@ -169,8 +169,9 @@ def _seed_tensor(seed):
 class _Directions:
     """The directions of one estimator: how many, their scale, a chunk maker.
 
-    `make(trace, start, k, aux)` returns the neuron JVP `[B, k, N]` along
-    directions `start .. start + k - 1` (zero past the last one). Every tensor it
+    `make(trace, start, k, aux)` returns `[B, N]`: for every neuron, the sum over
+    directions `start .. start + k - 1` (zero past the last one) of its squared
+    derivative. Every tensor it
     needs besides the trace comes in `aux` (a list, given back as `self.aux`):
     the chunked path feeds them through its custom gradient, so that the
     recomputation in the backward pass captures nothing from outside.
@@ -194,7 +195,8 @@ def _directions(lin, x, example_shape, d, channels, samples, strata, estimator, 
     if samples is None:  # exact: every input axis, shared one-hot directions
 
         def make(trace, start, k, aux):
-            return lin._axes_jvp(trace, start, k, aux[0]).neurons
+            return lin._axes_jvp(trace, start, k, aux[0], reduce=_sum_squares_over_directions,
+                                 per_neuron=True)
 
         return _Directions(d, None, make, True, [example_shape])
 
@@ -231,7 +233,8 @@ def _directions(lin, x, example_shape, d, channels, samples, strata, estimator, 
             v = tf.one_hot(chunk, tf.reduce_prod(shape) if tf.is_tensor(depth) else depth,
                            dtype=dtype)
             v = tf.reshape(v, tf.concat([lead, [k], shape], 0))
-            return lin._jvp(trace, v, share_axes).neurons
+            jvp = lin._jvp(trace, v, share_axes, concat=False, axes=chunk)
+            return _sum_squares_per_unit(jvp)
 
         return _Directions(total, scale, make, share_axes, [idx, lead, example_shape])
 
@@ -249,7 +252,7 @@ def _directions(lin, x, example_shape, d, channels, samples, strata, estimator, 
         live = tf.cast(tf.range(start, start + k) < samples, dtype)
         v = v * live[None, :, None]
         v = tf.reshape(v, tf.concat([tf.stack([batch, k]), shape], 0))
-        return lin._jvp(trace, v, False).neurons
+        return _sum_squares_per_unit(lin._jvp(trace, v, False, concat=False))
 
     return _Directions(samples, tf.constant(1.0 / samples, dtype), make, False,
                        [seed_t, batch, example_shape])
@@ -265,9 +268,17 @@ def _static_int(t):
     return None if v is None else int(v)
 
 
+def _sum_squares_over_directions(jvp, start):
+    return tf.reduce_sum(tf.square(jvp.neurons), axis=1)
+
+
+def _sum_squares_per_unit(jvp):
+    """`[B, N]` sums over directions, unit by unit (no `[B, k, N]` concat)."""
+    return tf.concat([tf.reduce_sum(tf.square(t), axis=1) for t in jvp.neurons], axis=-1)
+
+
 def _sq_chunk(dirs, trace, start, k, aux=None):
-    jvp = dirs.make(trace, start, k, dirs.aux if aux is None else aux)
-    return tf.reduce_sum(tf.square(jvp), axis=1)
+    return dirs.make(trace, start, k, dirs.aux if aux is None else aux)
 
 
 def _chunked_sum_squares(lin, dirs, trace, n_shape, dtype, k, n):
@@ -648,7 +659,10 @@ class RollRegularizer(keras.layers.Layer):
     with `training=True` (inside `fit`) it computes the ROLL regularizer of
     Eq. 9 / 10 on the inputs, adds `lam` times its batch mean through
     `self.add_loss`, and tracks the batch mean (without `lam`) as the metric
-    `roll_loss` (History and progress bar).
+    `roll_loss` (History and progress bar). When no layer behaves differently
+    in training (no BatchNorm, dropout or noise layer), the training output is
+    computed from the twin's forward pass, which is the same function, instead
+    of a second forward pass of `model`.
 
     In inference mode (`evaluate`, `predict`, plain calls) it only runs the
     model unless `on_eval=True`: then it also adds the loss and updates the
@@ -746,15 +760,21 @@ class RollRegularizer(keras.layers.Layer):
 
     @tf.autograph.experimental.do_not_convert
     def call(self, inputs, training=None):
-        outputs = self.inner_model(inputs, training=training)
-        if training or self.on_eval:
-            per_example = roll_loss(self._lin, inputs, C=self.C, gamma=self.gamma,
-                                    samples=self.samples, strata=self.strata,
-                                    seed=self._seed(), estimator=self.estimator,
-                                    share_axes=self.share_axes)
-            reg = tf.reduce_mean(per_example)
-            self.add_loss(tf.cast(self.lam, reg.dtype) * reg)
-            self.roll_tracker.update_state(reg)
+        if not (training or self.on_eval):
+            return self.inner_model(inputs, training=training)
+        per_example, logits = roll_loss(self._lin, inputs, C=self.C, gamma=self.gamma,
+                                        samples=self.samples, strata=self.strata,
+                                        seed=self._seed(), estimator=self.estimator,
+                                        share_axes=self.share_axes, return_logits=True)
+        if self._lin.inference_equals_training:
+            # The twin's forward pass is the model's: reuse it instead of a second one.
+            dtype = keras.backend.standardize_dtype(self.inner_model.outputs[0].dtype)
+            outputs = tf.cast(self._lin.apply_output_link(logits), dtype)
+        else:
+            outputs = self.inner_model(inputs, training=training)
+        reg = tf.reduce_mean(per_example)
+        self.add_loss(tf.cast(self.lam, reg.dtype) * reg)
+        self.roll_tracker.update_state(reg)
         return outputs
 
     def compute_output_spec(self, inputs, training=None):

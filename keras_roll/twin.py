@@ -21,6 +21,11 @@ from keras_roll.graph import Program, build_program
 from keras_roll.rules.base import Neurons, Tangent
 
 DEFAULT_MEMORY_BUDGET = 256 * 2**20  # bytes of live tangents per chunk
+_TRAINING_DEPENDENT = (
+    keras.layers.BatchNormalization, keras.layers.Dropout, keras.layers.SpatialDropout1D,
+    keras.layers.SpatialDropout2D, keras.layers.SpatialDropout3D, keras.layers.GaussianNoise,
+    keras.layers.GaussianDropout, keras.layers.AlphaDropout,
+)
 DEFAULT_EXAMPLES = 64  # examples per chunk when streaming directions
 MAX_DENSE_RESULT = 4 * 2**30  # refuse to return dense Jacobians above this size
 
@@ -110,6 +115,20 @@ class Linearized:
     def input_shape(self) -> tuple:
         """Per-example input shape (None for a variable time axis)."""
         return self.program.input_shape
+
+    @property
+    def inference_equals_training(self) -> bool:
+        """True when no layer behaves differently in training (BatchNorm, dropout,
+        noise), so the twin's forward pass is also the training-mode forward pass."""
+        return not any(isinstance(step.layer, _TRAINING_DEPENDENT) for step in self.program.steps)
+
+    def apply_output_link(self, logits):
+        """The model output from the twin's logits (re-applies a folded softmax/sigmoid)."""
+        if self.output_link == "softmax":
+            return tf.nn.softmax(logits, axis=-1)
+        if self.output_link == "sigmoid":
+            return tf.sigmoid(logits)
+        return logits
 
     @property
     def output_link(self) -> str | None:
@@ -209,12 +228,16 @@ class Linearized:
             neuron_t = [tf.zeros(tf.stack([batch, k, 0]), self.dtype)]
         return JVP(tf.concat(neuron_t, axis=-1) if concat else neuron_t, logits)
 
-    def _jvp(self, trace, v, shared: bool, concat=True):
-        """JVP along `v`; with `concat=False`, `neurons` is a list of per-unit blocks."""
+    def _jvp(self, trace, v, shared: bool, concat=True, axes=None):
+        """JVP along `v`; with `concat=False`, `neurons` is a list of per-unit blocks.
+
+        `axes` optionally gives the input axes of one-hot directions `v` (see
+        `rules.base.Tangent`), which lets a first Dense layer gather rows.
+        """
         v = tf.cast(v, self.dtype)
         batch = tf.shape(trace_batch(trace, self))[0] if shared else tf.shape(v)[0]
         k = tf.shape(v)[0] if shared else tf.shape(v)[1]
-        neuron_t, out = self._tangent(trace, Tangent(v, shared=shared))
+        neuron_t, out = self._tangent(trace, Tangent(v, shared=shared, axes=axes))
         return self._finish(neuron_t, out, batch, k, concat)
 
     def _axes_jvp(self, trace, start, k: int, example_shape, reduce=None, per_neuron=False):
@@ -225,9 +248,11 @@ class Linearized:
         much faster for reductions over the direction axis (no `[b, k, N]` copy).
         """
         d = tf.reduce_prod(example_shape)
-        eye = tf.one_hot(tf.range(start, start + k), d, dtype=self.dtype)
+        axes = tf.range(start, start + k)
+        eye = tf.one_hot(axes, d, dtype=self.dtype)
         dirs = tf.reshape(eye, tf.concat([[k], example_shape], 0))
-        jvp = self._jvp(trace, dirs, True, concat=not per_neuron)
+        axes = tf.where(axes < d, axes, -1)
+        jvp = self._jvp(trace, dirs, True, concat=not per_neuron, axes=axes)
         if reduce is None:
             return jvp
         if not per_neuron:

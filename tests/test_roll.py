@@ -725,3 +725,23 @@ def test_margin_monitor_logs_reference_percentiles(tmp_path):
     np.testing.assert_allclose([written[(k, 3)] for k in keys], want, rtol=1e-4)
     with pytest.raises(ValueError, match="every=0"):
         MarginMonitor(x_val, every=0)
+
+
+def test_wrapped_training_output_reuses_the_twin_forward_only_when_equivalent():
+    """Without dropout / BatchNorm the training output comes from the twin's forward
+    pass (no second forward); it must equal the model's own output."""
+    x = np.random.default_rng(11).normal(size=(5, 4)).astype("float32")
+    keras.utils.set_random_seed(3)
+    inp = keras.Input((4,))
+    h = keras.layers.Dense(6, activation="relu")(inp)
+    plain = keras.Model(inp, keras.layers.Dense(3, activation="softmax")(h))
+    wrapped = keras_roll.wrap(plain, lam=1.0)
+    assert keras_roll.linearize(plain).inference_equals_training
+    np.testing.assert_allclose(wrapped(x, training=True).numpy(), plain(x).numpy(),
+                               rtol=1e-6, atol=1e-7)
+    keras.utils.set_random_seed(3)
+    h = keras.layers.Dropout(0.5)(keras.layers.Dense(6, activation="relu")(inp))
+    noisy = keras.Model(inp, keras.layers.Dense(3)(h))
+    assert not keras_roll.linearize(noisy).inference_equals_training
+    out = keras_roll.wrap(noisy, lam=1.0)(x, training=True).numpy()
+    assert not np.allclose(out, noisy(x, training=False).numpy())  # dropout was applied

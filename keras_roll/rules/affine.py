@@ -85,7 +85,7 @@ def _channel_shape(rank: int, data_format: str, channels: int) -> tuple[int, ...
     return (1, channels) + (1,) * rank
 
 
-def _with_bias(layer, linear, bias, bias_shape=None):
+def _with_bias(layer, linear, bias, bias_shape=None, rows=None):
     """ops: `[Linear(x -> linear(x) + bias), *activation ops]`."""
 
     def forward(inputs, mask):
@@ -95,7 +95,7 @@ def _with_bias(layer, linear, bias, bias_shape=None):
             out = ops.add(out, ops.reshape(b, bias_shape) if bias_shape else b)
         return out
 
-    lin = Linear(layer, lambda xs: linear(xs[0]), forward=forward)
+    lin = Linear(layer, lambda xs: linear(xs[0]), forward=forward, rows=rows)
     return [lin, *activation_ops(layer, layer.activation)]
 
 
@@ -108,6 +108,7 @@ def _dense_rule(layer):
         layer,
         lambda x: ops.matmul(x, layer.kernel),
         (lambda: layer.bias) if layer.bias is not None else None,
+        rows=lambda idx: tf.gather(layer.kernel, idx),
     )
 
 

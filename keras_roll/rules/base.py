@@ -31,10 +31,15 @@ class Tangent:
     Attributes:
         value: `[B, K, *shape]`, or `[K, *shape]` when `shared` is True.
         shared: whether the same tangents hold for every example of the batch.
+        axes: for one-hot directions, their input axes (`[B, K]` or `[K]` int32
+            indices into the flattened example, -1 for a zero direction), so that
+            a first affine layer can gather weight rows instead of multiplying by
+            one-hot vectors. `value` holds the same directions densely.
     """
 
     value: tf.Tensor
     shared: bool = False
+    axes: Any = None
 
     def per_example(self, batch_size) -> tf.Tensor:
         """Returns the `[B, K, *shape]` tensor, broadcasting a shared one."""
@@ -165,10 +170,11 @@ class Linear(Op):
     ```
     """
 
-    def __init__(self, layer, linear, forward=None, name=None):
+    def __init__(self, layer, linear, forward=None, name=None, rows=None):
         super().__init__(layer, name)
         self._linear = linear
         self._forward = forward
+        self._rows = rows
 
     def forward(self, inputs, mask):
         if self._forward is not None:
@@ -177,6 +183,14 @@ class Linear(Op):
         return call_layer(self.layer, args, mask), {}
 
     def tangent(self, tangents, record, mask):
+        t = tangents[0]
+        if self._rows is not None and t.axes is not None and len(tangents) == 1 \
+                and t.value.shape.rank == (2 if t.shared else 3):
+            # One-hot directions into a layer on flat inputs: gather weight rows.
+            idx = t.axes
+            rows = self._rows(tf.maximum(idx, 0))
+            live = tf.cast(idx >= 0, rows.dtype)[..., None]
+            return Tangent(rows * live, shared=t.shared), None
         return apply_linear(self._linear, tangents), None
 
 
