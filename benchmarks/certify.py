@@ -10,7 +10,6 @@ matmul rate measured in the same run, on matmuls of the same shapes.
 from __future__ import annotations
 
 import os
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -20,6 +19,7 @@ import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import keras_roll  # noqa: E402
+from benchmarks._util import interleaved_medians, median_time  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_examples", 1000, "Inputs to certify.")
@@ -39,26 +39,14 @@ def build(width: int, depth: int) -> keras.Model:
     return keras.Model(inp, keras.layers.Dense(10, name="logits")(h), name="mlp")
 
 
-def median_time(fn, repeats: int) -> float:
-    fn()  # warm-up (tracing)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
-def tangent_flops(n: int, width: int, depth: int, example_chunk: int) -> float:
+def tangent_flops(n: int, width: int, depth: int) -> float:
     """Matmul FLOPs of the tangent pass over all D input axes for n examples.
 
-    The first layer's tangents are shared by the batch until the first mask, so
-    they are computed once per chunk of examples; every later layer runs per
-    example and direction.
+    Along one-hot input axes the first layer's tangents are rows of its kernel
+    (a gather, no FLOPs, shared by the batch until the first mask); every later
+    layer multiplies per example and direction.
     """
-    per_example = D * 2 * ((depth - 1) * width * width + width * 10)
-    first = D * 2 * D * width * int(np.ceil(n / example_chunk))
-    return n * per_example + first
+    return n * D * 2 * ((depth - 1) * width * width + width * 10)
 
 
 def main(argv):
@@ -68,7 +56,7 @@ def main(argv):
     x = np.random.default_rng(0).uniform(0, 1, size=(n, D)).astype("float32")
     lin = keras_roll.linearize(model)
 
-    t_cert = median_time(lambda: keras_roll.certify(lin, x, verbose=0), FLAGS.repeats)
+    t_cert = median_time(lambda: keras_roll.certify(lin, x, verbose=0), FLAGS.repeats, warmup=1)
 
     chunks = []
 
@@ -86,7 +74,7 @@ def main(argv):
     tangent_pass()  # warm-up (tracing), also reads the chunk sizes
     example_chunk = chunks[0][0].stop - chunks[0][0].start
     k = chunks[0][1]
-    flops = tangent_flops(n, width, depth, example_chunk)
+    flops = tangent_flops(n, width, depth)
 
     rows = example_chunk * k
     a = tf.random.normal((rows, width))
@@ -95,22 +83,15 @@ def main(argv):
     sq = tf.random.normal((2048, 2048))
     square = tf.function(lambda: tf.matmul(sq, sq))
     same_shape().numpy(), square().numpy()
-    # Interleave the timings so that both rates see the same machine load.
-    t_tans, mm_rates, sq_rates = [], [], []
-    for _ in range(FLAGS.repeats):
-        start = time.perf_counter()
-        tangent_pass()
-        t_tans.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        for _ in range(10):
-            same_shape().numpy()
-        mm_rates.append(10 * 2 * rows * width * width / (time.perf_counter() - start) / 1e9)
-        start = time.perf_counter()
-        for _ in range(3):
-            square().numpy()
-        sq_rates.append(3 * 2 * 2048**3 / (time.perf_counter() - start) / 1e9)
-    t_tan = float(np.median(t_tans))
-    mm_rate, sq_rate = float(np.median(mm_rates)), float(np.median(sq_rates))
+    # Interleave the timings so that the rates see the same machine load.
+    times = interleaved_medians({
+        "tangent": tangent_pass,
+        "same_shape": lambda: same_shape().numpy(),
+        "square": lambda: square().numpy(),
+    }, FLAGS.repeats * 3, warmup=1)
+    t_tan = times["tangent"]
+    mm_rate = 2 * rows * width * width / times["same_shape"] / 1e9
+    sq_rate = 2 * 2048**3 / times["square"] / 1e9
 
     rate = flops / t_tan / 1e9
     print(f"machine: {os.cpu_count()} CPU cores, TensorFlow {tf.__version__}")
