@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import weakref
 
 import keras
 import numpy as np
@@ -45,26 +44,11 @@ from keras_roll.twin import ForwardPass, Linearized, linearize
 ESTIMATORS = ("axes", "gaussian", "rademacher")
 STRATA = (None, "channel")
 
-_LIN_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 # --------------------------------------------------------------------------- validation
 
 
 def _get_lin(model_or_lin) -> Linearized:
-    if isinstance(model_or_lin, Linearized):
-        return model_or_lin
-    try:
-        lin = _LIN_CACHE.get(model_or_lin)
-    except TypeError:  # not weak-referenceable
-        lin = None
-    if lin is None:
-        lin = linearize(model_or_lin)
-        try:
-            _LIN_CACHE[model_or_lin] = lin
-        except TypeError:
-            pass
-    return lin
+    return linearize(model_or_lin)
 
 
 def _is_number(v) -> bool:
@@ -343,29 +327,21 @@ def _chunked_sum_squares(lin, dirs, trace, n_shape, dtype, k, n):
     return run(*flat, *values, *aux, *counts)
 
 
-_TANGENT_SIZES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _static_tangent_size(lin, x):
     """Per-example tangent size as a Python int when `x` has a fully static shape.
 
-    Inside a graph the twin's `tangent_size` is a tensor; a batch-1 eager probe
-    (cached per input shape) lets fully static graphs plan their chunks in Python.
+    Inside a graph the twin's `tangent_size` is a tensor; the twin's cached
+    batch-1 eager probe lets fully static graphs plan their chunks in Python.
     """
     if not x.shape.is_fully_defined():
         return None
-    shape = tuple(x.shape[1:])
-    sizes = _TANGENT_SIZES.setdefault(lin, {})
-    if shape not in sizes:
-        try:
-            with tf.init_scope():
-                if not tf.executing_eagerly():
-                    return None
-                probe = lin._forward(tf.zeros((1, *shape), lin.dtype))  # eager, no trace
-                sizes[shape] = int(probe.tangent_size)
-        except Exception:  # planning falls back to the dynamic path
-            return None
-    return sizes[shape]
+    try:
+        with tf.init_scope():
+            if not tf.executing_eagerly():
+                return None
+            return lin.tangent_size(x.shape[1:])
+    except Exception:  # planning falls back to the dynamic path
+        return None
 
 
 def _bytes_per_direction(lin, fwd, x, shared):

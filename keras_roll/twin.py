@@ -68,7 +68,7 @@ def linearize(model, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Linearized:
             streamed (`jacobian`, `certify`).
 
     Returns:
-        A `Linearized` model.
+        A `Linearized` model (cached on `model`: linearizing it again is free).
 
     Raises:
         keras_roll.UnsupportedModelError: names the offending layer and the fix.
@@ -83,7 +83,19 @@ def linearize(model, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Linearized:
     """
     if isinstance(model, Linearized):
         return model
-    return Linearized(model, memory_budget=memory_budget)
+    # One twin per (model, budget), kept on the model itself: repeated calls such as
+    # certify(model, x) reuse its compiled functions instead of tracing them again.
+    cache = getattr(model, "_keras_roll_twins", None)
+    if cache is None:
+        cache = {}
+        try:  # bypass Keras attribute tracking: the twin is not part of the model
+            object.__setattr__(model, "_keras_roll_twins", cache)
+        except AttributeError:
+            pass
+    key = int(memory_budget)
+    if key not in cache:
+        cache[key] = Linearized(model, memory_budget=memory_budget)
+    return cache[key]
 
 
 class Linearized:
@@ -108,6 +120,7 @@ class Linearized:
         self._jvp_fn = tf.function(self._jvp, reduce_retracing=True, autograph=False)
         self._axes_fn = tf.function(self._axes_jvp, reduce_retracing=True, autograph=False)
         self._names_cache: dict = {}
+        self._sizes_cache: dict = {}
 
     # ------------------------------------------------------------------ structure
 
@@ -166,6 +179,20 @@ class Linearized:
                         names.append((op.name, idx[0] if len(idx) == 1 else idx))
             self._names_cache[shape] = names
         return self._names_cache[shape]
+
+    def tangent_size(self, example_shape) -> int:
+        """Tangent elements per example and direction (the outputs of every op, as
+        `ForwardPass.tangent_size`) for inputs of per-example shape `example_shape`."""
+        return self._sizes(example_shape)[0]
+
+    def _sizes(self, example_shape) -> tuple[int, int]:
+        """(tangent size, number of neurons), by an eager batch-1 pass cached per shape."""
+        shape = tuple(int(d) for d in example_shape)
+        if shape not in self._sizes_cache:
+            with tf.init_scope():
+                fwd = self._forward_fn(tf.zeros((1, *shape), self.dtype))
+                self._sizes_cache[shape] = (int(fwd.tangent_size), int(fwd.neurons.z.shape[-1]))
+        return self._sizes_cache[shape]
 
     def summary(self, print_fn=print) -> None:
         """Prints the compiled program: one line per op."""
@@ -364,18 +391,12 @@ class Linearized:
         budget = memory_budget or self.memory_budget
         example_shape = tf.constant(x.shape[1:], tf.int32)
         d = int(np.prod(x.shape[1:]))
-        per = None
-        b = min(b_total, batch_size or DEFAULT_EXAMPLES)
+        per = sum(self._sizes(x.shape[1:])) * np.dtype(self.dtype).itemsize
+        b, k = plan_chunks(b_total, d, per, budget, batch_size)
         i = 0
         while i < b_total:
             xb = x[i : i + b]
             fwd = self._forward_fn(xb)
-            if per is None:
-                itemsize = np.dtype(self.dtype).itemsize
-                per = (int(fwd.tangent_size) + int(fwd.neurons.z.shape[-1])) * itemsize
-                b, k = plan_chunks(b_total, d, per, budget, batch_size)
-                if b < xb.shape[0]:
-                    continue
             sl = slice(i, i + int(xb.shape[0]))
             for start in range(0, d, k):
                 first = tf.constant(start, tf.int32)
