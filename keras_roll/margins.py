@@ -621,11 +621,10 @@ def certify(model, x, norms=(1, 2, np.inf), directions=None, method: str = "anal
 
     if b_total == 0:
         logits.append(lin.forward(x).logits.numpy())
-        names = []
     else:
-        names = lin.neuron_names_for(x)
+        n_neurons = lin.num_neurons(x.shape[1:])
         with _progress(b_total, verbose, "certify") as bar:
-            if not names:  # no activation at all: one region, the whole input space
+            if not n_neurons:  # no activation at all: one region, the whole input space
                 logits.extend(_plain_logits(lin, x, batch_size))
                 bar.update(b_total)
             elif method == "analytic":
@@ -652,7 +651,9 @@ def certify(model, x, norms=(1, 2, np.inf), directions=None, method: str = "anal
                     logits.append(fwd.logits.numpy())
                     bar.update(sl.stop - sl.start)
 
-    binding = {p: [names[j] if j >= 0 else None for j in index[p]] for p in norms}
+    shape = tuple(x.shape[1:])
+    binding = {p: [lin.neuron_name(int(j), shape) if j >= 0 else None for j in index[p]]
+               for p in norms}
     return Certificate(
         margins=margins, binding=binding, binding_index=index,
         directional=None if dirs is None else dir_eps,
@@ -683,7 +684,7 @@ def lp_margins(model, x, p=2, batch_size: int | None = None,
     lin = _as_linearized(model)
     x = lin.check_input(x)
     out = np.full(int(x.shape[0]), INF)
-    if not int(x.shape[0]) or not lin.neuron_names_for(x):
+    if not int(x.shape[0]) or not lin.num_neurons(x.shape[1:]):
         return out
     for sl, fwd, gn in iter_gradient_norms(lin, x, batch_size, memory_budget):
         below, above, valid, _ = _neuron_arrays(fwd)
@@ -925,7 +926,7 @@ def stability_bounds(model, x, batch_size: int | None = None, memory_budget: int
     lo_i = np.full((b_total, d), -1, np.int64)
     budget = int(memory_budget or lin.memory_budget)
     with _progress(b_total, verbose, "stability bounds") as bar:
-        if not b_total or not lin.neuron_names_for(x):
+        if not b_total or not lin.num_neurons(x.shape[1:]):
             pass  # no neuron: every coordinate is free
         elif method == "analytic":
             ref = None

@@ -138,7 +138,7 @@ def count_regions(model, x, batch_size: int | None = None, memory_budget: int | 
     if b_total == 0:
         empty = np.zeros(0, np.int64)
         return RegionCount(0, 0, 0, 0, empty, empty.copy(), np.zeros(0, bool))
-    if not lin.neuron_names_for(x):  # an affine model: a single region
+    if not lin.num_neurons(x.shape[1:]):  # an affine model: a single region
         zeros = np.zeros(b_total, np.int64)
         return RegionCount(1, 1, 0, b_total, zeros, zeros.copy(), np.zeros(b_total, bool))
     budget = int(memory_budget or lin.memory_budget)

@@ -121,6 +121,7 @@ class Linearized:
         self._axes_fn = tf.function(self._axes_jvp, reduce_retracing=True, autograph=False)
         self._names_cache: dict = {}
         self._sizes_cache: dict = {}
+        self._layout_cache: dict = {}
 
     # ------------------------------------------------------------------ structure
 
@@ -165,20 +166,46 @@ class Linearized:
         return self.neuron_names_for(np.zeros((1, *self.input_shape), self.dtype))
 
     def neuron_names_for(self, x) -> list[tuple[str, int | tuple]]:
-        """`neuron_names` for inputs shaped like `x`."""
+        """`neuron_names` for inputs shaped like `x` (a list of N tuples)."""
         shape = tuple(np.shape(x)[1:])
         if shape not in self._names_cache:
-            fwd = self._forward_fn(tf.zeros((1, *shape), self.dtype))
-            names = []
+            self._names_cache[shape] = [
+                (name, idx[0] if len(idx) == 1 else idx)
+                for name, _, nshape in self.neuron_layout(shape) for idx in np.ndindex(*nshape)
+            ]
+        return self._names_cache[shape]
+
+    def neuron_name(self, index: int, example_shape) -> tuple[str, int | tuple]:
+        """The `(layer name, unit index)` of neuron row `index`, without building
+        the whole list (cheap for models with millions of neurons)."""
+        for name, start, nshape in self.neuron_layout(example_shape):
+            size = int(np.prod(nshape))
+            if start <= index < start + size:
+                idx = np.unravel_index(index - start, nshape)
+                idx = tuple(int(i) for i in idx)
+                return name, idx[0] if len(idx) == 1 else idx
+        raise IndexError(f"Neuron index {index} is out of range for inputs of shape "
+                         f"{tuple(example_shape)}.")
+
+    def num_neurons(self, example_shape) -> int:
+        """N, the number of neuron rows for inputs of per-example shape `example_shape`."""
+        return self._sizes(example_shape)[1]
+
+    def neuron_layout(self, example_shape) -> list[tuple[str, int, tuple]]:
+        """`(name, first row, per-example neuron shape)` of every neuron-owning op."""
+        shape = tuple(int(d) for d in example_shape)
+        if shape not in self._layout_cache:
+            with tf.init_scope():
+                fwd = self._forward_fn(tf.zeros((1, *shape), self.dtype))
+            layout, start = [], 0
             for step, entry in zip(self.program.steps, fwd.trace):
                 for op, rec in zip(step.ops, entry["ops"]):
-                    if not op.owns_neurons:
-                        continue
-                    nshape = op.neuron_shape({k: tuple(v.shape) for k, v in rec.items()})
-                    for idx in np.ndindex(*nshape):
-                        names.append((op.name, idx[0] if len(idx) == 1 else idx))
-            self._names_cache[shape] = names
-        return self._names_cache[shape]
+                    if op.owns_neurons:
+                        nshape = op.neuron_shape({k: tuple(v.shape) for k, v in rec.items()})
+                        layout.append((op.name, start, tuple(nshape)))
+                        start += int(np.prod(nshape))
+            self._layout_cache[shape] = layout
+        return self._layout_cache[shape]
 
     def tangent_size(self, example_shape) -> int:
         """Tangent elements per example and direction (the outputs of every op, as

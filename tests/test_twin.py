@@ -247,3 +247,16 @@ def test_every_other_supported_layer_matches_tape():
     lin = keras_roll.linearize(model)
     names = {n for n, _ in lin.neuron_names}
     assert {"maxpool1d", "gmax"} <= names
+
+
+def test_neuron_names_follow_program_order_and_numpy_indexing():
+    lin = keras_roll.linearize(zoo.cnn())
+    names = lin.neuron_names
+    # relu0 acts on the 8x8x4 BatchNorm output: row 5 is position (0, 1), channel 1.
+    assert names[5] == ("relu0", (0, 1, 1))
+    assert names[256][0] == "maxpool"  # 4x4 windows of 4 elements, 4 channels
+    assert lin.num_neurons((8, 8, 2)) == len(names) == 256 + 4 * 4 * 4 * 4 + 4 * 4 * 4 + 5
+    for j in (0, 5, 255, 256, 300, len(names) - 1):
+        assert lin.neuron_name(j, (8, 8, 2)) == names[j]
+    with pytest.raises(IndexError, match="out of range"):
+        lin.neuron_name(len(names), (8, 8, 2))
