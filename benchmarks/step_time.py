@@ -5,7 +5,7 @@ then an SGD update) for
 
 * vanilla: cross-entropy only;
 * exact ROLL through the perturbation (forward-mode) pass of `keras_roll.roll`,
-  in one chunk (budget 1 GiB), with the default 256 MiB budget (three chunks,
+  in one chunk (budget 1 GiB), with the default budget (64 MiB: 11 chunks,
   recomputed in the backward pass) and with a 16 MiB budget (44 cache-sized
   chunks: on this CPU the recomputation costs less than the memory traffic of
   large tangents);
@@ -49,6 +49,7 @@ from absl import app, flags  # noqa: E402
 import keras_roll  # noqa: E402
 from benchmarks._util import interleaved_medians, matmul_rate  # noqa: E402
 from keras_roll import roll  # noqa: E402
+from keras_roll.twin import DEFAULT_MEMORY_BUDGET  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("quick", False, "A short run: fewer repetitions.")
@@ -125,12 +126,13 @@ def make_steps(model: keras.Model, b: int, samples: int) -> dict:
         _sgd(tape, loss, variables)
         return loss
 
+    default = DEFAULT_MEMORY_BUDGET // 2**20
     lins = {mib: keras_roll.linearize(model, memory_budget=mib * 2**20)
-            for mib in (1024, 256, 16)}
+            for mib in (1024, default, 16)}
     fast = {"vanilla": compile_step(vanilla),
-            f"sampled ROLL, {samples} axes": compile_step(roll_step(lins[256], samples)),
+            f"sampled ROLL, {samples} axes": compile_step(roll_step(lins[default], samples)),
             f"sampled ROLL, {samples} shared axes": compile_step(
-                roll_step(lins[256], samples, share_axes=True))}
+                roll_step(lins[default], samples, share_axes=True))}
     slow = {f"exact ROLL, perturbation ({mib} MiB)": compile_step(roll_step(lin))
             for mib, lin in lins.items()}
     slow["exact ROLL, autodiff batch_jacobian"] = compile_step(autodiff)

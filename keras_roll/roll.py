@@ -799,7 +799,7 @@ def wrap(model, lam=2.0, C=1.0, gamma=100.0, samples=None, strata=None, estimato
             included in `val_loss`); then `predict` computes it too. Off by
             default: evaluation reports `roll_loss` as NaN.
         memory_budget: bytes of live tangents per chunk of the exact loss
-            (default 256 MiB); more chunks cost one extra tangent pass in the
+            (default 64 MiB); more chunks cost one extra tangent pass in the
             backward (they are recomputed rather than stored).
         share_axes: with `samples`, one set of axes for the whole batch (see
             `roll_loss`): cheaper, still unbiased per example.

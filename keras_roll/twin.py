@@ -20,7 +20,7 @@ import tensorflow as tf
 from keras_roll.graph import Program, build_program
 from keras_roll.rules.base import Neurons, Tangent
 
-DEFAULT_MEMORY_BUDGET = 256 * 2**20  # bytes of live tangents per chunk
+DEFAULT_MEMORY_BUDGET = 64 * 2**20  # bytes of live tangents per chunk
 _TRAINING_DEPENDENT = (
     keras.layers.BatchNormalization, keras.layers.Dropout, keras.layers.SpatialDropout1D,
     keras.layers.SpatialDropout2D, keras.layers.SpatialDropout3D, keras.layers.GaussianNoise,
