@@ -330,6 +330,31 @@ class Linearized:
     def __call__(self, x):
         return self.forward(x).logits
 
+    def units(self, fwd: ForwardPass) -> dict[str, dict[str, tf.Tensor]]:
+        """The records of every piecewise-linear unit of a forward pass, by name.
+
+        Activation units (and SimpleRNN layers) give `z` (pre-activations) and
+        `slope` (the frozen mask); max-pooling units give `argmax` (`[B, *out,
+        C]`, the chosen window element) beside their windows.
+
+        Example:
+
+        ```python
+        fwd = lin.forward(x)
+        lin.units(fwd)["dense"]["slope"]     # [B, units] 0/1 mask of a ReLU
+        ```
+        """
+        out = {}
+        for step, entry in zip(self.program.steps, fwd.trace):
+            for op, rec in zip(step.ops, entry["ops"]):
+                if not op.owns_neurons:
+                    continue
+                rec = dict(rec)
+                if "one_hot" in rec:
+                    rec["argmax"] = tf.argmax(rec["one_hot"], axis=-2, output_type=tf.int32)
+                out[op.name] = rec
+        return out
+
     def jvp(self, x, v) -> JVP:
         """Derivatives of all neurons and logits along directions, with the
         activation pattern of `x` frozen (no back-propagation).

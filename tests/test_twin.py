@@ -260,3 +260,19 @@ def test_neuron_names_follow_program_order_and_numpy_indexing():
         assert lin.neuron_name(j, (8, 8, 2)) == names[j]
     with pytest.raises(IndexError, match="out of range"):
         lin.neuron_name(len(names), (8, 8, 2))
+
+
+def test_units_expose_pre_activations_masks_and_argmax():
+    x = np.random.default_rng(10).uniform(0, 4, size=(2, 8, 8, 2)).astype("float32")
+    model = zoo.cnn()
+    lin = keras_roll.linearize(model)
+    units = lin.units(lin.forward(x))
+    assert list(units) == ["relu0", "maxpool", "leaky", "relu1"]
+    z = keras.Model(model.inputs, model.get_layer("relu0").input)(x).numpy()
+    np.testing.assert_allclose(units["relu0"]["z"].numpy(), z, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(units["relu0"]["slope"].numpy(), (z > 0).astype("float32"))
+    np.testing.assert_array_equal(units["leaky"]["slope"].numpy() == 1.0,
+                                  units["leaky"]["z"].numpy() > 0)
+    pool_in = keras.Model(model.inputs, model.get_layer("maxpool").input)(x).numpy()
+    windows = pool_in.reshape(2, 4, 2, 4, 2, 4).transpose(0, 1, 3, 2, 4, 5).reshape(2, 4, 4, 4, 4)
+    np.testing.assert_array_equal(units["maxpool"]["argmax"].numpy(), windows.argmax(axis=3))
