@@ -276,3 +276,23 @@ def test_units_expose_pre_activations_masks_and_argmax():
     pool_in = keras.Model(model.inputs, model.get_layer("maxpool").input)(x).numpy()
     windows = pool_in.reshape(2, 4, 2, 4, 2, 4).transpose(0, 1, 3, 2, 4, 5).reshape(2, 4, 4, 4, 4)
     np.testing.assert_array_equal(units["maxpool"]["argmax"].numpy(), windows.argmax(axis=3))
+
+
+def test_one_hot_directions_through_flatten_gather_rows_and_stay_exact():
+    keras.utils.set_random_seed(12)
+    inp = keras.Input((7, 4))
+    h = keras.layers.Flatten()(inp)
+    h = keras.layers.Dense(5, activation="relu", name="hidden")(h)
+    model = keras.Model(inp, keras.layers.Dense(2, name="out")(h))
+    lin = keras_roll.linearize(model)
+    x = np.random.default_rng(12).normal(size=(3, 7, 4)).astype("float32")
+    kernel = model.get_layer("hidden").kernel.numpy()
+    np.testing.assert_allclose(lin.jacobian(x), np.broadcast_to(kernel.T, (3, 5, 28)), rtol=1e-6)
+    # Per-example sampled axes (with a padding direction, -1) through the gather path.
+    axes = tf.constant([[3, 27, -1], [0, 5, 9], [1, 1, 2]])
+    v = tf.reshape(tf.one_hot(axes, 28), (3, 3, 7, 4))
+    fwd = lin.forward(x)
+    got = lin._jvp(fwd.trace, v, False, axes=axes).neurons.numpy()
+    dense = lin._jvp(fwd.trace, v, False).neurons.numpy()
+    np.testing.assert_allclose(got, dense, rtol=1e-6)
+    np.testing.assert_allclose(got[0, 2], 0.0)

@@ -66,7 +66,18 @@ class LayerCall(Op):
                 out -= self._call([tf.zeros_like(x[:1]) for x in xs])
             return out
 
-        return apply_linear(fn, tangents), None
+        out = apply_linear(fn, tangents)
+        if self.keeps_axes and tangents[0].axes is not None:
+            # A row-major reshape keeps every input axis's flat index.
+            out = Tangent(out.value, out.shared, axes=tangents[0].axes)
+        return out, None
+
+    @property
+    def keeps_axes(self) -> bool:
+        layer = self.layer
+        if isinstance(layer, keras.layers.Flatten):
+            return getattr(layer, "data_format", "channels_last") == "channels_last"
+        return isinstance(layer, keras.layers.Reshape)
 
 
 class Identity(Op):
