@@ -148,13 +148,12 @@ def count_regions(model, x, batch_size: int | None = None, memory_budget: int | 
     keys: dict[bytes, int] = {}
     pattern_ids = np.empty(b_total, np.int64)
     candidate = np.zeros(b_total, bool)
-    first = lin.forward(x[:1])
-    n_neurons = int(first.neurons.z.shape[1])
-    per_example = 4 * (int(first.tangent_size) + n_neurons) * itemsize
+    shape = x.shape[1:]
+    per_example = 4 * (lin.tangent_size(shape) + lin.num_neurons(shape)) * itemsize
     step = batch_size or max(1, min(b_total, budget // max(1, per_example)))
     with _progress(b_total, verbose, "count_regions") as bar:
         for i in range(0, b_total, step):
-            fwd = first if (i == 0 and step == 1) else lin.forward(x[i:i + step])
+            fwd = lin.forward(x[i:i + step])
             below, above, valid, piece = _neuron_arrays(fwd)
             code = np.where(valid, piece, -1).astype(np.int16)
             for r, row in enumerate(code):
@@ -201,8 +200,7 @@ def _projected_jacobians(lin, x, rows, m, seed, budget):
     v = r.reshape(-1, *ex_shape).astype(lin.dtype)
     k = v.shape[0]
     xr = x.numpy()[rows]
-    fwd = lin.forward(xr[:1])
-    per = (int(fwd.tangent_size) + int(fwd.neurons.z.shape[1])) * np.dtype(lin.dtype).itemsize
+    per = (lin.tangent_size(ex_shape) + lin.num_neurons(ex_shape)) * np.dtype(lin.dtype).itemsize
     b, kk = plan_chunks(len(rows), k, per, budget, None)
     out = []
     for i in range(0, len(rows), b):

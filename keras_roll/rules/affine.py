@@ -14,7 +14,15 @@ import tensorflow as tf
 from keras import ops
 
 from keras_roll.rules.activations import activation_ops
-from keras_roll.rules.base import Linear, Op, Tangent, apply_linear, merge_batch, split_batch
+from keras_roll.rules.base import (
+    Linear,
+    Op,
+    Tangent,
+    apply_linear,
+    call_layer,
+    merge_batch,
+    split_batch,
+)
 from keras_roll.rules.registry import register_rule
 
 # --------------------------------------------------------------------------- helpers
@@ -34,16 +42,7 @@ class LayerCall(Op):
         self.needs_mask = getattr(layer, "_call_has_mask_arg", False)
 
     def _call(self, inputs, mask=None):
-        layer = self.layer
-        if not isinstance(layer, keras.layers.Layer):  # a Keras operation: op(*tensors)
-            return layer(*inputs)
-        args = inputs if len(inputs) > 1 else inputs[0]
-        kwargs = {}
-        if getattr(layer, "_call_has_training_arg", False):
-            kwargs["training"] = False
-        if mask is not None and self.needs_mask:
-            kwargs["mask"] = mask
-        return layer.call(args, **kwargs)
+        return call_layer(self.layer, inputs, mask if self.needs_mask else None)
 
     def forward(self, inputs, mask):
         return self._call(inputs, mask), {}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
+import keras
 import tensorflow as tf
 
 
@@ -179,8 +180,7 @@ class Linear(Op):
     def forward(self, inputs, mask):
         if self._forward is not None:
             return self._forward(inputs, mask), {}
-        args = inputs if len(inputs) > 1 else inputs[0]
-        return call_layer(self.layer, args, mask), {}
+        return call_layer(self.layer, inputs, mask), {}
 
     def tangent(self, tangents, record, mask):
         t = tangents[0]
@@ -194,11 +194,19 @@ class Linear(Op):
         return apply_linear(self._linear, tangents), None
 
 
-def call_layer(layer, args, mask=None):
-    """Calls a Keras layer in inference mode, passing `mask` if it takes one."""
+def call_layer(layer, inputs: list, mask=None):
+    """Runs a layer's `call` (or a Keras operation) in inference mode.
+
+    Layers get their inputs as one tensor (or a list for merge layers), `mask`
+    if their `call` takes one and `training=False`; operations get `op(*inputs)`.
+    `call` is used rather than `__call__`, so no autocasting happens: tangents
+    keep the twin's dtype under mixed precision.
+    """
+    if not isinstance(layer, keras.layers.Layer):
+        return layer(*inputs)
     kwargs = {}
     if getattr(layer, "_call_has_training_arg", False):
         kwargs["training"] = False
     if mask is not None and getattr(layer, "_call_has_mask_arg", False):
         kwargs["mask"] = mask
-    return layer(args, **kwargs)
+    return layer.call(inputs if len(inputs) > 1 else inputs[0], **kwargs)
