@@ -1,6 +1,12 @@
 """The rule registry and the built-in rules, one module per layer family."""
 
-from keras_roll.rules import activations, affine, pooling, recurrent  # noqa: F401  (registers)
+from keras_roll.rules import (  # noqa: F401  (registers the rules)
+    activations,
+    affine,
+    pooling,
+    recurrent,
+    scornn,
+)
 from keras_roll.rules.activations import Activation, OutputLink
 from keras_roll.rules.affine import Identity, LayerCall
 from keras_roll.rules.base import Linear, Neurons, Op, Tangent
