@@ -78,7 +78,7 @@ class MarginMonitor(keras.callbacks.Callback):
         if self._lin is None or self._lin_model is not plain:
             for layer in getattr(self.model, "layers", []):
                 if isinstance(layer, roll.RollRegularizer) and layer.inner_model is plain:
-                    self._lin = layer._lin  # reuse the twin of the regularizer
+                    self._lin = layer.linearized  # reuse the twin of the regularizer
                     break
             else:
                 self._lin = linearize(plain)

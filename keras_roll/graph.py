@@ -1,10 +1,12 @@
 """The graph pass: a Keras functional model -> an ordered program of steps.
 
-This is the only module that touches Keras graph internals. It walks
-`Functional._nodes_by_depth` in execution order (as Keras's own
-`Function._run_through_graph` does), inlines nested functional / Sequential
-models, gives every layer call its own step (shared layers appear once per
-call) and compiles each call into ops through the rule registry.
+It walks the functional graph's nodes by depth in execution order (as Keras's
+own `Function._run_through_graph` does; the Keras internals it reads are in
+`keras_roll.keras_internals`), inlines nested functional / Sequential models,
+gives every layer call its own step (shared layers appear once per call) and
+compiles each call into ops through the rule registry. The interpreter
+(`keras_roll.interpreter`) runs the resulting `Program`; see docs/design.md,
+section "Module map".
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import dataclasses
 import keras
 
 from keras_roll.errors import UnsupportedModelError
+from keras_roll.keras_internals import functional_class, nodes_by_depth
 from keras_roll.rules import compile_layer
 from keras_roll.rules.activations import OutputLink
 from keras_roll.rules.base import Op
@@ -51,8 +54,7 @@ class Program:
 
 def _functional(model, path: str):
     """The Functional graph behind `model`, or a clear error."""
-    from keras.src.models.functional import Functional
-
+    Functional = functional_class()
     if isinstance(model, keras.Sequential):
         graph = getattr(model, "_functional", None)
         if graph is None:
@@ -105,8 +107,9 @@ def build_program(model) -> Program:
     def walk(fgraph, in_keys, path):
         env = {id(x): k for x, k in zip(fgraph.inputs, in_keys)}
         needed = _needed_tensors(fgraph)
-        for depth in sorted(fgraph._nodes_by_depth, reverse=True):
-            for node in fgraph._nodes_by_depth[depth]:
+        by_depth = nodes_by_depth(fgraph)
+        for depth in sorted(by_depth, reverse=True):
+            for node in by_depth[depth]:
                 if node.is_input or not node.operation:
                     continue
                 if not any(id(x) in needed for x in node.outputs):
@@ -204,8 +207,9 @@ def _is_keras_tensor(x) -> bool:
 def _needed_tensors(fgraph) -> set[int]:
     """Ids of the tensors the outputs depend on through data (not mask) inputs."""
     needed = {id(x) for x in fgraph.outputs}
-    for depth in sorted(fgraph._nodes_by_depth):
-        for node in fgraph._nodes_by_depth[depth]:
+    by_depth = nodes_by_depth(fgraph)
+    for depth in sorted(by_depth):
+        for node in by_depth[depth]:
             if node.is_input or not node.operation:
                 continue
             if any(id(x) in needed for x in node.outputs):

@@ -11,7 +11,8 @@ boundary, the number of complete linear regions is
 
 A point on a boundary (a valid neuron exactly at a breakpoint, with nonzero
 gradient) belongs to several closed regions at once, and the bounds need not
-hold; `count_regions` reports how many there are.
+hold; `count_regions` reports how many there are. See docs/design.md, section
+"The maths" (Lemma 7).
 """
 
 from __future__ import annotations
@@ -21,14 +22,16 @@ import warnings
 
 import numpy as np
 
-from keras_roll.margins import (
-    _as_linearized,
-    _check_common,
-    _neuron_arrays,
-    _progress,
-    iter_gradient_norms,
+from keras_roll.arguments import (
+    as_linearized,
+    check_batch_size,
+    check_memory_budget,
+    check_verbose,
 )
-from keras_roll.twin import plan_chunks
+from keras_roll.chunking import plan_chunks
+from keras_roll.gradient_norms import iter_gradient_norms
+from keras_roll.margin_math import neuron_arrays
+from keras_roll.progress import progress_bar
 
 __all__ = ["RegionCount", "count_regions"]
 
@@ -127,12 +130,14 @@ def count_regions(model, x, batch_size: int | None = None, memory_budget: int | 
     print(rc.jacobians, "<= #CLR <=", rc.patterns)
     ```
     """
-    _check_common("analytic", 1e-4, batch_size, memory_budget, verbose)
+    check_batch_size(batch_size)
+    check_memory_budget(memory_budget)
+    check_verbose(verbose)
     if not (0 <= rtol < 1):
         raise ValueError(f"rtol must be in [0, 1), got {rtol!r}.")
     if int(projections) != projections or projections < 1:
         raise ValueError(f"projections must be a positive integer, got {projections!r}.")
-    lin = _as_linearized(model)
+    lin = as_linearized(model)
     x = lin.check_input(x)
     b_total = int(x.shape[0])
     if b_total == 0:
@@ -148,17 +153,17 @@ def count_regions(model, x, batch_size: int | None = None, memory_budget: int | 
     keys: dict[bytes, int] = {}
     pattern_ids = np.empty(b_total, np.int64)
     candidate = np.zeros(b_total, bool)
-    shape = x.shape[1:]
-    per_example = 4 * (lin.tangent_size(shape) + lin.num_neurons(shape)) * itemsize
-    step = batch_size or max(1, min(b_total, budget // max(1, per_example)))
-    with _progress(b_total, verbose, "count_regions") as bar:
-        for i in range(0, b_total, step):
-            fwd = lin.forward(x[i:i + step])
-            below, above, valid, piece = _neuron_arrays(fwd)
+    # A forward batch holds about 4 copies of every op output and neuron.
+    per_example = 4 * lin.layout(x.shape[1:]).tangent_bytes(itemsize)
+    plan = plan_chunks(b_total, 1, per_example, budget, batch_size, max_examples=None)
+    with progress_bar(b_total, verbose, "count_regions") as bar:
+        for sl in plan.example_slices():
+            fwd = lin.forward(x[sl])
+            below, above, valid, piece = neuron_arrays(fwd)
             code = np.where(valid, piece, -1).astype(np.int16)
             for r, row in enumerate(code):
-                pattern_ids[i + r] = keys.setdefault(row.tobytes(), len(keys))
-            candidate[i:i + step] = np.any(valid & (np.minimum(below, above) == 0), axis=1)
+                pattern_ids[sl.start + r] = keys.setdefault(row.tobytes(), len(keys))
+            candidate[sl] = np.any(valid & (np.minimum(below, above) == 0), axis=1)
             bar.update(code.shape[0])
 
     # 2. Points on a boundary: a valid neuron at a breakpoint with a nonzero gradient.
@@ -167,7 +172,7 @@ def count_regions(model, x, batch_size: int | None = None, memory_budget: int | 
     if cand.size:
         xc = x.numpy()[cand]
         for sl, fwd, gn in iter_gradient_norms(lin, xc, batch_size, budget):
-            below, above, valid, _ = _neuron_arrays(fwd)
+            below, above, valid, _ = neuron_arrays(fwd)
             on = valid & (np.minimum(below, above) == 0) & (gn.linf > 0)
             boundary[cand[sl]] = np.any(on, axis=1)
     on_boundary = int(boundary.sum())
@@ -200,8 +205,9 @@ def _projected_jacobians(lin, x, rows, m, seed, budget):
     v = r.reshape(-1, *ex_shape).astype(lin.dtype)
     k = v.shape[0]
     xr = x.numpy()[rows]
-    per = (lin.tangent_size(ex_shape) + lin.num_neurons(ex_shape)) * np.dtype(lin.dtype).itemsize
-    b, kk = plan_chunks(len(rows), k, per, budget, None)
+    per = lin.layout(ex_shape).tangent_bytes(np.dtype(lin.dtype).itemsize)
+    plan = plan_chunks(len(rows), k, per, budget)
+    b, kk = plan.examples_per_chunk, plan.per_chunk
     out = []
     for i in range(0, len(rows), b):
         parts = [lin.jvp(xr[i:i + b], v[j:j + kk]).logits.numpy() for j in range(0, k, kk)]

@@ -179,8 +179,8 @@ def _directions(lin, x, example_shape, d, channels, samples, strata, estimator, 
     if samples is None:  # exact: every input axis, shared one-hot directions
 
         def make(trace, start, k, aux):
-            return lin._axes_jvp(trace, start, k, aux[0], reduce=_sum_squares_over_directions,
-                                 per_neuron=True)
+            return lin.axes_tangent(trace, start, k, aux[0], reduce=_sum_squares_over_directions,
+                                    per_neuron=True)
 
         return _Directions(d, None, make, True, [example_shape])
 
@@ -217,7 +217,7 @@ def _directions(lin, x, example_shape, d, channels, samples, strata, estimator, 
             v = tf.one_hot(chunk, tf.reduce_prod(shape) if tf.is_tensor(depth) else depth,
                            dtype=dtype)
             v = tf.reshape(v, tf.concat([lead, [k], shape], 0))
-            jvp = lin._jvp(trace, v, share_axes, concat=False, axes=chunk)
+            jvp = lin.tangent_from_trace(trace, v, share_axes, concat=False, axes=chunk)
             return _sum_squares_per_unit(jvp)
 
         return _Directions(total, scale, make, share_axes, [idx, lead, example_shape])
@@ -236,7 +236,7 @@ def _directions(lin, x, example_shape, d, channels, samples, strata, estimator, 
         live = tf.cast(tf.range(start, start + k) < samples, dtype)
         v = v * live[None, :, None]
         v = tf.reshape(v, tf.concat([tf.stack([batch, k]), shape], 0))
-        return _sum_squares_per_unit(lin._jvp(trace, v, False, concat=False))
+        return _sum_squares_per_unit(lin.tangent_from_trace(trace, v, False, concat=False))
 
     return _Directions(samples, tf.constant(1.0 / samples, dtype), make, False,
                        [seed_t, batch, example_shape])
@@ -452,7 +452,7 @@ def memory_plan(model_or_lin, x, samples=None, strata=None, estimator="axes",
     x = lin.check_input(x)
     check_hyperparameters(samples=samples, strata=strata, estimator=estimator,
                           input_shape=tuple(x.shape[1:]), share_axes=share_axes)
-    fwd = lin._forward_fn(x)
+    fwd = lin.compiled.primal(x)
     d = int(np.prod(x.shape[1:]))
     if samples is None:
         total = d
@@ -484,7 +484,7 @@ def neuron_grad_sq(model_or_lin, x, samples=None, strata=None, seed=None,
         model_or_lin: a Keras model or a `Linearized`.
         x: `[B, *input_shape]` inputs.
         samples, strata, seed, estimator, share_axes: see `roll_loss`.
-        forward: a `ForwardPass` of `x` to reuse (from `lin._forward(x)`).
+        forward: a `ForwardPass` of `x` to reuse (from `lin.primal(x)`).
 
     Returns:
         A `[B, N]` tensor in the twin's dtype (float32 or float64).
@@ -499,7 +499,7 @@ def neuron_grad_sq(model_or_lin, x, samples=None, strata=None, seed=None,
     x = lin.check_input(x)
     check_hyperparameters(samples=samples, strata=strata, estimator=estimator,
                           input_shape=tuple(x.shape[1:]), share_axes=share_axes)
-    fwd = forward if forward is not None else lin._forward(x)
+    fwd = forward if forward is not None else lin.primal(x)
     return _grad_sq(lin, fwd, x, samples, strata, seed, estimator, share_axes)
 
 
@@ -577,7 +577,7 @@ def roll_loss(model_or_lin, x, C=1.0, gamma=100.0, samples=None, strata=None, se
     check_hyperparameters(C=C, gamma=gamma, samples=samples, strata=strata,
                           estimator=estimator, input_shape=tuple(x.shape[1:]),
                           share_axes=share_axes)
-    fwd = lin._forward(x)
+    fwd = lin.primal(x)
     if x.shape[0] == 0:  # an empty batch has an empty loss
         loss = tf.zeros([0], lin.dtype)
         return (loss, fwd.logits) if return_logits else loss
@@ -721,6 +721,11 @@ class RollRegularizer(keras.layers.Layer):
     def metrics(self):
         # Only our own tracker: a compiled inner model must not add its "loss".
         return [self.roll_tracker]
+
+    @property
+    def linearized(self) -> Linearized:
+        """The twin of `inner_model` the regularizer computes with."""
+        return self._lin
 
     def _seed(self):
         """A fresh `[2]` stateless seed per step (and replica) from the int seed."""

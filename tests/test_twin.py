@@ -220,11 +220,12 @@ def test_small_memory_budget_streams_the_same_jacobian():
 
 
 def test_plan_chunks_respects_the_budget_for_large_inputs():
-    from keras_roll.twin import plan_chunks
+    from keras_roll.chunking import plan_chunks
 
     d = 299 * 299 * 3
     per = 4 * 2_000_000  # bytes per direction per example of a big conv net
-    b, k = plan_chunks(32, d, per, 256 * 2**20, None)
+    plan = plan_chunks(32, d, per, 256 * 2**20, None)
+    b, k = plan.examples_per_chunk, plan.per_chunk
     assert b * k * per <= 256 * 2**20 and k >= 1 and b >= 1
 
 
@@ -292,7 +293,7 @@ def test_one_hot_directions_through_flatten_gather_rows_and_stay_exact():
     axes = tf.constant([[3, 27, -1], [0, 5, 9], [1, 1, 2]])
     v = tf.reshape(tf.one_hot(axes, 28), (3, 3, 7, 4))
     fwd = lin.forward(x)
-    got = lin._jvp(fwd.trace, v, False, axes=axes).neurons.numpy()
-    dense = lin._jvp(fwd.trace, v, False).neurons.numpy()
+    got = lin.tangent_from_trace(fwd.trace, v, False, axes=axes).neurons.numpy()
+    dense = lin.tangent_from_trace(fwd.trace, v, False).neurons.numpy()
     np.testing.assert_allclose(got, dense, rtol=1e-6)
     np.testing.assert_allclose(got[0, 2], 0.0)

@@ -7,11 +7,11 @@ from keras_roll.rules import (  # noqa: F401  (registers the rules)
     recurrent,
     scornn,
 )
-from keras_roll.rules.activations import Activation, OutputLink
+from keras_roll.rules.activations import Activation, ActivationRecord, OutputLink
 from keras_roll.rules.affine import Identity, LayerCall
-from keras_roll.rules.base import Linear, Neurons, Op, Tangent
-from keras_roll.rules.pooling import MaxWindows
-from keras_roll.rules.recurrent import SimpleRNNOp
+from keras_roll.rules.base import NO_RECORD, Linear, Neurons, NoRecord, Op, Tangent
+from keras_roll.rules.pooling import MaxRecord, MaxWindows
+from keras_roll.rules.recurrent import MaskingRecord, SimpleRNNOp
 from keras_roll.rules.registry import (
     compile_layer,
     get_rule,
@@ -21,7 +21,8 @@ from keras_roll.rules.registry import (
 )
 
 __all__ = [
-    "Activation", "Identity", "LayerCall", "Linear", "MaxWindows", "Neurons", "Op",
-    "OutputLink", "SimpleRNNOp", "Tangent", "compile_layer", "get_rule", "register_rule",
+    "NO_RECORD", "Activation", "ActivationRecord", "Identity", "LayerCall", "Linear",
+    "MaskingRecord", "MaxRecord", "MaxWindows", "Neurons", "NoRecord", "Op", "OutputLink",
+    "SimpleRNNOp", "Tangent", "compile_layer", "get_rule", "register_rule",
     "registered_classes", "unregister_rule",
 ]

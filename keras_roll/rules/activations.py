@@ -3,18 +3,22 @@ ReLU6, LeakyReLU, PReLU, `Activation` layers and activations fused into other
 layers through `activation=`.
 
 A final softmax or sigmoid is a link function: it is folded into the loss and the
-twin reports the logits before it (`OutputLink`).
+twin reports the logits before it (`OutputLink`). The neurons and breakpoints
+are those of docs/design.md, section "The maths".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import keras
 import tensorflow as tf
 
 from keras_roll.errors import UnsupportedModelError
+from keras_roll.records import Record
 from keras_roll.rules.base import (
+    NO_RECORD,
     Neurons,
     Op,
     Tangent,
@@ -22,6 +26,23 @@ from keras_roll.rules.base import (
     flatten_examples,
 )
 from keras_roll.rules.registry import register_rule
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ActivationRecord(Record):
+    """What a piecewise-linear activation records on a batch.
+
+    Attributes:
+        z: `[B, *shape]` pre-activations.
+        slope: `[B, *shape]` the slope of the piece each unit is on (the frozen
+            pattern: 0/1 for ReLU).
+        mask: optional `[B, T]` Keras sequence mask (False at padded steps,
+            which create no neurons).
+    """
+
+    z: tf.Tensor
+    slope: tf.Tensor
+    mask: tf.Tensor | None = None
 
 
 class Activation(Op):
@@ -37,7 +58,16 @@ class Activation(Op):
 
     A neuron exactly on a breakpoint is put on the piece below it, as
     `keras.activations.relu` does (its margin is 0 either way).
+
+    Example:
+
+    ```python
+    relu6 = Activation(layer, lambda z: keras.activations.relu(z, max_value=6.0),
+                       breakpoints=[0.0, 6.0], slopes=[0.0, 1.0, 0.0])
+    ```
     """
+
+    owns_neurons = True
 
     def __init__(self, layer, fn, breakpoints, slopes, name=None):
         super().__init__(layer, name)
@@ -54,7 +84,8 @@ class Activation(Op):
         self._plain_relu = self.breakpoints == (0.0,) and all(
             isinstance(s, (int, float)) for s in self.slopes) and self.slopes == (0.0, 1.0)
 
-    def _slope(self, z):
+    def slope(self, z):
+        """The frozen slope of every unit: the slope of the piece `z` is on."""
         slopes = [tf.cast(s, z.dtype) if tf.is_tensor(s) or hasattr(s, "value") else s
                   for s in self.slopes]
         if self._plain_relu:
@@ -66,20 +97,18 @@ class Activation(Op):
 
     def forward(self, inputs, mask):
         z = inputs[0]
-        record = {"z": z, "slope": self._slope(z)}
-        if mask is not None:
-            record["mask"] = mask
+        record = ActivationRecord(z, self.slope(z), mask)
         return tf.cast(self.fn(z), z.dtype), record
 
     def tangent(self, tangents, record, mask):
         t = tangents[0]
-        slope = record["slope"]
+        slope = record.slope
         batch = tf.shape(slope)[0]
         pre = t.per_example(batch)
         return Tangent(pre * slope[:, None], shared=False), flatten_directions(pre)
 
     def neurons(self, record):
-        z = record["z"]
+        z = record.z
         inf = tf.constant(math.inf, z.dtype)
         below = tf.fill(tf.shape(z), inf)
         above = tf.fill(tf.shape(z), inf)
@@ -89,8 +118,8 @@ class Activation(Op):
             piece += tf.cast(z > b, tf.int32)
         for b in reversed(self.breakpoints):
             above = tf.where(z <= b, b - z, above)
-        if "mask" in record:
-            m = tf.cast(record["mask"], tf.bool)
+        if record.mask is not None:
+            m = tf.cast(record.mask, tf.bool)
             m = tf.reshape(m, tf.concat([tf.shape(m), tf.ones(tf.rank(z) - tf.rank(m),
                                                                  tf.int32)], 0))
             valid = tf.broadcast_to(m, tf.shape(z))
@@ -99,8 +128,8 @@ class Activation(Op):
         flat = flatten_examples
         return Neurons(flat(z), flat(below), flat(above), flat(valid), flat(piece))
 
-    def neuron_shape(self, record_shapes):
-        return tuple(record_shapes["z"][1:])
+    def neuron_shape(self, record):
+        return tuple(int(d) for d in record.z.shape[1:])
 
 
 class OutputLink(Op):
@@ -115,7 +144,7 @@ class OutputLink(Op):
         self.link = link
 
     def forward(self, inputs, mask):
-        return inputs[0], {}
+        return inputs[0], NO_RECORD
 
     def tangent(self, tangents, record, mask):
         return tangents[0], None

@@ -4,7 +4,10 @@ Dense and the convolutions are written out so that a fused `activation=` can be
 split off; layers that are linear in their input (reshapes, paddings, average
 pooling, merges) reuse their own `call`; BatchNormalization (inference
 statistics), Rescaling and Normalization apply their scale only; Dropout-like
-layers are the identity at inference.
+layers are the identity at inference. BatchNormalization, dropout and noise
+layers compute something else in training mode: their ops say so
+(`Op.training_dependent`). The table of rules is in docs/design.md, section
+"Rules".
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from keras_roll.keras_internals import call_layer, causal_padding, takes_mask
 from keras_roll.rules.activations import activation_ops
 from keras_roll.rules.base import (
+    NO_RECORD,
     Linear,
     Op,
     Tangent,
     apply_linear,
-    call_layer,
     merge_batch,
     split_batch,
 )
@@ -39,13 +43,13 @@ class LayerCall(Op):
     def __init__(self, layer, bias_free=True, name=None):
         super().__init__(layer, name)
         self.bias_free = bias_free
-        self.needs_mask = getattr(layer, "_call_has_mask_arg", False)
+        self.needs_mask = takes_mask(layer)
 
     def _call(self, inputs, mask=None):
         return call_layer(self.layer, inputs, mask if self.needs_mask else None)
 
     def forward(self, inputs, mask):
-        return self._call(inputs, mask), {}
+        return self._call(inputs, mask), NO_RECORD
 
     def tangent(self, tangents, record, mask):
         if self.needs_mask and mask is not None:
@@ -83,7 +87,7 @@ class Identity(Op):
     """The identity (Dropout and noise layers at inference)."""
 
     def forward(self, inputs, mask):
-        return inputs[0], {}
+        return inputs[0], NO_RECORD
 
     def tangent(self, tangents, record, mask):
         return tangents[0], None
@@ -126,7 +130,7 @@ def _conv_linear(layer):
     if isinstance(layer, keras.layers.Conv1D) and layer.padding == "causal":
 
         def linear(x):
-            x = ops.pad(x, layer._compute_causal_padding())
+            x = ops.pad(x, causal_padding(layer))
             return ops.conv(x, layer.kernel, strides=list(layer.strides), padding="valid",
                             dilation_rate=layer.dilation_rate, data_format=layer.data_format)
 
@@ -197,7 +201,7 @@ def _batch_norm_rule(layer):
         axes = [a % rank for a in axes]
         return x * tf.reshape(inv, _broadcast_shape(axes, rank, x.shape))
 
-    return Linear(layer, linear)
+    return Linear(layer, linear, training_dependent=True)  # batch statistics in training
 
 
 @register_rule(keras.layers.Rescaling)
@@ -233,12 +237,14 @@ _LINEAR_LAYERS = (
 for _cls in _LINEAR_LAYERS:
     register_rule(_cls, LayerCall)
 
-_IDENTITY_LAYERS = (
+_RANDOM_IN_TRAINING = (  # the identity at inference, random in training
     keras.layers.Dropout, keras.layers.SpatialDropout1D, keras.layers.SpatialDropout2D,
     keras.layers.SpatialDropout3D, keras.layers.GaussianNoise, keras.layers.GaussianDropout,
-    keras.layers.AlphaDropout, keras.layers.ActivityRegularization, keras.layers.Identity,
+    keras.layers.AlphaDropout,
 )
-for _cls in _IDENTITY_LAYERS:
+for _cls in _RANDOM_IN_TRAINING:
+    register_rule(_cls, lambda layer: Identity(layer, training_dependent=True))
+for _cls in (keras.layers.ActivityRegularization, keras.layers.Identity):
     register_rule(_cls, Identity)
 
 

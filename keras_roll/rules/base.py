@@ -11,9 +11,15 @@ A Keras layer call becomes one or more *ops*. Each op knows how to
   region, each a value `z` with the distance `below = z - lo` and
   `above = hi - z` to the breakpoints around it (Lee et al., ICLR 2019, Prop. 6).
 
+Records are small typed dataclasses (`keras_roll.records.Record`), so that the
+trace of a forward pass passes through `tf.function`, `tf.nest` and custom
+gradients; ops without a pattern record `NO_RECORD`.
+
 Tangents are `[B, K, *shape]` tensors (K directions per example) or, before the
 first activation pattern is applied, *shared* `[K, *shape]` tensors that are the
 same for every example; linear ops then run once for the whole batch.
+
+See docs/design.md, sections "The frozen-pattern twin" and "Rules".
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
-import keras
 import tensorflow as tf
+
+from keras_roll.keras_internals import call_layer
+from keras_roll.records import Record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,42 +122,65 @@ class Neurons(NamedTuple):
     piece: tf.Tensor
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class NoRecord(Record):
+    """The record of an op without an activation pattern (it records nothing)."""
+
+
+NO_RECORD = NoRecord()
+
+
 class Op:
     """Base class of the ops a rule compiles a layer into.
 
-    Subclasses override `forward` and `tangent`; ops that own neurons also
-    override `neurons` and `neuron_shape`.
+    Subclasses override `forward` and `tangent`; ops that own neurons set
+    `owns_neurons = True` and override `neurons` and `neuron_shape` (checked
+    when the subclass is defined).
 
     Attributes:
         layer: the Keras layer (or operation) the op came from.
         name: the name under which its neurons are reported.
+        owns_neurons: whether the op contributes neurons (hyperplanes of the
+            linear region): activations, max units, recurrent layers.
+        training_dependent: whether the layer computes something else in
+            training mode (BatchNormalization, dropout and noise layers); the
+            twin always linearizes the inference-mode function.
     """
 
     needs_mask = False
+    owns_neurons = False
 
-    def __init__(self, layer, name: str | None = None):
+    def __init__(self, layer, name: str | None = None, training_dependent: bool = False):
         self.layer = layer
         self.name = name or getattr(layer, "name", type(layer).__name__)
+        self.training_dependent = bool(training_dependent)
 
-    def forward(self, inputs: list[tf.Tensor], mask) -> tuple[tf.Tensor, dict[str, Any]]:
-        """Returns the op's output and its record (a dict of tensors)."""
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        overrides = cls.neurons is not Op.neurons
+        if overrides != bool(cls.owns_neurons):
+            raise TypeError(
+                f"Op subclass {cls.__name__} {'overrides' if overrides else 'does not override'}"
+                f" `neurons` but has owns_neurons={cls.owns_neurons}; an op that owns "
+                f"neurons sets `owns_neurons = True` and implements `neurons` and "
+                f"`neuron_shape`, other ops do neither."
+            )
+
+    def forward(self, inputs: list[tf.Tensor], mask) -> tuple[tf.Tensor, Record]:
+        """Returns the op's output and its record (`NO_RECORD` without a pattern)."""
         raise NotImplementedError
 
-    def tangent(self, tangents: list[Tangent], record: dict, mask) -> tuple[Tangent, Any]:
+    def tangent(self, tangents: list[Tangent], record: Record, mask) -> tuple[Tangent, Any]:
         """Returns the output tangent and the `[B, K, n]` neuron tangents (or None)."""
         raise NotImplementedError
 
-    def neurons(self, record: dict) -> Neurons | None:
+    def neurons(self, record: Record) -> Neurons | None:
         """Returns the neurons this op owns for the recorded batch, or None."""
         return None
 
-    def neuron_shape(self, record_shapes: dict) -> tuple[int, ...] | None:
-        """Per-example shape of the neuron tensor, from the record, or None."""
+    def neuron_shape(self, record: Record) -> tuple[int, ...] | None:
+        """Per-example shape of the neuron tensor, from a record with static shapes."""
         return None
-
-    @property
-    def owns_neurons(self) -> bool:
-        return type(self).neurons is not Op.neurons
 
 
 class Linear(Op):
@@ -171,16 +202,17 @@ class Linear(Op):
     ```
     """
 
-    def __init__(self, layer, linear, forward=None, name=None, rows=None):
-        super().__init__(layer, name)
+    def __init__(self, layer, linear, forward=None, name=None, rows=None,
+                 training_dependent=False):
+        super().__init__(layer, name, training_dependent=training_dependent)
         self._linear = linear
         self._forward = forward
         self._rows = rows
 
     def forward(self, inputs, mask):
         if self._forward is not None:
-            return self._forward(inputs, mask), {}
-        return call_layer(self.layer, inputs, mask), {}
+            return self._forward(inputs, mask), NO_RECORD
+        return call_layer(self.layer, inputs, mask), NO_RECORD
 
     def tangent(self, tangents, record, mask):
         t = tangents[0]
@@ -193,20 +225,3 @@ class Linear(Op):
             return Tangent(rows * live, shared=t.shared), None
         return apply_linear(self._linear, tangents), None
 
-
-def call_layer(layer, inputs: list, mask=None):
-    """Runs a layer's `call` (or a Keras operation) in inference mode.
-
-    Layers get their inputs as one tensor (or a list for merge layers), `mask`
-    if their `call` takes one and `training=False`; operations get `op(*inputs)`.
-    `call` is used rather than `__call__`, so no autocasting happens: tangents
-    keep the twin's dtype under mixed precision.
-    """
-    if not isinstance(layer, keras.layers.Layer):
-        return layer(*inputs)
-    kwargs = {}
-    if getattr(layer, "_call_has_training_arg", False):
-        kwargs["training"] = False
-    if mask is not None and getattr(layer, "_call_has_mask_arg", False):
-        kwargs["mask"] = mask
-    return layer.call(inputs if len(inputs) > 1 else inputs[0], **kwargs)

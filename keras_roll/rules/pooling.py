@@ -2,16 +2,19 @@
 
 A max unit that picks input i of its window is linear while `v_i - v_k >= 0`
 for every other input k of the window: each difference is a neuron with a
-single breakpoint at 0 and gradient `g_i - g_k` (DESIGN.md section 2). The twin
-gathers the tangent of the chosen input.
+single breakpoint at 0 and gradient `g_i - g_k` (docs/design.md, section
+"The maths", max units). The twin gathers the tangent of the chosen input.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import keras
 import tensorflow as tf
 
 from keras_roll.errors import UnsupportedModelError
+from keras_roll.records import Record
 from keras_roll.rules.base import (
     Neurons,
     Op,
@@ -24,6 +27,32 @@ from keras_roll.rules.base import (
 from keras_roll.rules.registry import register_rule
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class MaxRecord(Record):
+    """What a max unit records on a batch.
+
+    Attributes:
+        patches: `[B, *out, w, C]` the contents of every window.
+        one_hot: `[B, *out, w, C]` 1 at the chosen (first maximal) element.
+        valid: `[B or 1, *out, w, C]` bool: a neuron `v_winner - v_k` exists
+            (not the winner itself, not a padding position).
+        out: `[B, *out, C]` the maxima.
+    """
+
+    patches: tf.Tensor
+    one_hot: tf.Tensor
+    valid: tf.Tensor
+    out: tf.Tensor
+
+    @property
+    def argmax(self) -> tf.Tensor:
+        """`[B, *out, C]` int32, the chosen window element."""
+        return tf.argmax(self.one_hot, axis=-2, output_type=tf.int32)
+
+    def as_dict(self) -> dict:
+        return {**super().as_dict(), "argmax": self.argmax}
+
+
 class MaxWindows(Op):
     """A max over windows, described by a function that cuts windows out.
 
@@ -32,7 +61,18 @@ class MaxWindows(Op):
         windows: `fn(x [N, *spatial, C]) -> [N, *out_spatial, w, C]`, the window
             contents (padding positions arbitrary).
         valid: `[*out_spatial, w, 1]` bool, False at padding positions.
+
+    Example:
+
+    ```python
+    def windows(x):  # a global max over the time axis of [N, T, C]
+        return x
+
+    op = MaxWindows(layer, windows, lambda x: tf.ones([1, 1, 1], tf.bool))
+    ```
     """
+
+    owns_neurons = True
 
     def __init__(self, layer, windows, valid_fn, name=None):
         super().__init__(layer, name)
@@ -50,11 +90,10 @@ class MaxWindows(Op):
         one_hot = tf.one_hot(choice, w, axis=-1, dtype=x.dtype)  # [N, *out, C, w]
         one_hot = tf.experimental.numpy.swapaxes(one_hot, -1, -2)  # [N, *out, w, C]
         out = tf.reduce_sum(patches * one_hot, axis=-2)
-        return out, {"patches": patches, "one_hot": one_hot, "valid": valid & (one_hot == 0),
-                     "out": out}
+        return out, MaxRecord(patches, one_hot, valid & (one_hot == 0), out)
 
     def tangent(self, tangents, record, mask):
-        one_hot = record["one_hot"]
+        one_hot = record.one_hot
         batch = tf.shape(one_hot)[0]
         t = tangents[0].per_example(batch)
         patches = split_batch(self.windows(merge_batch(t)), batch)  # [B, K, *out, w, C]
@@ -63,16 +102,16 @@ class MaxWindows(Op):
         return Tangent(chosen), flatten_directions(diff)
 
     def neurons(self, record):
-        patches, out = record["patches"], record["out"]
+        patches, out = record.patches, record.out
         z = out[..., None, :] - patches
-        valid = tf.broadcast_to(record["valid"], tf.shape(z))
+        valid = tf.broadcast_to(record.valid, tf.shape(z))
         inf = tf.fill(tf.shape(z), tf.constant(float("inf"), z.dtype))
         flat = flatten_examples
         return Neurons(flat(z), flat(z), flat(inf), flat(valid),
-                       flat(tf.cast(record["one_hot"] > 0, tf.int32)))
+                       flat(tf.cast(record.one_hot > 0, tf.int32)))
 
-    def neuron_shape(self, record_shapes):
-        return tuple(record_shapes["patches"][1:])
+    def neuron_shape(self, record):
+        return tuple(int(d) for d in record.patches.shape[1:])
 
 
 def _check_channels_last(layer):

@@ -1,23 +1,48 @@
 """Recurrent units: SimpleRNN with a ReLU-family activation, and Masking.
 
 With the pattern frozen, `h_t = m_t * (W x_t + U h_{t-1} + b)`, so the tangent
-recursion is `dh_t = m_t * (W dx_t + U dh_{t-1})` (DESIGN.md section 3). Padded
-steps (Keras masking) carry the state and create no neurons.
+recursion is `dh_t = m_t * (W dx_t + U dh_{t-1})` (docs/design.md, section
+"Rules"). Padded steps (Keras masking) carry the state and create no neurons.
+
+`SimpleRNNOp(layer, activation)` reads `layer.cell.kernel`, `recurrent_kernel`,
+`bias` and `units` and the layer's `go_backwards`, `return_sequences` and
+`zero_output_for_mask`, so any `keras.layers.RNN` whose cell looks like a
+SimpleRNN cell can register it as its rule.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import keras
 import tensorflow as tf
 
 from keras_roll.errors import UnsupportedModelError
-from keras_roll.rules.activations import Activation, activation_ops
+from keras_roll.records import Record
+from keras_roll.rules.activations import Activation, ActivationRecord, activation_ops
 from keras_roll.rules.base import Op, Tangent, apply_linear, flatten_directions
 from keras_roll.rules.registry import register_rule
 
 
 class SimpleRNNOp(Op):
-    """The whole SimpleRNN layer: one neuron per unit and (unpadded) time step."""
+    """The whole SimpleRNN layer: one neuron per unit and (unpadded) time step.
+
+    Args:
+        layer: a SimpleRNN-like `keras.layers.RNN` (see the module docstring).
+        activation: the `Activation` op of its cell's activation.
+        name: name under which the neurons are reported.
+
+    Example:
+
+    ```python
+    @keras_roll.register_rule(MyRNN)
+    def _my_rnn(layer):
+        (act,) = keras_roll.rules.activations.activation_ops(layer, layer.cell.activation)
+        return SimpleRNNOp(layer, act)
+    ```
+    """
+
+    owns_neurons = True
 
     def __init__(self, layer, activation: Activation, name=None):
         super().__init__(layer, name)
@@ -59,13 +84,13 @@ class SimpleRNNOp(Op):
         _, z, outs = tf.scan(step, (self._time_major(xw), self._time_major(m)),
                              initializer=(h0, h0, h0))
         z, outs = self._time_major(z), self._time_major(outs)
-        record = {"z": z, "slope": self.act._slope(z), "mask": m}
+        record = ActivationRecord(z, self.act.slope(z), m)
         output = outs if layer.return_sequences else outs[:, -1]
         return output, record
 
     def tangent(self, tangents, record, mask):
         cell = self.cell
-        slope, m = record["slope"], record["mask"]
+        slope, m = record.slope, record.mask
         dtype = slope.dtype
         batch = tf.shape(slope)[0]
         kernel = tf.cast(cell.kernel, dtype)
@@ -98,8 +123,8 @@ class SimpleRNNOp(Op):
     def neurons(self, record):
         return self.act.neurons(record)
 
-    def neuron_shape(self, record_shapes):
-        return tuple(record_shapes["z"][1:])
+    def neuron_shape(self, record):
+        return self.act.neuron_shape(record)
 
 
 @register_rule(keras.layers.SimpleRNN)
@@ -126,6 +151,13 @@ def _simple_rnn_rule(layer):
     return SimpleRNNOp(layer, acts[0])
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class MaskingRecord(Record):
+    """`keep`: `[B, T, 1]` 1.0 at the steps that are not padding."""
+
+    keep: tf.Tensor
+
+
 class MaskingOp(Op):
     """`keras.layers.Masking`: zeroes padded steps (their mask is part of the pattern)."""
 
@@ -133,10 +165,10 @@ class MaskingOp(Op):
         x = inputs[0]
         keep = tf.reduce_any(tf.not_equal(x, self.layer.mask_value), axis=-1, keepdims=True)
         keep = tf.cast(keep, x.dtype)
-        return x * keep, {"keep": keep}
+        return x * keep, MaskingRecord(keep)
 
     def tangent(self, tangents, record, mask):
-        return tangents[0].masked(record["keep"]), None
+        return tangents[0].masked(record.keep), None
 
 
 register_rule(keras.layers.Masking, MaskingOp)

@@ -1,0 +1,81 @@
+"""The Keras internals keras_roll reads, in one place.
+
+keras_roll compiles Keras graphs, so it needs a few things Keras keeps private:
+the functional graph's nodes by depth (the execution order Keras itself uses),
+whether a layer's `call` takes `training` / `mask`, and a causal Conv1D's
+padding. Everything that depends on them goes through this module, so that a
+Keras upgrade breaks here, with a clear name, and nowhere else
+(`tests/test_architecture.py` checks it).
+
+Example:
+
+```python
+from keras_roll import keras_internals
+
+out = keras_internals.call_layer(layer, [x])   # layer.call(x, training=False)
+```
+"""
+
+from __future__ import annotations
+
+import keras
+
+__all__ = [
+    "call_layer",
+    "causal_padding",
+    "functional_class",
+    "nodes_by_depth",
+    "takes_mask",
+    "takes_training",
+]
+
+
+def functional_class() -> type:
+    """`keras.src.models.functional.Functional`, the class of functional graphs."""
+    from keras.src.models.functional import Functional
+
+    return Functional
+
+
+def nodes_by_depth(graph) -> dict:
+    """`{depth: [nodes]}` of a functional graph (depth 0 holds the outputs)."""
+    return graph._nodes_by_depth
+
+
+def takes_training(layer) -> bool:
+    """Whether `layer.call` accepts a `training` argument."""
+    return bool(getattr(layer, "_call_has_training_arg", False))
+
+
+def takes_mask(layer) -> bool:
+    """Whether `layer.call` accepts a `mask` argument."""
+    return bool(getattr(layer, "_call_has_mask_arg", False))
+
+
+def causal_padding(layer) -> list:
+    """The `ops.pad` widths a causal `Conv1D` applies before its convolution."""
+    return layer._compute_causal_padding()
+
+
+def call_layer(layer, inputs: list, mask=None):
+    """Runs a layer's `call` (or a Keras operation) in inference mode.
+
+    Layers get their inputs as one tensor (or a list for merge layers), `mask`
+    if their `call` takes one and `training=False`; operations get `op(*inputs)`.
+    `call` is used rather than `__call__`, so no autocasting happens: tangents
+    keep the twin's dtype under mixed precision.
+
+    Example:
+
+    ```python
+    y = call_layer(keras.layers.Dropout(0.5), [x])   # the identity: training=False
+    ```
+    """
+    if not isinstance(layer, keras.layers.Layer):
+        return layer(*inputs)
+    kwargs = {}
+    if takes_training(layer):
+        kwargs["training"] = False
+    if mask is not None and takes_mask(layer):
+        kwargs["mask"] = mask
+    return layer.call(inputs if len(inputs) > 1 else inputs[0], **kwargs)
