@@ -17,7 +17,7 @@ wrapped.fit(x_train, y_train)
 ```
 """
 
-from keras_roll import callbacks, layers, rules
+from keras_roll import callbacks, layers, models, rules
 from keras_roll.callbacks import MarginMonitor
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.margins import (
@@ -55,5 +55,6 @@ __all__ = [
     "unwrap",
     "wrap",
     "callbacks",
+    "models",
     "layers",
 ]
