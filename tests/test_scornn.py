@@ -117,14 +117,14 @@ def tape_jacobian(fn, x):
 
 
 def scornn_model(units=5, rho=2, steps=5, channels=3, sequences=False, backwards=False,
-                 activation=LEAKY, dtype="float32", seed=0, masking=True):
+                 activation=LEAKY, dtype="float32", seed=0, masking=True, zero_output=False):
     """[Masking ->] ScoRNN 'rnn' [-> masked average] -> Dense 'logits', generic weights."""
     keras.utils.set_random_seed(seed)
     inp = keras.Input((steps, channels), dtype=dtype)
     h = keras.layers.Masking(0.0, dtype=dtype)(inp) if masking else inp
     h = ScoRNN(units, activation=activation, num_negative_ones=rho,
                return_sequences=sequences, go_backwards=backwards,
-               kernel_initializer="glorot_uniform",
+               zero_output_for_mask=zero_output, kernel_initializer="glorot_uniform",
                skew_initializer=keras.initializers.RandomNormal(stddev=0.5),
                bias_initializer=keras.initializers.RandomNormal(stddev=0.3),
                name="rnn", dtype=dtype)(h)
@@ -226,19 +226,24 @@ def test_w_stays_orthogonal_through_amsgrad_training(lr):
 # --------------------------------------------------------------------------- twin
 
 
-@pytest.mark.parametrize("sequences,backwards,leaky", [
-    (False, False, True), (True, False, True), (True, True, False), (False, True, True)])
-def test_twin_matches_tape_on_masked_variable_length_batch(sequences, backwards, leaky):
-    model = scornn_model(sequences=sequences, backwards=backwards,
+@pytest.mark.parametrize("sequences,backwards,leaky,zero_output", [
+    (False, False, True, False), (True, False, True, True), (True, True, False, False),
+    (False, True, True, False)])
+def test_twin_matches_tape_on_masked_variable_length_batch(sequences, backwards, leaky,
+                                                           zero_output):
+    model = scornn_model(sequences=sequences, backwards=backwards, zero_output=zero_output,
                          activation=LEAKY if leaky else "relu")
     layer = model.get_layer("rnn")
     x, lengths = zoo.padded_sequences(batch=4, steps=5, channels=3)
     assert len(set(lengths.tolist())) > 1
     w = numpy_w(layer.cell)
     # The hand-written recurrence is the Keras layer.
-    _, hs, _ = recurrence(layer, tf.constant(x), w, leaky)
+    _, hs, steps = recurrence(layer, tf.constant(x), w, leaky)
+    hs = hs.numpy()
+    if zero_output:  # padded steps output zeros instead of the carried state
+        hs = np.where(steps.numpy()[..., None], hs, 0.0)
     keras_out = keras.Model(model.input, layer.output)(x).numpy()
-    assert_close(keras_out, hs.numpy() if sequences else hs.numpy()[:, -1])
+    assert_close(keras_out, hs if sequences else hs[:, -1])
 
     lin = keras_roll.linearize(model)
     fwd = lin.forward(x)

@@ -308,9 +308,9 @@ class ScoRNN(keras.layers.RNN):
     ```python
     inp = keras.Input((None, 12))
     h = keras.layers.Masking(0.0)(inp)
-    h = keras_roll.layers.ScoRNN(64, num_negative_ones=6)(h)
+    h = keras_roll.layers.ScoRNN(64, num_negative_ones=6, name="scornn")(h)
     model = keras.Model(inp, keras.layers.Dense(9, activation="softmax")(h))
-    W = model.layers[2].recurrent_matrix()      # orthogonal, det = (-1) ** 6
+    W = model.get_layer("scornn").recurrent_matrix()   # orthogonal, det = (-1) ** 6
     keras_roll.certify(model, x)
     ```
     """
