@@ -1,6 +1,8 @@
 """Tests of the data loaders in keras_roll.data, on real files and generated fixtures."""
 
+import gzip
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +11,8 @@ import numpy as np
 import pytest
 
 from keras_roll.data import japanese_vowels as jv_module
-from keras_roll.data import load_caltech256, load_japanese_vowels, load_mnist, make_toy2d
+from keras_roll.data import load_japanese_vowels, load_mnist, make_toy2d, mnist_splits
+from keras_roll.data.mnist import load_idx
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -226,6 +229,115 @@ def test_mnist_keras_cache(tmp_path, monkeypatch):
     np.testing.assert_array_equal(y, arrays["y_test"])
 
 
+def _write_idx(file, array, dtype_code=0x08, compress=True):
+    """Writes an IDX file by the format's definition (independent of keras_roll)."""
+    header = bytes([0, 0, dtype_code, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    payload = header + np.ascontiguousarray(array).astype(array.dtype.newbyteorder(">")).tobytes()
+    if compress:
+        with gzip.open(file, "wb") as f:
+            f.write(payload)
+    else:
+        file.write_bytes(payload)
+
+
+def _write_mnist_idx(directory, arrays, compress=True):
+    suffix = ".gz" if compress else ""
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        _write_idx(directory / f"{prefix}-images-idx3-ubyte{suffix}", arrays[f"x_{split}"],
+                   compress=compress)
+        _write_idx(directory / f"{prefix}-labels-idx1-ubyte{suffix}", arrays[f"y_{split}"],
+                   compress=compress)
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_mnist_idx_files(tmp_path, compress):
+    arrays = _write_mnist(tmp_path / "reference.npz")
+    (tmp_path / "reference.npz").unlink()
+    _write_mnist_idx(tmp_path, arrays, compress)
+    for split in ("train", "test"):
+        x, y = load_mnist(tmp_path, split=split)
+        assert x.dtype == np.float32 and y.dtype == np.int64
+        np.testing.assert_array_equal(x, arrays[f"x_{split}"])
+        np.testing.assert_array_equal(y, arrays[f"y_{split}"])
+    # one of the four files as the path: read all four from its folder
+    name = "t10k-labels-idx1-ubyte" + (".gz" if compress else "")
+    x, y = load_mnist(tmp_path / name, split="test", flatten=True, normalize=True)
+    np.testing.assert_allclose(x, arrays["x_test"].reshape(5, -1) / 255.0, rtol=1e-6)
+
+
+def test_idx_reader_dtypes_and_errors(tmp_path):
+    values = np.arange(-6, 6, dtype=np.int32).reshape(3, 4)
+    _write_idx(tmp_path / "ints.idx", values, dtype_code=0x0C, compress=False)
+    out = load_idx(tmp_path / "ints.idx")
+    np.testing.assert_array_equal(out, values)
+    assert out.dtype.isnative
+    floats = np.linspace(0, 1, 5).astype(np.float64)
+    _write_idx(tmp_path / "f.idx.gz", floats, dtype_code=0x0E)
+    np.testing.assert_array_equal(load_idx(tmp_path / "f.idx.gz"), floats)
+
+    (tmp_path / "bad.idx").write_bytes(b"\x08\x03\x00\x01abcd")
+    with pytest.raises(ValueError, match="not an IDX file.*08 03 00 01"):
+        load_idx(tmp_path / "bad.idx")
+    whole = (tmp_path / "ints.idx").read_bytes()
+    (tmp_path / "short.idx").write_bytes(whole[:-3])
+    with pytest.raises(ValueError, match=r"shape \(3, 4\).*truncated"):
+        load_idx(tmp_path / "short.idx")
+    (tmp_path / "notgz.idx.gz").write_bytes(whole)
+    with pytest.raises(ValueError, match="notgz.idx.gz.*cannot be read"):
+        load_idx(tmp_path / "notgz.idx.gz")
+
+    # images and labels of different lengths
+    rng = np.random.default_rng(0)
+    _write_idx(tmp_path / "train-images-idx3-ubyte.gz", rng.integers(0, 255, (4, 28, 28),
+                                                                       dtype=np.uint8))
+    _write_idx(tmp_path / "train-labels-idx1-ubyte.gz", np.zeros(3, np.uint8))
+    with pytest.raises(ValueError, match=r"\(4, 28, 28\).*\(3,\)"):
+        load_mnist(tmp_path)
+    with pytest.raises(FileNotFoundError, match="t10k-images-idx3-ubyte.gz.*--data_dir"):
+        load_mnist(tmp_path, split="test")  # only the training files are there
+
+
+def test_mnist_splits(tmp_path):
+    arrays = _write_mnist(tmp_path / "mnist.npz", n_train=40, n_test=7)
+    train, val, test = mnist_splits(tmp_path, seed=3, val=10)
+    assert train[0].shape == (30, 784) and val[0].shape == (10, 784) and test[0].shape == (7, 784)
+    assert 0.0 <= train[0].min() and train[0].max() <= 1.0
+    # every training image lands in exactly one part, with its own label
+    flat = arrays["x_train"].reshape(40, -1) / 255.0
+    parts = np.concatenate([train[0], val[0]])
+    labels = np.concatenate([train[1], val[1]])
+    match = np.array([np.flatnonzero(np.all(np.isclose(flat, row), axis=1)) for row in parts])
+    assert match.shape == (40, 1) and sorted(match[:, 0]) == list(range(40))
+    np.testing.assert_array_equal(labels, arrays["y_train"][match[:, 0]])
+    np.testing.assert_allclose(test[0], arrays["x_test"].reshape(7, -1) / 255.0, rtol=1e-6)
+    np.testing.assert_array_equal(test[1], arrays["y_test"])
+    # deterministic in the seed, different across seeds
+    again = mnist_splits(tmp_path, seed=3, val=10)
+    np.testing.assert_array_equal(again.val[0], val[0])
+    other = mnist_splits(tmp_path, seed=4, val=10)
+    assert not np.array_equal(other.val[0], val[0])
+    raw = mnist_splits(tmp_path, val=0, flatten=False, normalize=False)
+    assert raw.train[0].shape == (40, 28, 28) and raw.train[0].max() > 1.0 and len(raw.val[0]) == 0
+    with pytest.raises(ValueError, match="val=40 leaves no training images"):
+        mnist_splits(tmp_path, val=40)
+    with pytest.raises(ValueError, match="val must be.*-1"):
+        mnist_splits(tmp_path, val=-1)
+    with pytest.raises(ValueError, match="seed must be.*'a'"):
+        mnist_splits(tmp_path, seed="a")
+
+
+def test_mnist_missing_data_message(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
+    monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)
+    with pytest.raises(FileNotFoundError) as info:
+        mnist_splits()
+    message = str(info.value)
+    for needle in ("mnist.npz", "train-images-idx3-ubyte.gz", "--data_dir", "https://"):
+        assert needle in message, needle
+    with pytest.raises(FileNotFoundError, match="nowhere.*--data_dir"):
+        load_mnist(tmp_path / "nowhere")
+
+
 @pytest.mark.skipif(not (SHARED_DATA / "mnist.npz").is_file(), reason="real mnist.npz not present")
 def test_mnist_real_file():
     x, y = load_mnist(SHARED_DATA, split="train")
@@ -237,6 +349,24 @@ def test_mnist_real_file():
     x, y = load_mnist(SHARED_DATA / "mnist.npz", split="test")
     assert x.shape == (10000, 28, 28)
     np.testing.assert_array_equal(y[:3], [7, 2, 1])
+
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "mnist.npz").is_file(), reason="real mnist.npz not present")
+def test_mnist_real_splits_and_idx_round_trip(tmp_path):
+    train, val, test = mnist_splits(SHARED_DATA, seed=0)
+    assert (len(train[0]), len(val[0]), len(test[0])) == (55000, 5000, 10000)
+    assert train[0].shape[1] == 784 and train[0].max() == 1.0
+    counts = np.bincount(train[1], minlength=10) + np.bincount(val[1], minlength=10)
+    np.testing.assert_array_equal(counts, [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851,
+                                           5949])
+    # the real test images written as IDX files read back identically
+    x, y = load_mnist(SHARED_DATA, split="test")
+    _write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", x.astype(np.uint8))
+    _write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", y.astype(np.uint8))
+    x2, y2 = load_mnist(tmp_path, split="test")
+    np.testing.assert_array_equal(x2, x)
+    np.testing.assert_array_equal(y2, y)
 
 
 # ------------------------------------------------------------------------------- toy 2-D
@@ -273,99 +403,6 @@ def test_toy2d_errors():
         make_toy2d(n=1)
     with pytest.raises(ValueError, match="noise"):
         make_toy2d(noise=-0.1)
-
-
-# ---------------------------------------------------------------------------- Caltech-256
-
-CALTECH_CLASSES = {"001.ak47": 5, "002.american-flag": 4, "003.backpack": 3}
-
-
-@pytest.fixture(scope="module")
-def caltech_tree(tmp_path_factory):
-    import tensorflow as tf
-
-    parent = tmp_path_factory.mktemp("caltech")
-    root = parent / "256_ObjectCategories"
-    rng = np.random.default_rng(0)
-    for folder, count in {**CALTECH_CLASSES, "257.clutter": 2}.items():
-        (root / folder).mkdir(parents=True)
-        number = folder.split(".")[0]
-        for i in range(count):
-            h, w = int(rng.integers(20, 40)), int(rng.integers(20, 40))
-            channels = 1 if i == 0 else 3  # Caltech-256 has some grayscale images
-            image = rng.integers(0, 256, (h, w, channels), dtype=np.uint8)
-            data = tf.io.encode_jpeg(tf.constant(image)).numpy()
-            (root / folder / f"{number}_{i + 1:04d}.jpg").write_bytes(data)
-    (root / "001.ak47" / "notes.txt").write_text("not an image")
-    (root / "README").write_text("stray file next to the class folders")
-    return parent
-
-
-def _collect(ds):
-    images, labels = [], []
-    for image, label in ds:
-        images.append(image.numpy())
-        labels.append(label.numpy())
-    return images, np.asarray(labels)
-
-
-def test_caltech256_all_split(caltech_tree):
-    ds, names = load_caltech256(caltech_tree, image_size=16, split="all")
-    assert names == ["ak47", "american-flag", "backpack"]
-    images, labels = _collect(ds)
-    np.testing.assert_array_equal(np.bincount(labels), list(CALTECH_CLASSES.values()))
-    for image in images:
-        assert image.shape == (16, 16, 3) and image.dtype == np.float32
-        assert 0.0 <= image.min() and image.max() <= 255.0
-    assert max(image.max() for image in images) > 1.0  # raw pixel units, not [0, 1]
-
-
-def test_caltech256_split_is_deterministic_and_disjoint(caltech_tree):
-    root = caltech_tree / "256_ObjectCategories"  # the folder itself works too
-    kwargs = dict(image_size=(8, 12), val_fraction=0.34, seed=5, shuffle=False)
-
-    def signature(split, **extra):
-        ds, _ = load_caltech256(root, split=split, **{**kwargs, **extra})
-        images, labels = _collect(ds)
-        return [(int(lab), img.tobytes()) for img, lab in zip(images, labels)]
-
-    train, val = signature("train"), signature("val")
-    assert len(train) + len(val) == sum(CALTECH_CLASSES.values())
-    assert not set(train) & set(val)
-    assert [lab for lab, _ in val] == [0, 0, 1, 2]  # round(0.34 * n), at least one per class
-    assert signature("train") == train
-    assert signature("test") == val  # alias
-    assert signature("val", seed=6) != val
-    assert signature("all", max_per_class=2) and len(signature("all", max_per_class=2)) == 6
-
-
-def test_caltech256_batched_and_shuffled(caltech_tree):
-    ds, _ = load_caltech256(
-        caltech_tree, image_size=10, split="train", batch_size=4, crop_to_aspect_ratio=True
-    )
-    batches = list(ds)
-    assert batches[0][0].shape == (4, 10, 10, 3)
-    assert batches[0][1].dtype.name == "int64"
-    assert sum(int(b[1].shape[0]) for b in batches) == 9  # 12 images - 3 held out (1 per class)
-
-
-def test_caltech256_errors(caltech_tree, tmp_path):
-    with pytest.raises(FileNotFoundError, match="missing_dir"):
-        load_caltech256(tmp_path / "missing_dir")
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="NNN.name"):
-        load_caltech256(tmp_path / "empty")
-    (tmp_path / "tree" / "001.ak47").mkdir(parents=True)
-    with pytest.raises(ValueError, match="001.ak47"):
-        load_caltech256(tmp_path / "tree")
-    with pytest.raises(ValueError, match="'dev'"):
-        load_caltech256(caltech_tree, split="dev")
-    with pytest.raises(ValueError, match="val_fraction"):
-        load_caltech256(caltech_tree, val_fraction=1.0)
-    with pytest.raises(ValueError, match="image_size"):
-        load_caltech256(caltech_tree, image_size=(0, 3))
-    with pytest.raises(ValueError, match="split is empty"):
-        load_caltech256(caltech_tree, split="val", val_fraction=0.0)
 
 
 def test_data_files_are_packaged():
