@@ -407,3 +407,16 @@ def test_resnet18_sampled_roll_loss_and_gradients(small_resnet):
     # the same seed gives the same estimate
     again = keras_roll.roll_loss(model, x, C=1.0, gamma=100.0, samples=6, strata="channel", seed=7)
     np.testing.assert_allclose(again.numpy(), loss.numpy(), rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_resnet18_paper_size_compiles_and_samples_roll():
+    """At 299 x 299 (4.19 M neurons per example) the sampled loss runs within a budget."""
+    model = resnet18()
+    x = np.random.default_rng(6).uniform(size=(2, 299, 299, 3)).astype(np.float32)
+    lin = keras_roll.linearize(model, memory_budget=2**30)
+    # ReLUs: stem 150^2*64, 4 per stage: 75^2*64, 38^2*128, 19^2*256, 10^2*512
+    expected = 150**2 * 64 + 4 * (75**2 * 64 + 38**2 * 128 + 19**2 * 256 + 10**2 * 512)
+    assert lin.num_neurons((299, 299, 3)) == expected == 4_193_792
+    loss = keras_roll.roll_loss(lin, x, samples=4, strata="channel", seed=1)
+    assert loss.shape == (2,) and np.all(np.isfinite(loss.numpy()))
