@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_roll import roll
+from keras_roll import regularizer
 from keras_roll.margins import l2_margins
 from keras_roll.twin import linearize
 
@@ -74,10 +74,10 @@ class MarginMonitor(keras.callbacks.Callback):
         self._writer = None
 
     def _linearized(self):
-        plain = roll.unwrap(self.model)
+        plain = regularizer.unwrap(self.model)
         if self._lin is None or self._lin_model is not plain:
             for layer in getattr(self.model, "layers", []):
-                if isinstance(layer, roll.RollRegularizer) and layer.inner_model is plain:
+                if isinstance(layer, regularizer.RollRegularizer) and layer.inner_model is plain:
                     self._lin = layer.linearized  # reuse the twin of the regularizer
                     break
             else:
