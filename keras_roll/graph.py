@@ -16,7 +16,7 @@ import dataclasses
 import keras
 
 from keras_roll.errors import UnsupportedModelError
-from keras_roll.keras_internals import functional_class, nodes_by_depth
+from keras_roll.keras_internals import functional_class, nodes_by_depth, sequential_graph
 from keras_roll.rules import compile_layer
 from keras_roll.rules.activations import OutputLink
 from keras_roll.rules.base import Op
@@ -56,7 +56,7 @@ def _functional(model, path: str):
     """The Functional graph behind `model`, or a clear error."""
     Functional = functional_class()
     if isinstance(model, keras.Sequential):
-        graph = getattr(model, "_functional", None)
+        graph = sequential_graph(model)
         if graph is None:
             raise ValueError(
                 f"The Sequential model '{model.name}'{path} has not been built, so it has "

@@ -25,6 +25,8 @@ __all__ = [
     "causal_padding",
     "functional_class",
     "nodes_by_depth",
+    "numpy_operation",
+    "sequential_graph",
     "takes_mask",
     "takes_training",
 ]
@@ -35,6 +37,18 @@ def functional_class() -> type:
     from keras.src.models.functional import Functional
 
     return Functional
+
+
+def sequential_graph(model):
+    """The functional graph a built `keras.Sequential` keeps, or None if unbuilt."""
+    return getattr(model, "_functional", None)
+
+
+def numpy_operation(name: str) -> type:
+    """The class of a `keras.ops` numpy operation, e.g. "Add" for `x + y` on Keras tensors."""
+    from keras.src.ops import numpy as knp
+
+    return getattr(knp, name)
 
 
 def nodes_by_depth(graph) -> dict:

@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_roll.keras_internals import call_layer, causal_padding, takes_mask
+from keras_roll.keras_internals import call_layer, causal_padding, numpy_operation, takes_mask
 from keras_roll.rules.activations import activation_ops
 from keras_roll.rules.base import (
     NO_RECORD,
@@ -250,9 +250,7 @@ for _cls in (keras.layers.ActivityRegularization, keras.layers.Identity):
 
 def _register_ops():
     """`x + y` and `x - y` on Keras tensors create operations, not layers."""
-    from keras.src.ops import numpy as knp
-
-    for cls in (knp.Add, knp.Subtract):
+    for cls in (numpy_operation("Add"), numpy_operation("Subtract")):
         register_rule(cls, LayerCall)
 
 
