@@ -253,6 +253,9 @@ def test_missing_data_says_where_to_get_it(tmp_path):
         for needle in (str(path), "data.caltech.edu", "256_ObjectCategories.tar", "--data_dir",
                        "256_ObjectCategories/NNN.name/NNN_XXXX.jpg", "--quick"):
             assert needle in message, needle
+    (tmp_path / "256_ObjectCategories.tar").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="is the archive: extract it first"):
+        load_caltech256(tmp_path / "256_ObjectCategories.tar")
 
 
 def test_bad_arguments(tree, tmp_path):

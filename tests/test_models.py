@@ -37,13 +37,16 @@ def _numpy_fc(model, x, mean, std):
     return h @ dense[-1].kernel.numpy() + dense[-1].bias.numpy()
 
 
-def test_fc_normalizes_inside_and_flattens():
+def test_fc_normalizes_inside_and_flattens(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.uniform(size=(6, 28, 28)).astype("float32")
     model = fc((28, 28), depth=2, width=16, classes=4, normalize=(0.25, 0.5),
                classifier_activation=None)
     np.testing.assert_allclose(model(x).numpy(), _numpy_fc(model, x, 0.25, 0.5),
                                rtol=1e-4, atol=1e-4)
+    model.save(tmp_path / "fc.keras")  # the normalisation statistics travel with the model
+    loaded = keras.models.load_model(tmp_path / "fc.keras")
+    np.testing.assert_allclose(loaded(x).numpy(), model(x).numpy(), rtol=1e-6)
 
 
 def test_fc_margins_are_in_pixel_units():
@@ -114,18 +117,17 @@ def test_resnet18_shapes_and_parameter_count():
     assert imagenet.get_layer("layer4_1_relu2").output.shape[1:] == (7, 7, 512)
 
 
+def _normalized(model, value=0.5):
+    x = np.full((1, 8, 8, 3), value, np.float32)
+    return model.get_layer("normalize")(x).numpy()[0, 0, 0]
+
+
 def test_resnet18_normalization_options():
-    x = np.full((1, 8, 8, 3), 0.5, np.float32)
-
-    def normalized(**kwargs):
-        m = resnet18((8, 8, 3), classes=2, **kwargs)
-        return keras.Model(m.input, m.get_layer("normalize").output)(x).numpy()[0, 0, 0]
-
-    np.testing.assert_allclose(normalized(), (0.5 - np.array([0.485, 0.456, 0.406]))
-                               / np.array([0.229, 0.224, 0.225]), rtol=1e-5)
-    np.testing.assert_allclose(normalized(normalize="paper"),
+    imagenet = (0.5 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
+    np.testing.assert_allclose(_normalized(resnet18((8, 8, 3), classes=2)), imagenet, rtol=1e-5)
+    paper = resnet18((8, 8, 3), classes=2, normalize="paper")
+    np.testing.assert_allclose(_normalized(paper),
                                (0.5 - np.array([0.485, 0.456, 0.406])) / 0.225, rtol=1e-5)
-    np.testing.assert_allclose(normalized(normalize=(0.5, 0.25)), 0.0, atol=1e-7)
     bare = resnet18((8, 8, 3), classes=2, normalize=False)
     assert not any(isinstance(layer, keras.layers.Normalization) for layer in bare.layers)
 
@@ -147,6 +149,9 @@ def test_resnet18_errors(tmp_path):
         resnet18((32, 32, 3), weights=tmp_path / "nothere.npz")
     gray = resnet18((32, 32, 1), classes=3, normalize=(0.5, 0.2))
     assert gray.output_shape == (None, 3)
+    x = np.full((1, 4, 4, 1), 0.9, np.float32)
+    np.testing.assert_allclose(gray.get_layer("normalize")(x).numpy(), (0.9 - 0.5) / 0.2,
+                               rtol=1e-5)
 
 
 # ------------------------------------------------------ torchvision state dict, numpy net

@@ -709,6 +709,11 @@ def _image_size(image_size):
 
 def _find_root(path):
     p = Path(os.path.expanduser(os.fspath(path)))
+    if p.is_file() and p.name.endswith((".tar", ".tar.gz", ".tgz")):
+        raise FileNotFoundError(
+            f"Caltech-256 path {str(p)!r} is the archive: extract it first "
+            f"(tar xf {p.name}) and pass the extracted folder. {WHERE_TO_GET}"
+        )
     if not p.is_dir():
         raise FileNotFoundError(
             f"Caltech-256 path {str(p)!r} is not a directory. {WHERE_TO_GET}"
