@@ -17,8 +17,16 @@ wrapped.fit(x_train, y_train)
 ```
 """
 
-from keras_roll import callbacks, layers, models, rules
+from keras_roll import attribution, callbacks, layers, models, plots, rules
+from keras_roll.attribution import (
+    IntegratedGradients,
+    Saliency,
+    integrated_gradients,
+    saliency,
+    stable_radius,
+)
 from keras_roll.callbacks import MarginMonitor
+from keras_roll.distortion import Distortion, gradient_distortion
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.margins import (
     Certificate,
@@ -38,6 +46,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Certificate",
+    "Distortion",
+    "IntegratedGradients",
+    "Saliency",
+    "attribution",
+    "gradient_distortion",
+    "integrated_gradients",
+    "plots",
+    "saliency",
+    "stable_radius",
     "MarginMonitor",
     "RollRegularizer",
     "Linearized",

@@ -1,0 +1,140 @@
+"""Gradient distortion throughput: input gradients per second of
+`keras_roll.gradient_distortion(mode="max")` (the paper's genetic algorithm),
+beside a plain `tf.GradientTape` loop over the very same candidates in batches
+of 256, measured in the same run (interleaved repetitions, medians).
+
+Two models: the paper's 784-300x4-10 ReLU network on MNIST-shaped inputs and a
+small CNN (28x28x1 -> conv 16 -> conv 32 / 2 -> dense 100 -> 10). The rate of
+keras_roll includes everything the search does (sampling, selection, crossover,
+projection, distances); the baselines only compute the candidates' gradients and
+their l1 distances to the reference gradient. The eager loop is what a user
+writes by hand; the compiled loop (`tf.function`, batch 256) is shown for context.
+
+    python -m benchmarks.distortion [--num_examples=2] [--population=4800]
+                                    [--generations=3] [--repeats=3]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+import keras_roll  # noqa: E402
+from benchmarks._util import interleaved_medians  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("num_examples", 2, "Examples searched per run.")
+flags.DEFINE_integer("population", 4800, "Population of the genetic algorithm (paper: 4800).")
+flags.DEFINE_integer("generations", 3, "Generations per run (paper: 30; the rate is the same).")
+flags.DEFINE_integer("repeats", 3, "Timed repetitions (the median is reported).")
+flags.DEFINE_integer("batch", 256, "Batch size of the tf.GradientTape baselines.")
+
+EPS = 8 / 256
+
+
+def mlp() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    bias = keras.initializers.RandomNormal(stddev=0.05)
+    inp = keras.Input((784,))
+    h = inp
+    for i in range(4):
+        h = keras.layers.Dense(300, activation="relu", bias_initializer=bias, name=f"fc{i}")(h)
+    return keras.Model(inp, keras.layers.Dense(10, name="logits")(h), name="mlp_784_300x4_10")
+
+
+def small_cnn() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    bias = keras.initializers.RandomNormal(stddev=0.05)
+    inp = keras.Input((28, 28, 1))
+    h = keras.layers.Conv2D(16, 3, activation="relu", bias_initializer=bias)(inp)
+    h = keras.layers.Conv2D(32, 3, strides=2, activation="relu", bias_initializer=bias)(h)
+    h = keras.layers.Flatten()(h)
+    h = keras.layers.Dense(100, activation="relu", bias_initializer=bias)(h)
+    return keras.Model(inp, keras.layers.Dense(10)(h), name="small_cnn")
+
+
+def tape_step(model):
+    """Gradients of the selected logits and their l1 distance to the reference."""
+
+    def step(xb, yb, ref):
+        with tf.GradientTape() as tape:
+            tape.watch(xb)
+            picked = tf.gather(model(xb), yb, axis=1, batch_dims=1)
+            total = tf.reduce_sum(picked)
+        g = tape.gradient(total, xb)
+        g = tf.reshape(g, (tf.shape(g)[0], -1))
+        return tf.reduce_sum(tf.abs(g - ref), axis=1)
+
+    return step
+
+
+def bench(model, x, y):
+    kw = dict(eps=EPS, mode="max", population=FLAGS.population,
+              generations=FLAGS.generations, seed=0, verbose=False)
+    owners, cands = [], []
+
+    def keep(ex, c, d):
+        owners.append(ex)
+        cands.append(c)
+
+    res = keras_roll.gradient_distortion(model, x, y, callback=keep, **kw)  # also warms up
+    owners, cands = np.concatenate(owners), np.concatenate(cands)
+    n = cands.shape[0]
+    assert n == res.evaluations * x.shape[0]
+    ref_step = tape_step(model)
+    with tf.GradientTape() as tape:
+        xt = tf.constant(x)
+        tape.watch(xt)
+        total = tf.reduce_sum(tf.gather(model(xt), y, axis=1, batch_dims=1))
+    ref = tf.reshape(tape.gradient(total, xt), (x.shape[0], -1)).numpy()
+    compiled = tf.function(ref_step, reduce_retracing=True)
+    b = FLAGS.batch
+
+    def loop(step):
+        out = []
+        for i in range(0, n, b):
+            o = owners[i:i + b]
+            out.append(step(tf.constant(cands[i:i + b]), tf.constant(y[o]),
+                            tf.constant(ref[o])).numpy())
+        return np.concatenate(out)
+
+    # the baselines reproduce our distances (same candidates, same function)
+    np.testing.assert_allclose(loop(compiled).max(), res.distortion.max(), rtol=1e-3)
+    times = interleaved_medians({
+        "keras_roll": lambda: keras_roll.gradient_distortion(model, x, y, **kw),
+        "tape_eager": lambda: loop(ref_step),
+        "tape_compiled": lambda: loop(compiled),
+    }, FLAGS.repeats, warmup=1)
+    return n, times
+
+
+def main(argv):
+    del argv
+    rng = np.random.default_rng(0)
+    print(f"machine: {os.cpu_count()} CPU cores, TensorFlow {tf.__version__}; other jobs may "
+          f"share the CPU, so compare the ratios (measured in the same run), not the rates")
+    print(f"gradient_distortion(mode='max'): {FLAGS.num_examples} examples, population "
+          f"{FLAGS.population}, {FLAGS.generations} generations, eps={EPS:g}; baselines: "
+          f"tf.GradientTape over the same candidates in batches of {FLAGS.batch}")
+    header = (f"{'model':<20}{'gradients':>10}{'keras_roll/s':>14}{'eager tape/s':>14}"
+              f"{'ratio':>7}{'tf.function tape/s':>20}{'ratio':>7}")
+    print(header)
+    print("-" * len(header))
+    for build, shape in ((mlp, (784,)), (small_cnn, (28, 28, 1))):
+        model = build()
+        x = rng.uniform(0, 1, size=(FLAGS.num_examples, *shape)).astype("float32")
+        y = rng.integers(0, 10, size=FLAGS.num_examples)
+        n, t = bench(model, x, y)
+        ours, eager, comp = n / t["keras_roll"], n / t["tape_eager"], n / t["tape_compiled"]
+        print(f"{model.name:<20}{n:>10d}{ours:>14.0f}{eager:>14.0f}{ours / eager:>7.2f}"
+              f"{comp:>20.0f}{ours / comp:>7.2f}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,285 @@
+"""Gradient distortion (Table 4): exactness inside the region, the genetic algorithm's
+set and seeding, against tf.GradientTape gradients of the Keras model itself."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_roll
+from keras_roll.distortion import gradient_distortion, sampling_box
+
+
+def _model(dtype="float64", in_dim=10, width=16, out=4, seed=0, link="softmax"):
+    """A ReLU MLP with random biases (several regions near the data) and a folded link."""
+    keras.utils.set_random_seed(seed)
+    bias = keras.initializers.RandomNormal(stddev=0.3)
+    inp = keras.Input((in_dim,), dtype=dtype)
+    h = keras.layers.Dense(width, activation="relu", bias_initializer=bias, dtype=dtype)(inp)
+    h = keras.layers.Dense(width, activation="relu", bias_initializer=bias, dtype=dtype)(h)
+    logits = keras.layers.Dense(out, bias_initializer=bias, dtype=dtype, name="logits")(h)
+    outputs = keras.layers.Activation(link, dtype=dtype)(logits) if link else logits
+    return keras.Model(inp, outputs), keras.Model(inp, logits)
+
+
+def _data(n=4, in_dim=10, dtype="float64", seed=1):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0.2, 0.8, size=(n, in_dim)).astype(dtype)
+    return x, rng.integers(0, 4, size=n)
+
+
+def _tape_gradients(logits_model, x, y):
+    """Independent reference: input gradient of logit y by tf.GradientTape."""
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        out = logits_model(xt)
+        sel = tf.reduce_sum(tf.gather(out, y, axis=1, batch_dims=1))
+    return tape.gradient(sel, xt).numpy(), out.numpy()
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model, logits_model = _model()
+    x, y = _data()
+    return model, logits_model, x, y
+
+
+def test_zero_below_the_certified_linf_margin(setup):
+    model, _, x, y = setup
+    margin = keras_roll.certify(model, x, norms=(np.inf,), verbose=False).margins[np.inf]
+    eps = 0.9 * float(margin.min())
+    assert eps > 0
+    for mode in ("expected", "max"):
+        res = gradient_distortion(model, x, y, eps=eps, mode=mode, samples=300,
+                                  population=120, generations=3, seed=0, verbose=False)
+        np.testing.assert_array_equal(res.distortion, np.zeros(len(x)))
+    # and clearly positive once the ball leaves the region
+    res = gradient_distortion(model, x, y, eps=0.3, mode="expected", samples=300, seed=0,
+                              verbose=False)
+    assert np.all(res.distortion > 1e-3)
+
+
+def test_values_match_tape_gradients_of_the_model(setup):
+    model, logits_model, x, y = setup
+    seen = []
+    res = gradient_distortion(model, x, y, eps=0.2, mode="max", population=60, generations=2,
+                              seed=3, verbose=False,
+                              callback=lambda ex, c, d: seen.append((ex, c, d)))
+    ex = np.concatenate([s[0] for s in seen])
+    cands = np.concatenate([s[1] for s in seen])
+    dist = np.concatenate([s[2] for s in seen])
+    assert len(cands) == res.evaluations * len(x) == len(x) * (60 + 2 * 45)
+    g_ref, logits_ref = _tape_gradients(logits_model, x, y)
+    g, logits = _tape_gradients(logits_model, cands, y[ex])
+    want = np.abs(g - g_ref[ex]).sum(axis=1)
+    np.testing.assert_allclose(dist, want, rtol=1e-9, atol=1e-12)
+    # the result is the largest distortion evaluated, at its point
+    for i in range(len(x)):
+        mine = ex == i
+        assert res.distortion[i] == dist[mine].max()
+        np.testing.assert_allclose(
+            np.abs(_tape_gradients(logits_model, res.points[i:i + 1], y[i:i + 1])[0]
+                   - g_ref[i]).sum(), res.distortion[i], rtol=1e-9, atol=1e-12)
+    pred_at_points = logits_model(res.points).numpy().argmax(axis=1)
+    np.testing.assert_array_equal(res.changed, pred_at_points != logits_ref.argmax(axis=1))
+    changed = logits.argmax(axis=1) != logits_ref.argmax(axis=1)[ex]
+    frac = np.array([changed[ex == i].mean() for i in range(len(x))])
+    np.testing.assert_allclose(res.changed_fraction, frac)
+
+
+def test_expected_mode_is_the_mean_over_uniform_draws(setup):
+    model, logits_model, x, y = setup
+    seen = []
+    res = gradient_distortion(model, x, y, eps=0.15, mode="expected", samples=250, seed=5,
+                              verbose=False, callback=lambda ex, c, d: seen.append((ex, c)))
+    ex = np.concatenate([s[0] for s in seen])
+    cands = np.concatenate([s[1] for s in seen])
+    g_ref, _ = _tape_gradients(logits_model, x, y)
+    g, _ = _tape_gradients(logits_model, cands, y[ex])
+    dist = np.abs(g - g_ref[ex]).sum(axis=1)
+    want = np.array([dist[ex == i].mean() for i in range(len(x))])
+    np.testing.assert_allclose(res.distortion, want, rtol=1e-9)
+    assert np.bincount(ex).tolist() == [250] * len(x)
+    assert res.points is None and res.changed is None
+    # uniform: the draws fill the box (mean near its centre, spread like U[-eps, eps])
+    off = cands - x[ex]
+    assert abs(off.mean()) < 0.01 and abs(off.std() - 0.15 / np.sqrt(3)) < 0.01
+
+
+def test_max_is_at_least_expected(setup):
+    model, _, x, y = setup
+    kw = dict(eps=0.2, seed=0, verbose=False)
+    mean = gradient_distortion(model, x, y, mode="expected", samples=400, **kw)
+    worst = gradient_distortion(model, x, y, mode="max", population=100, generations=4, **kw)
+    assert np.all(worst.distortion >= mean.distortion)
+    assert np.all(worst.distortion > 0)
+
+
+@pytest.mark.parametrize("mode", ["expected", "max"])
+def test_every_candidate_stays_in_the_set(mode):
+    model, _ = _model(dtype="float32")
+    x, y = _data(dtype="float32")
+    x[0, :3] = [0.0, 1.0, 0.01]  # on and next to the domain's faces
+    eps = 0.05
+    seen = []
+    res = gradient_distortion(model, x, y, eps=eps, mode=mode, samples=200, population=80,
+                              generations=3, seed=1, verbose=False,
+                              callback=lambda ex, c, d: seen.append((ex, c)))
+    ex = np.concatenate([s[0] for s in seen])
+    cands = np.concatenate([s[1] for s in seen]).astype(np.float64)
+    assert cands.dtype == np.float64 and len(cands) == len(x) * res.evaluations
+    x64 = x.astype(np.float64)
+    assert np.all(np.abs(cands - x64[ex]) <= eps)
+    assert np.all((cands >= 0.0) & (cands <= 1.0))
+    if mode == "max":
+        # the crossover extrapolates (a in [-0.25, 1.25]): the projection is active
+        lo, hi, _ = sampling_box(x, eps, (0.0, 1.0))
+        assert np.mean((cands == lo[ex]) | (cands == hi[ex])) > 0.01
+        pts = res.points.astype(np.float64)
+        assert np.all(np.abs(pts - x64) <= eps) and np.all((pts >= 0) & (pts <= 1))
+
+
+def test_domain_clipping_is_honoured():
+    model, _ = _model(dtype="float64")
+    x, y = _data()
+    x[:, 0] = 0.0
+    seen = {}
+
+    def run(domain, key):
+        seen[key] = []
+        gradient_distortion(model, x, y, eps=0.1, domain=domain, mode="max", population=50,
+                            generations=2, seed=0, verbose=False,
+                            callback=lambda ex, c, d: seen[key].append(c))
+        return np.concatenate(seen[key])
+
+    free = run(None, "none")
+    assert free[:, 0].min() < 0  # no box: candidates leave [0, 1]
+    boxed = run((0.0, 1.0), "box")
+    assert boxed[:, 0].min() >= 0
+    low = np.full(x.shape[1], 0.0)
+    low[1] = x[:, 1].min()  # per-coordinate bounds: coordinate 1 may not go below x
+    high = np.full(x.shape[1], 0.85)
+    per_coord = run((low, high), "array")
+    assert per_coord[:, 1].min() >= low[1] and per_coord.max() <= 0.85
+    lo, hi, dom = sampling_box(x, 0.1, (low, high))
+    assert np.all(lo >= low) and np.all(hi <= high) and np.all(lo <= x) and np.all(x <= hi)
+    assert isinstance(dom[0], np.ndarray) and dom[1] == 0.85
+
+
+def test_seed_reproduces_a_run_bit_for_bit(setup):
+    model, _, x, y = setup
+    kw = dict(eps=0.2, mode="max", population=64, generations=3, verbose=False)
+    a = gradient_distortion(model, x, y, seed=7, **kw)
+    b = gradient_distortion(model, x, y, seed=7, **kw)
+    c = gradient_distortion(model, x, y, seed=8, **kw)
+    np.testing.assert_array_equal(a.distortion, b.distortion)
+    np.testing.assert_array_equal(a.points, b.points)
+    np.testing.assert_array_equal(a.changed, b.changed)
+    assert not np.array_equal(a.points, c.points)
+    # an unseeded run records the entropy that reproduces it
+    d = gradient_distortion(model, x, y, seed=None, **kw)
+    e = gradient_distortion(model, x, y, seed=d.seed, **kw)
+    np.testing.assert_array_equal(d.points, e.points)
+    # expected mode: examples draw from their own streams, independent of batching
+    # and chunking
+    kw = dict(eps=0.2, mode="expected", samples=200, seed=4, verbose=False)
+    whole = gradient_distortion(model, x, y, **kw)
+    part = gradient_distortion(model, x[:2], y[:2], memory_budget=20_000, **kw)
+    np.testing.assert_allclose(part.distortion, whole.distortion[:2], rtol=1e-12)
+
+
+def test_sigmoid_output_takes_binary_labels():
+    model, logits_model = _model(out=1, link="sigmoid")
+    x, _ = _data()
+    y = np.array([0, 1, 1, 0])
+    kw = dict(eps=0.2, mode="expected", samples=100, seed=0, verbose=False)
+    res = gradient_distortion(model, x, y, **kw)
+    flipped = gradient_distortion(model, x, 1 - y, **kw)
+    np.testing.assert_allclose(res.distortion, flipped.distortion)  # l1 of -g is l1 of g
+    with pytest.raises(ValueError, match="y must be 0 or 1"):
+        gradient_distortion(model, x, np.array([0, 1, 2, 0]), **kw)
+
+
+def test_default_label_is_the_prediction(setup):
+    model, logits_model, x, _ = setup
+    pred = logits_model(x).numpy().argmax(axis=1)
+    kw = dict(eps=0.2, mode="expected", samples=100, seed=0, verbose=False)
+    np.testing.assert_array_equal(gradient_distortion(model, x, None, **kw).distortion,
+                                  gradient_distortion(model, x, pred, **kw).distortion)
+
+
+def test_bad_input_names_the_argument(setup):
+    model, _, x, y = setup
+    kw = dict(samples=10, verbose=False)
+    cases = [
+        (dict(y=y[:, None]), "y must have shape"),
+        (dict(y=y[:3]), "y must have shape"),
+        (dict(y=np.array([0, 1, 4, 0])), r"y must be in \[0, 4\)"),
+        (dict(y=np.array([0, -1, 2, 0])), "y must be"),
+        (dict(y=np.array([0.5, 1, 2, 0])), "y must hold integer"),
+        (dict(eps=0.0), "eps must be"),
+        (dict(eps=-0.1), "eps must be"),
+        (dict(eps=float("nan")), "eps must be"),
+        (dict(x=x + 1.0), "x lies outside domain"),
+        (dict(x=np.where(np.eye(4, 10, dtype=bool), np.nan, x)), "x contains 4 non-finite"),
+        (dict(x=x[:, :5]), "x must have shape"),
+        (dict(domain=(1.0, 0.0)), "domain must satisfy low < high"),
+        (dict(domain=(0.0,)), "domain must be a"),
+        (dict(mode="mean"), "mode must be"),
+        (dict(samples=0), "samples must be"),
+        (dict(population=0, mode="max"), "population must be"),
+        (dict(generations=-1, mode="max"), "generations must be"),
+        (dict(seed=-3), "seed must be"),
+        (dict(memory_budget=0), "memory_budget must be"),
+        (dict(verbose="loud"), "verbose must be"),
+    ]
+    for change, message in cases:
+        args = dict(x=x, y=y, **kw)
+        args.update(change)
+        with pytest.raises(ValueError, match=message):
+            gradient_distortion(model, **args)
+
+
+def test_inputs_are_not_modified(setup):
+    model, _, x, y = setup
+    x0, y0 = x.copy(), y.copy()
+    low, high = np.zeros(x.shape[1]), np.ones(x.shape[1])
+    lo0, hi0 = low.copy(), high.copy()
+    for mode in ("expected", "max"):
+        gradient_distortion(model, x, y, domain=(low, high), mode=mode, samples=50,
+                            population=20, generations=2, seed=0, verbose=False)
+    np.testing.assert_array_equal(x, x0)
+    np.testing.assert_array_equal(y, y0)
+    np.testing.assert_array_equal(low, lo0)
+    np.testing.assert_array_equal(high, hi0)
+
+
+def test_conv_model_and_summary(capsys):
+    keras.utils.set_random_seed(0)
+    bias = keras.initializers.RandomNormal(stddev=0.1)
+    inp = keras.Input((6, 6, 2))
+    h = keras.layers.Rescaling(2.0, offset=-1.0)(inp)  # normalisation inside the model
+    h = keras.layers.Conv2D(3, 3, activation="relu", bias_initializer=bias)(h)
+    h = keras.layers.MaxPooling2D(2)(h)
+    h = keras.layers.Flatten()(h)
+    logits = keras.layers.Dense(3)(h)
+    model = keras.Model(inp, logits)
+    x = np.random.default_rng(0).uniform(0, 1, (3, 6, 6, 2)).astype("float32")
+    y = np.array([0, 1, 2])
+    seen = []
+    res = gradient_distortion(model, x, y, eps=0.1, mode="max", population=40, generations=2,
+                              seed=0, verbose=True, callback=lambda ex, c, d: seen.append((c, d)))
+    assert res.points.shape == x.shape and res.points.dtype == np.float32
+    cands = np.concatenate([c for c, _ in seen])
+    g, _ = _tape_gradients(model, cands[:20], np.repeat(y, 20)[:20])
+    g0, _ = _tape_gradients(model, x[:1], y[:1])
+    want = np.abs(g - g0).reshape(20, -1).sum(axis=1)
+    np.testing.assert_allclose(np.concatenate([d for _, d in seen])[:20], want,
+                               rtol=1e-4, atol=1e-5)
+    res.summary()
+    out = capsys.readouterr().out
+    assert "max l1 (GA)" in out and "Prediction changed" in out and "P50" in out
+    assert "Distortion(n=3, mode='max'" in repr(res)
