@@ -5,7 +5,7 @@
 #   make test-all   full test suite
 #   make lint       ruff
 #   make demo       python -m examples.demo
-#   make bench      benchmarks (certify throughput, ROLL step time)
+#   make bench      benchmarks (certify throughput, ROLL step time, distortion search)
 #   make clean      remove build outputs and caches (keeps .venv; `make distclean` drops it)
 #
 # Variables: PYTHON (interpreter used to create the venv), VENV, EXTRAS, PYTEST_ARGS.
@@ -57,6 +57,7 @@ demo: venv
 bench: venv
 	$(PY) -m benchmarks.certify
 	$(PY) -m benchmarks.step_time
+	$(PY) -m benchmarks.distortion
 
 clean:
 	rm -rf build dist .pytest_cache .ruff_cache *.egg-info
