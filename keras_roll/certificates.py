@@ -42,6 +42,13 @@ class Certificate:
         directional_index: `[B, K]` binding neuron rows, or None.
         logits: `[B, *output_shape]` model outputs before any folded link.
         method: "analytic" or "bisect".
+
+    Example:
+
+    ```python
+    cert = keras_roll.certify(model, x)
+    cert.margins[2][0], cert.binding[2][0]     # 0.031, ('dense_1', 17)
+    ```
     """
 
     margins: dict
@@ -114,6 +121,13 @@ class StabilityBounds:
         upper: `[B, *input_shape]`, `+eps(x, +e_k)` (>= 0, inf if unbounded).
         lower_index, upper_index: binding neuron rows (-1 if none), same shape.
         method: "analytic" or "bisect".
+
+    Example:
+
+    ```python
+    sb = keras_roll.stability_bounds(model, x[:1])
+    width = sb.upper - sb.lower                # how far each pixel may move alone
+    ```
     """
 
     lower: np.ndarray

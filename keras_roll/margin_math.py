@@ -32,6 +32,7 @@ from typing import NamedTuple
 import numpy as np
 from keras import ops
 
+from keras_roll.api_types import Array, Norm
 from keras_roll.arguments import parse_norm
 
 __all__ = [
@@ -48,7 +49,7 @@ __all__ = [
 INF = math.inf
 
 
-def neuron_distances(below, above):
+def neuron_distances(below: Array, above: Array):
     """Distance of every neuron to its nearest breakpoint, `min(below, above)`.
 
     Args:
@@ -68,7 +69,7 @@ def neuron_distances(below, above):
     return ops.minimum(_tensor(below), _tensor(above))
 
 
-def dual_norm(g, p, axis=-1):
+def dual_norm(g: Array, p: Norm, axis: int = -1):
     """The dual norm `||g||_q` (1/p + 1/q = 1) that turns distances into lp margins.
 
     `p=2 -> ||g||_2`, `p=1 -> ||g||_inf = max|g|`, `p=inf -> ||g||_1 = sum|g|`.
@@ -94,7 +95,7 @@ def dual_norm(g, p, axis=-1):
     return ops.sum(ops.abs(g), axis=axis)
 
 
-def margins_from_norms(dist, gnorm, valid=None):
+def margins_from_norms(dist: Array, gnorm: Array, valid: Array | None = None):
     """lp margins from distances and dual gradient norms (Prop. 6, dual-norm form).
 
     `eps = min_j dist_j / gnorm_j` over valid neurons; a neuron with
@@ -126,7 +127,7 @@ def margins_from_norms(dist, gnorm, valid=None):
     return min_and_index(ratio)
 
 
-def directional_margins(rates, below, above, valid=None):
+def directional_margins(rates: Array, below: Array, above: Array, valid: Array | None = None):
     """Margins along directions: how far `x + t d` stays in the region of `x`.
 
     For neuron j moving at rate `r_j = g_j . d`, the segment leaves its piece

@@ -27,6 +27,7 @@ import math
 
 import numpy as np
 
+from keras_roll.api_types import Array, Method, ModelOrTwin, Norm, Norms, Verbose
 from keras_roll.arguments import (
     as_linearized,
     check_batch_size,
@@ -84,9 +85,10 @@ def _check_arguments(method, bisect_tol, batch_size, memory_budget, verbose):
     check_verbose(verbose)
 
 
-def certify(model, x, norms=(1, 2, np.inf), directions=None, method: str = "analytic",
+def certify(model: ModelOrTwin, x: Array, norms: Norms = (1, 2, np.inf),
+            directions: Array | None = None, method: Method = "analytic",
             batch_size: int | None = None, memory_budget: int | None = None,
-            verbose="auto", bisect_tol: float = 1e-4) -> Certificate:
+            verbose: Verbose = "auto", bisect_tol: float = 1e-4) -> Certificate:
     """Certifies the lp and directional margins of every example.
 
     The l_p margin is the radius of the largest l_p ball around `x` inside its
@@ -203,7 +205,7 @@ def _plain_logits(lin, x, batch_size):
     return [lin.forward(x[sl]).logits.numpy() for sl in plan.example_slices()]
 
 
-def lp_margins(model, x, p=2, batch_size: int | None = None,
+def lp_margins(model: ModelOrTwin, x: Array, p: Norm = 2, batch_size: int | None = None,
                memory_budget: int | None = None) -> np.ndarray:
     """The exact lp margin of every example, `[B]` float64 (Prop. 6).
 
@@ -230,7 +232,7 @@ def lp_margins(model, x, p=2, batch_size: int | None = None,
     return out
 
 
-def l2_margins(model, x, batch_size: int | None = None,
+def l2_margins(model: ModelOrTwin, x: Array, batch_size: int | None = None,
                memory_budget: int | None = None) -> np.ndarray:
     """The exact l2 margin of every example, `[B]` float64 (Prop. 6).
 
@@ -261,9 +263,9 @@ def _directional_analytic(lin, xb, fwd, dirs_b, budget):
     return eps, idx
 
 
-def stability_bounds(model, x, batch_size: int | None = None, memory_budget: int | None = None,
-                     method: str = "analytic", verbose="auto",
-                     bisect_tol: float = 1e-4) -> StabilityBounds:
+def stability_bounds(model: ModelOrTwin, x: Array, batch_size: int | None = None,
+                     memory_budget: int | None = None, method: Method = "analytic",
+                     verbose: Verbose = "auto", bisect_tol: float = 1e-4) -> StabilityBounds:
     """Per-coordinate stability intervals `[-eps(x, -e_k), +eps(x, +e_k)]`.
 
     How far each input coordinate can move on its own before the activation

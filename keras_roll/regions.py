@@ -22,6 +22,7 @@ import warnings
 
 import numpy as np
 
+from keras_roll.api_types import Array, ModelOrTwin, Verbose
 from keras_roll.arguments import (
     as_linearized,
     check_batch_size,
@@ -92,9 +93,9 @@ class RegionCount:
         print_fn("\n".join(lines))
 
 
-def count_regions(model, x, batch_size: int | None = None, memory_budget: int | None = None,
-                  rtol: float = 1e-5, projections: int = 16, seed: int = 0,
-                  verbose="auto") -> RegionCount:
+def count_regions(model: ModelOrTwin, x: Array, batch_size: int | None = None,
+                  memory_budget: int | None = None, rtol: float = 1e-5, projections: int = 16,
+                  seed: int = 0, verbose: Verbose = "auto") -> RegionCount:
     """Bounds the number of complete linear regions among the points of `x`.
 
     Implements Lemma 7 of Lee et al. (ICLR 2019): the number of distinct

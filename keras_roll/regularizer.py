@@ -90,9 +90,10 @@ class RollRegularizer(keras.layers.Layer):
     ```
     """
 
-    def __init__(self, model, lam=2.0, C=1.0, gamma=100.0, samples=None, strata=None,
-                 estimator="axes", seed=None, on_eval=False, memory_budget=None,
-                 share_axes=False, **kwargs):
+    def __init__(self, model: keras.Model | dict, lam: float = 2.0, C: float = 1.0,
+                 gamma: float = 100.0, samples: int | None = None, strata: str | None = None,
+                 estimator: str = "axes", seed: int | None = None, on_eval: bool = False,
+                 memory_budget: int | None = None, share_axes: bool = False, **kwargs):
         # float32 policy: no autocast inside call, so the twin reads float32 weights
         # even under mixed precision (the inner model keeps its own policies).
         kwargs.setdefault("dtype", "float32")
@@ -185,8 +186,10 @@ for _field in dataclasses.fields(RollConfig):
                      doc=f"`RollConfig.{_field.name}` of this regularizer."))
 
 
-def wrap(model, lam=2.0, C=1.0, gamma=100.0, samples=None, strata=None, estimator="axes",
-         seed=None, on_eval=False, memory_budget=None, share_axes=False):
+def wrap(model: keras.Model, lam: float = 2.0, C: float = 1.0, gamma: float = 100.0,
+         samples: int | None = None, strata: str | None = None, estimator: str = "axes",
+         seed: int | None = None, on_eval: bool = False, memory_budget: int | None = None,
+         share_axes: bool = False) -> keras.Model:
     """Returns a model that trains `model` with the ROLL regularizer (Eq. 9 / 10).
 
     The wrapped model has the same inputs and outputs as `model` and shares its
@@ -239,7 +242,7 @@ def wrap(model, lam=2.0, C=1.0, gamma=100.0, samples=None, strata=None, estimato
     return keras.Model(inp, layer(inp), name=f"{model.name}_roll")
 
 
-def unwrap(wrapped):
+def unwrap(wrapped: keras.Model | RollRegularizer) -> keras.Model:
     """The plain model inside a model returned by `wrap` (itself otherwise).
 
     Example:

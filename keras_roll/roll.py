@@ -44,6 +44,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_roll.api_types import Array, ModelOrTwin, Seed
 from keras_roll.chunking import ChunkPlan, plan_chunks, plan_directions
 from keras_roll.estimators import (
     ExactAxes,
@@ -86,8 +87,9 @@ def __getattr__(name):
 
 
 @tf.autograph.experimental.do_not_convert
-def neuron_grad_sq(model_or_lin, x, samples=None, strata=None, seed=None,
-                   estimator="axes", share_axes=False, forward: ForwardPass | None = None):
+def neuron_grad_sq(model_or_lin: ModelOrTwin, x: Array, samples: int | None = None,
+                   strata: str | None = None, seed: Seed = None, estimator: str = "axes",
+                   share_axes: bool = False, forward: ForwardPass | None = None) -> tf.Tensor:
     """Squared l2 norms of every neuron's input gradient, `[B, N]`.
 
     Exact (`samples=None`, Eq. 9) or the unbiased estimate of Eq. 10. The
@@ -118,7 +120,8 @@ def neuron_grad_sq(model_or_lin, x, samples=None, strata=None, seed=None,
     return grad_sq(lin, fwd, x, config, seed)
 
 
-def grad_sq(lin: Linearized, fwd: ForwardPass, x, config: RollConfig, seed=None):
+def grad_sq(lin: Linearized, fwd: ForwardPass, x: tf.Tensor, config: RollConfig,
+            seed: Seed = None) -> tf.Tensor:
     """`[B, N]` squared gradient norms (scaled estimate) for a checked batch `x`.
 
     The internal entry point of `neuron_grad_sq` and `roll_loss`: `config`
@@ -133,8 +136,9 @@ def grad_sq(lin: Linearized, fwd: ForwardPass, x, config: RollConfig, seed=None)
 
 
 @tf.autograph.experimental.do_not_convert
-def roll_loss(model_or_lin, x, C=1.0, gamma=100.0, samples=None, strata=None, seed=None,
-              estimator="axes", share_axes=False, return_logits=False):
+def roll_loss(model_or_lin: ModelOrTwin, x: Array, C: float = 1.0, gamma: float = 100.0,
+              samples: int | None = None, strata: str | None = None, seed: Seed = None,
+              estimator: str = "axes", share_axes: bool = False, return_logits: bool = False):
     """The per-example ROLL regularizer of Eq. 9 (without `lam`), `[B]`.
 
     For every example, the mean over the top `gamma` % of its valid neurons
@@ -192,7 +196,7 @@ def roll_loss(model_or_lin, x, C=1.0, gamma=100.0, samples=None, strata=None, se
     return loss_from_config(lin, x, config, seed, return_logits)
 
 
-def loss_from_config(lin: Linearized, x, config: RollConfig, seed=None,
+def loss_from_config(lin: Linearized, x: tf.Tensor, config: RollConfig, seed: Seed = None,
                      return_logits: bool = False):
     """`roll_loss` for a checked batch `x` and a validated `config`.
 
@@ -388,8 +392,9 @@ def _budget_message(lin, budget, per):
             f"memory_budget=...)).")
 
 
-def memory_plan(model_or_lin, x, samples=None, strata=None, estimator="axes",
-                share_axes=False) -> ChunkPlan:
+def memory_plan(model_or_lin: ModelOrTwin, x: Array, samples: int | None = None,
+                strata: str | None = None, estimator: str = "axes",
+                share_axes: bool = False) -> ChunkPlan:
     """The chunking `roll_loss` uses on `x` within `lin.memory_budget` (eager).
 
     Returns the `keras_roll.chunking.ChunkPlan` that `roll_loss` executes:

@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll import inputs, streaming
+from keras_roll.api_types import Array, ModelOrTwin
 from keras_roll.chunking import DEFAULT_EXAMPLES, plan_chunks  # noqa: F401  (re-exported)
 from keras_roll.graph import Program, build_program
 from keras_roll.interpreter import JVP, ForwardPass, Interpreter, Trace
@@ -58,7 +59,7 @@ class CompiledPasses(NamedTuple):
     axes_tangent: tf.types.experimental.PolymorphicFunction
 
 
-def linearize(model, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Linearized:
+def linearize(model: ModelOrTwin, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Linearized:
     """Compiles a Keras model into its frozen-pattern twin.
 
     Args:
@@ -112,7 +113,7 @@ class Linearized:
         dtype: the dtype of the twin ("float32" or "float64").
     """
 
-    def __init__(self, model, memory_budget: int = DEFAULT_MEMORY_BUDGET):
+    def __init__(self, model: keras.Model, memory_budget: int = DEFAULT_MEMORY_BUDGET):
         if memory_budget <= 0:
             raise ValueError(f"memory_budget must be a positive number of bytes, got "
                              f"{memory_budget}.")
@@ -224,7 +225,7 @@ class Linearized:
 
     # ------------------------------------------------------------------ passes (any graph)
 
-    def primal(self, x) -> ForwardPass:
+    def primal(self, x: tf.Tensor) -> ForwardPass:
         """The forward pass on a checked tensor, in the caller's graph (not compiled).
 
         Use it inside training steps and custom gradients; `forward` is the
@@ -266,7 +267,7 @@ class Linearized:
 
     # ------------------------------------------------------------------ public API
 
-    def forward(self, x) -> ForwardPass:
+    def forward(self, x: Array) -> ForwardPass:
         """Runs the model, recording every unit's neurons and pattern.
 
         Args:
@@ -277,7 +278,7 @@ class Linearized:
         """
         return self.compiled.primal(self.check_input(x))
 
-    def __call__(self, x):
+    def __call__(self, x: Array) -> tf.Tensor:
         return self.forward(x).logits
 
     def units(self, fwd: ForwardPass) -> dict[str, dict[str, tf.Tensor]]:
@@ -296,7 +297,7 @@ class Linearized:
         """
         return {op.name: rec.as_dict() for op, rec in self.interpreter.units(fwd.trace)}
 
-    def jvp(self, x, v) -> JVP:
+    def jvp(self, x: Array, v: Array) -> JVP:
         """Derivatives of all neurons and logits along directions, with the
         activation pattern of `x` frozen (no back-propagation).
 
@@ -314,7 +315,7 @@ class Linearized:
         fwd = self.compiled.primal(x)
         return self.compiled.tangent(fwd.trace, v, shared)
 
-    def jacobian(self, x, batch_size: int | None = None) -> np.ndarray:
+    def jacobian(self, x: Array, batch_size: int | None = None) -> np.ndarray:
         """Input gradient of every neuron: `[B, N, D]` (D = flattened input size).
 
         Directions are streamed in chunks within `memory_budget`; only the
@@ -322,11 +323,11 @@ class Linearized:
         """
         return streaming.dense_jacobian(self, x, "neurons", batch_size)
 
-    def output_jacobian(self, x, batch_size: int | None = None) -> np.ndarray:
+    def output_jacobian(self, x: Array, batch_size: int | None = None) -> np.ndarray:
         """Input gradient of every (flattened) output logit: `[B, L, D]`."""
         return streaming.dense_jacobian(self, x, "logits", batch_size)
 
-    def iter_axis_chunks(self, x, batch_size: int | None = None, reduce=None,
+    def iter_axis_chunks(self, x: Array, batch_size: int | None = None, reduce=None,
                          memory_budget: int | None = None, per_neuron: bool = False):
         """Streams the Jacobian along input axes in chunks.
 
@@ -341,7 +342,7 @@ class Linearized:
         return streaming.iter_axis_chunks(self, x, batch_size=batch_size, reduce=reduce,
                                           memory_budget=memory_budget, per_neuron=per_neuron)
 
-    def check_input(self, x) -> tf.Tensor:
+    def check_input(self, x: Array) -> tf.Tensor:
         """Validates `x` against the model input; returns a tensor of `self.dtype`."""
         return inputs.check_input(x, self.input_shape, self.dtype, self.model.name)
 

@@ -6,7 +6,7 @@ A Keras layer call becomes one or more *ops*. Each op knows how to
   frozen activation pattern: masks, argmax choices, pre-activations);
 * push a batch of *tangents* (directional derivatives of its inputs) through
   the same function with the pattern frozen: the bias-free, masked twin of the
-  op (DESIGN.md section 3);
+  op (docs/design.md, section "The frozen-pattern twin");
 * describe the *neurons* it owns: the hyperplanes that bound the input's linear
   region, each a value `z` with the distance `below = z - lo` and
   `above = hi - z` to the breakpoints around it (Lee et al., ICLR 2019, Prop. 6).
