@@ -233,6 +233,12 @@ def sampling_box(x: np.ndarray, eps: float, domain):
 
     Raises:
         ValueError: for a malformed `domain` or `x` outside it.
+
+    Example:
+
+    ```python
+    lo, hi, _ = sampling_box(x, 8 / 256, (0.0, 1.0))   # every candidate lies in [lo, hi]
+    ```
     """
     x64 = x.astype(np.float64)
     lo, hi = x64 - eps, x64 + eps

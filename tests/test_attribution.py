@@ -60,6 +60,13 @@ def test_saliency_is_the_tape_gradient_of_the_label_logit(setup):
     np.testing.assert_array_equal(saliency(model, x).labels, pred)
 
 
+def test_exported_from_keras_roll():
+    assert keras_roll.saliency is saliency and keras_roll.stable_radius is stable_radius
+    assert keras_roll.integrated_gradients is integrated_gradients
+    assert keras_roll.gradient_distortion.__module__ == "keras_roll.distortion"
+    assert {"Saliency", "IntegratedGradients", "Distortion", "plots"} <= set(keras_roll.__all__)
+
+
 def test_single_sigmoid_output_takes_binary_labels():
     keras.utils.set_random_seed(3)
     inp = keras.Input((4,), dtype="float64")
