@@ -247,7 +247,7 @@ def sampling_box(x: np.ndarray, eps: float, domain):
         low, high = _check_domain(domain, x.shape[1:])
         outside = (x64 < low) | (x64 > high)
         if outside.any():
-            ex = np.flatnonzero(outside.reshape(x.shape[0], -1).any(axis=1))
+            ex = np.flatnonzero(outside.reshape(x.shape[0], int(np.prod(x.shape[1:]))).any(axis=1))
             raise ValueError(
                 f"x lies outside domain=({_fmt(low)}, {_fmt(high)}) for examples "
                 f"{ex[:5].tolist()} (values from {x64.min():.4g} to {x64.max():.4g}); "
@@ -350,8 +350,8 @@ def _genetic(run: _Run, x, index, sign, lo, hi, population, generations, keep, s
     d = int(np.prod(ex_shape))
     itemsize = np.dtype(x.dtype).itemsize
     budget = budget or run.engine.lin.memory_budget
-    group = plan_directions(b_total, population * d * itemsize,
-                            _POPULATION_BUDGETS * budget)[0]  # examples per group
+    group = max(1, plan_directions(b_total, population * d * itemsize,
+                                   _POPULATION_BUDGETS * budget)[0])  # examples per group
     dist = np.zeros(b_total)
     frac = np.zeros(b_total)
     points = np.empty_like(x)

@@ -229,7 +229,7 @@ class LogitGradients:
     def reference(self, x, index, sign) -> Reference:
         """Gradients, patterns and predictions at reference points, for `distortion`."""
         grad, logits, piece, valid = self.gradients(x, index, sign, pattern=True)
-        flat = grad.reshape(grad.shape[0], -1)
+        flat = grad.reshape(grad.shape[0], int(np.prod(grad.shape[1:])))
         return Reference(
             grad=tf.constant(flat), grad_l1=np.abs(flat.astype(np.float64)).sum(axis=1),
             piece=tf.constant(piece), valid=tf.constant(valid),
@@ -337,7 +337,8 @@ def check_labels(y, n: int, num_logits: int, output_link: str | None,
     if y is None:
         if default_logits is None:
             raise ValueError("y is required here: pass integer class labels of shape [B].")
-        pred = predictions_np(np.asarray(default_logits).reshape(n, -1))
+        logits = np.asarray(default_logits)
+        pred = predictions_np(logits.reshape(n, int(np.prod(logits.shape[1:]))))
         y = pred if binary or num_logits > 1 else np.zeros(n, np.int64)
     arr = np.asarray(y.numpy() if tf.is_tensor(y) else y)
     if arr.dtype == object or arr.dtype == bool or not np.issubdtype(arr.dtype, np.number):

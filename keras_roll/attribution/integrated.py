@@ -144,7 +144,7 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
             attr, regions = _exact(engine, x, base, index, sign, max_regions, budget, bar)
         else:
             attr, regions = _riemann(engine, x, base, index, sign, steps, budget, bar), None
-    delta = attr.reshape(n, -1).sum(axis=1) - (f_x - f_b)
+    delta = attr.reshape(n, int(np.prod(x.shape[1:]))).sum(axis=1) - (f_x - f_b)
     labels = label_classes(index, sign, logits_x.shape[1], lin.output_link)
     return IntegratedGradients(attributions=attr, regions=regions, delta=delta, f_x=f_x,
                                f_baseline=f_b, labels=labels,
@@ -210,8 +210,9 @@ def _exact(engine, x, base, index, sign, max_regions, budget, bar):
     eps_f = float(np.finfo(dtype).eps)
     tol = 64 * eps_f  # path-parameter slivers thinner than this are merged
     tau0 = float(np.sqrt(eps_f))  # first probe step beyond the current point
-    b64 = base.reshape(n, -1).astype(np.float64)
-    d64 = x.reshape(n, -1).astype(np.float64) - b64
+    d = int(np.prod(ex_shape))
+    b64 = base.reshape(n, d).astype(np.float64)
+    d64 = x.reshape(n, d).astype(np.float64) - b64
     d_model = d64.astype(dtype).reshape(n, 1, *ex_shape)
     attr = np.zeros_like(d64)
     regions = np.zeros(n, np.int64)
@@ -239,7 +240,7 @@ def _exact(engine, x, base, index, sign, max_regions, budget, bar):
                 grad = grad.numpy()[ok]
                 end = np.minimum(1.0, s[acc] + forward[ok])
                 end = np.where(end >= 1.0 - tol, 1.0, end)
-                attr[acc] += grad.reshape(acc.size, -1) * d64[acc] * (end - t[acc])[:, None]
+                attr[acc] += grad.reshape(acc.size, d) * d64[acc] * (end - t[acc])[:, None]
                 # A segment with the pattern of the previous one is the same region (its
                 # end was found a little early by round-off): count it once.
                 keys = [hash(row.tobytes()) for row in pattern.numpy()[ok]]

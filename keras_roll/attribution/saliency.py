@@ -153,7 +153,7 @@ def postprocess_saliency(maps, channel_axis="auto", percentile: float = 99.0) ->
     if channel_axis is not None:
         g = g.sum(axis=channel_axis)
     g = np.abs(g)
-    flat = g.reshape(g.shape[0], -1)
+    flat = g.reshape(g.shape[0], int(np.prod(g.shape[1:])))
     scale = np.percentile(flat, percentile, axis=1) if flat.shape[1] else np.zeros(len(flat))
     scale = np.where(scale > 0, scale, 1.0).reshape(-1, *([1] * (g.ndim - 1)))
     return np.clip(g / scale, 0.0, 1.0)
