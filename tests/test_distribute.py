@@ -3,7 +3,8 @@
 The logical devices must be configured before TensorFlow initialises, so the
 work runs in a fresh interpreter (`tests/_roll_distribute.py`) and this test
 checks the numbers it reports against the single-device run of the same global
-batch.
+batch. The fresh interpreter and two-replica tracing take about 45 s on 2 cores,
+so the module is marked `slow` (`make test-all` runs it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "_roll_distribute.py")
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
