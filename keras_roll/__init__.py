@@ -37,7 +37,7 @@ from keras_roll.margins import (
     stability_bounds,
 )
 from keras_roll.regions import RegionCount, count_regions
-from keras_roll.regularizer import RollRegularizer, unwrap, wrap
+from keras_roll.regularizer import RollModel, RollRegularizer, unwrap, wrap
 from keras_roll.roll import roll_loss
 from keras_roll.rules import register_rule
 from keras_roll.twin import Linearized, linearize
@@ -56,6 +56,7 @@ __all__ = [
     "saliency",
     "stable_radius",
     "MarginMonitor",
+    "RollModel",
     "RollRegularizer",
     "Linearized",
     "RegionCount",

@@ -18,6 +18,24 @@ explicitly and rebuilds it there (nothing is captured from outside). Each one
 computes, for directions `start .. start + k - 1` (zero past the last one),
 the `[B, N]` sum over those directions of every neuron's squared derivative.
 
+**Where the directions live** (`wrt=`, `tangent_entry`): by default they are
+axes of the model input. With `wrt="<layer>"`, a leading elementwise affine
+layer (Rescaling, Normalization, per-channel too), they are axes of that
+layer's output: the tangent pass enters the program right after it, so the
+loss equals the loss of the model without that layer fed the layer's outputs
+(the paper's normalised units).
+
+**Padded steps** (`padding_mask`): with a leading Masking layer, the padded
+steps of an example have zero gradient by construction. `SampledAxes` then
+draws the `k` axes of each example uniformly among its valid steps x channels
+(per channel among valid steps with `strata="channel"`) and scales by
+`D_valid / min(k, D_valid)` per example, which keeps the estimate unbiased.
+
+**Seeds under tf.distribute** (`seed_tensor`): in a replica context with more
+than one replica, every seed (a fresh random one for `seed=None` too) is
+folded with the global replica id, so no two replicas draw the same axes or
+probes.
+
 Example:
 
 ```python
@@ -30,24 +48,38 @@ from __future__ import annotations
 
 import dataclasses
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 from keras_roll.records import Record
 from keras_roll.roll_config import RollConfig
+from keras_roll.rules.recurrent import MaskingOp
 
 __all__ = [
+    "AFFINE_ENTRY_LAYERS",
     "ExactAxes",
     "RandomProbes",
     "SampledAxes",
     "estimator_for",
+    "mix_replica",
+    "padding_mask",
     "seed_tensor",
     "sum_squares_per_unit",
+    "tangent_entry",
 ]
+
+AFFINE_ENTRY_LAYERS = (keras.layers.Rescaling, keras.layers.Normalization)
 
 
 def seed_tensor(seed) -> tf.Tensor:
     """A `[2]` int32 seed for stateless ops: int -> [seed, 0]; None -> random.
+
+    In a replica context with more than one replica (`tf.distribute`), the
+    seed is then folded with the global replica id (`mix_replica`), so the
+    replicas draw independent directions even from one int seed, or when
+    their `seed=None` draws coincide (identical graphs on several workers
+    under a global seed).
 
     Example:
 
@@ -57,15 +89,172 @@ def seed_tensor(seed) -> tf.Tensor:
     ```
     """
     if seed is None:
-        return tf.random.uniform([2], 0, 2**31 - 1, dtype=tf.int32)
+        return mix_replica(tf.random.uniform([2], 0, 2**31 - 1, dtype=tf.int32))
     if tf.is_tensor(seed) or isinstance(seed, (list, tuple, np.ndarray)):
         s = tf.cast(tf.convert_to_tensor(seed), tf.int32)
         if s.shape.rank == 0:
-            return tf.stack([s, tf.zeros([], tf.int32)])
-        return tf.reshape(s, [2])
+            return mix_replica(tf.stack([s, tf.zeros([], tf.int32)]))
+        return mix_replica(tf.reshape(s, [2]))
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
         raise ValueError(f"seed must be None, an int or a [2] int tensor, got seed={seed!r}.")
-    return tf.constant([int(seed) % (2**31 - 1), 0], tf.int32)
+    return mix_replica(tf.constant([int(seed) % (2**31 - 1), 0], tf.int32))
+
+
+def mix_replica(seed: tf.Tensor) -> tf.Tensor:
+    """Folds the global replica id into a `[2]` int32 seed when there are replicas.
+
+    Outside `tf.distribute` (or with one replica) the seed is returned as is;
+    otherwise `stateless_fold_in(seed, replica_id_in_sync_group)`: distinct
+    replica ids give distinct stateless keys, so two replicas never draw the
+    same directions, whatever seed they start from.
+
+    Example:
+
+    ```python
+    def replica_fn(x):
+        return roll_loss(model, x, samples=4, seed=mix_replica(tf.constant([5, 0])))
+    ```
+    """
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync <= 1:
+        return seed
+    rid = tf.cast(ctx.replica_id_in_sync_group, tf.int32)
+    return tf.cast(tf.random.experimental.stateless_fold_in(seed, rid), tf.int32)
+
+
+# --------------------------------------------------------------------------- where directions live
+
+
+def _readers(program, key) -> list[int]:
+    return [i for i, step in enumerate(program.steps) if key in step.inputs]
+
+
+def _entry_key(program, entry: int):
+    return program.input_key if entry == 0 else program.steps[entry - 1].output
+
+
+def _broadcasts_elementwise(value, example_shape) -> bool:
+    """Whether an array `value` broadcasts against `[B, *example_shape]` elementwise."""
+    shape = np.shape(value)
+    full = (None, *example_shape)
+    if len(shape) > len(full):
+        return False
+    for dim, want in zip(shape[::-1], full[::-1]):
+        if dim != 1 and (want is None or dim != want):
+            return False
+    return True
+
+
+def _affine_problem(step, example_shape) -> str | None:
+    """Why `step` is not an elementwise affine map of its input (None if it is)."""
+    layer = step.layer
+    if not isinstance(layer, AFFINE_ENTRY_LAYERS):
+        return (f"a {type(layer).__name__}, not an elementwise affine layer (Rescaling or "
+                f"Normalization)")
+    if isinstance(layer, keras.layers.Rescaling):
+        for attr in ("scale", "offset"):
+            value = getattr(layer, attr)
+            if not _broadcasts_elementwise(value, example_shape):
+                return (f"a Rescaling whose {attr} of shape {np.shape(value)} does not "
+                        f"broadcast elementwise against inputs of shape {example_shape}")
+    return None
+
+
+def _leading_chain(program) -> list[tuple[str, int]]:
+    """`(name, index)` of the leading elementwise affine steps, in order.
+
+    Step `i` belongs to the chain when it reads only the output of step
+    `i - 1` (the model input for the first one), nothing else reads that
+    value, and it is a Rescaling or Normalization that acts elementwise.
+    """
+    chain = []
+    key = program.input_key
+    for i, step in enumerate(program.steps):
+        if step.inputs != [key] or _readers(program, key) != [i]:
+            break
+        if _affine_problem(step, program.input_shape) is not None:
+            break
+        chain.append((step.name, i))
+        key = step.output
+    return chain
+
+
+def tangent_entry(program, wrt: str | None) -> int:
+    """The program step ROLL's tangents enter at for `wrt=` (0: the model input).
+
+    Args:
+        program: the model's `keras_roll.graph.Program` (`lin.program`).
+        wrt: None, or the name of a leading elementwise affine layer
+            (Rescaling / Normalization, scalar or per-channel), possibly after
+            other such layers: its step name, or its layer name when that is
+            unique.
+
+    Returns:
+        The index of the first step after the `wrt` layer (0 for `wrt=None`).
+
+    Raises:
+        ValueError: no such layer, a layer that is not elementwise affine, or
+            one that does not lead the model (the message lists the valid names).
+
+    Example:
+
+    ```python
+    lin = keras_roll.linearize(keras_roll.models.fc())
+    tangent_entry(lin.program, "normalize")     # 1: tangents enter at dense_1
+    ```
+    """
+    if wrt is None:
+        return 0
+    chain = _leading_chain(program)
+    valid = [name for name, _ in chain]
+    for name, index in chain:
+        if name == wrt or (name.split("/")[-1] == wrt
+                           and sum(s.layer.name == wrt for s in program.steps) == 1):
+            return index + 1
+    hint = (f"valid names for this model: {valid}" if valid else
+            "this model has none: put a keras.layers.Rescaling or Normalization right after "
+            "its Input")
+    matches = [s for s in program.steps if s.name == wrt or getattr(s.layer, "name", None) == wrt]
+    if not matches:
+        names = [s.name for s in program.steps]
+        raise ValueError(f"wrt={wrt!r}: the model has no layer of that name (its layers: "
+                         f"{names}); wrt names a leading Rescaling / Normalization layer, "
+                         f"{hint}.")
+    problem = _affine_problem(matches[0], program.input_shape)
+    if problem is not None:
+        raise ValueError(f"wrt={wrt!r} names {problem}; ROLL's gradients can be taken with "
+                         f"respect to the output of a leading elementwise affine layer only, "
+                         f"{hint}.")
+    raise ValueError(f"wrt={wrt!r} names a {type(matches[0].layer).__name__} that does not lead "
+                     f"the model: it must read the model input (possibly after other "
+                     f"Rescaling / Normalization layers) and be the only layer that reads it, "
+                     f"so that the model is a function of its output; {hint}.")
+
+
+def padding_mask(program, trace, entry: int = 0):
+    """`[B, P]` bool: the unpadded positions (all axes but the channels) of each
+    example, when a leading Masking layer reads the tangents' entry, else None.
+
+    The Masking op multiplies the tangents by its `keep` record, so along a
+    padded position every neuron has derivative zero. Only a Masking layer
+    that is the single reader of the entry value qualifies (otherwise another
+    path could give padded steps a gradient).
+
+    Example:
+
+    ```python
+    keep = padding_mask(lin.program, lin.primal(x).trace)   # [B, T] for [B, T, C] inputs
+    ```
+    """
+    readers = _readers(program, _entry_key(program, entry))
+    if len(readers) != 1:
+        return None
+    step = program.steps[readers[0]]
+    if len(step.ops) != 1 or not isinstance(step.ops[0], MaskingOp):
+        return None
+    keep = trace.steps[readers[0]].ops[0].keep  # [B, *shape[:-1], 1]
+    batch = tf.shape(keep)[0]
+    return tf.reshape(keep > 0, tf.stack([batch, -1]))
 
 
 def _sum_squares_over_directions(jvp, start):
@@ -84,10 +273,12 @@ class ExactAxes(Record):
     Attributes:
         example_shape: `[rank]` int32 per-example input shape.
         total: D, the number of axes (an int, or a tensor for dynamic shapes).
+        entry: the program step the tangents enter at (`tangent_entry`).
     """
 
     example_shape: tf.Tensor
     total: int | tf.Tensor
+    entry: int = 0
 
     shared = True
 
@@ -97,7 +288,8 @@ class ExactAxes(Record):
 
     def sum_squares(self, lin, trace, start, k):
         return lin.axes_tangent(trace, start, k, self.example_shape,
-                                reduce=_sum_squares_over_directions, per_neuron=True)
+                                reduce=_sum_squares_over_directions, per_neuron=True,
+                                entry=self.entry)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -115,6 +307,11 @@ class SampledAxes(Record):
         per_group: axes the draw is uniform over: D, or D / channels.
         shared: one draw for the whole batch.
         dtype: the twin's dtype.
+        counts: None, or `[B]` the valid (unpadded) axes of each example's
+            draw groups (`padding_mask`): D_valid, or valid steps per channel.
+            Axes are then drawn among those only (-1, a zero direction, where
+            an example has fewer than `samples`).
+        entry: the program step the tangents enter at (`tangent_entry`).
     """
 
     axes: tf.Tensor
@@ -126,10 +323,17 @@ class SampledAxes(Record):
     per_group: int | tf.Tensor
     shared: bool
     dtype: str
+    counts: tf.Tensor | None = None
+    entry: int = 0
 
     def scale(self, dtype):
-        """`per_group / samples`: D / k, or (D / C) / k per channel."""
-        return tf.cast(self.per_group, dtype) / tf.cast(self.samples, dtype)
+        """`per_group / samples`: D / k, or (D / C) / k per channel; with padding,
+        `[B, 1]`: `D_valid / min(k, D_valid)` per example (0 without valid axes)."""
+        if self.counts is None:
+            return tf.cast(self.per_group, dtype) / tf.cast(self.samples, dtype)
+        counts = tf.cast(self.counts, dtype)
+        drawn = tf.minimum(counts, tf.cast(self.samples, dtype))
+        return tf.math.divide_no_nan(counts, drawn)[:, None]
 
     def sum_squares(self, lin, trace, start, k):
         total = self.total
@@ -142,7 +346,8 @@ class SampledAxes(Record):
         depth = tf.reduce_prod(self.example_shape) if tf.is_tensor(self.depth) else self.depth
         v = tf.one_hot(chunk, depth, dtype=self.dtype)
         v = tf.reshape(v, tf.concat([self.lead, [k], self.example_shape], 0))
-        jvp = lin.tangent_from_trace(trace, v, self.shared, concat=False, axes=chunk)
+        jvp = lin.tangent_from_trace(trace, v, self.shared, concat=False, axes=chunk,
+                                     start=self.entry)
         return sum_squares_per_unit(jvp)
 
 
@@ -160,6 +365,7 @@ class RandomProbes(Record):
         samples: probes per example.
         kind: "gaussian" or "rademacher".
         dtype: the twin's dtype.
+        entry: the program step the tangents enter at (`tangent_entry`).
     """
 
     seed: tf.Tensor
@@ -168,6 +374,7 @@ class RandomProbes(Record):
     samples: int
     kind: str
     dtype: str
+    entry: int = 0
 
     shared = False
 
@@ -191,20 +398,32 @@ class RandomProbes(Record):
         live = tf.cast(tf.range(start, start + k) < self.samples, dtype)
         v = v * live[None, :, None]
         v = tf.reshape(v, tf.concat([tf.stack([self.batch, k]), self.example_shape], 0))
-        return sum_squares_per_unit(lin.tangent_from_trace(trace, v, False, concat=False))
+        return sum_squares_per_unit(lin.tangent_from_trace(trace, v, False, concat=False,
+                                                           start=self.entry))
 
 
-def estimator_for(lin, x, config: RollConfig, seed) -> ExactAxes | SampledAxes | RandomProbes:
+def estimator_for(lin, x, config: RollConfig, seed,
+                  trace=None) -> ExactAxes | SampledAxes | RandomProbes:
     """The estimator `config` asks for on the batch `x` (checked, in the twin's dtype).
 
     Args:
         lin: the `Linearized` model.
         x: `[B, *input_shape]` inputs.
         config: the ROLL hyperparameters (`samples`, `strata`, `estimator`,
-            `share_axes`).
+            `share_axes`, `wrt`).
         seed: None, an int or a `[2]` int tensor (see `seed_tensor`).
+        trace: the `Trace` of `x`'s forward pass: with it, sampled axes (not
+            shared) avoid the padded steps of a leading Masking layer
+            (`padding_mask`).
+
+    Example:
+
+    ```python
+    est = estimator_for(lin, x, RollConfig(samples=3), seed=0, trace=fwd.trace)
+    ```
     """
     dtype = lin.dtype
+    entry = tangent_entry(lin.program, config.wrt)
     static = x.shape[1:]
     if static.is_fully_defined():
         dims = static.as_list()
@@ -215,25 +434,40 @@ def estimator_for(lin, x, config: RollConfig, seed) -> ExactAxes | SampledAxes |
         d, channels = tf.reduce_prod(example_shape), example_shape[-1]
     samples = config.samples
     if samples is None:  # exact: every input axis, shared one-hot directions
-        return ExactAxes(example_shape, d)
+        return ExactAxes(example_shape, d, entry)
     batch = tf.shape(x)[0]
     seed_t = seed_tensor(seed)
     if config.estimator != "axes":
-        return RandomProbes(seed_t, batch, example_shape, samples, config.estimator, dtype)
+        return RandomProbes(seed_t, batch, example_shape, samples, config.estimator, dtype,
+                            entry)
     # One set of axes per example ([B, ...]) or, with share_axes, for the batch.
     share = config.share_axes
+    keep = None if share or trace is None else padding_mask(lin.program, trace, entry)
     lead = tf.zeros([0], tf.int32) if share else tf.reshape(batch, [1])
+    counts = None
     if config.strata == "channel":
         per_group = d // channels
         u = tf.random.stateless_uniform(
             tf.concat([lead, tf.stack([channels, per_group])], 0), seed_t)
+        if keep is not None:  # [B, P] valid positions, the same in every channel
+            u = tf.where(keep[:, None, :], u, -1.0)
         pos = tf.math.top_k(u, k=samples).indices  # [(B,) C, k] distinct per channel
         idx = pos * channels + tf.reshape(tf.range(channels), [channels, 1])
+        if keep is not None:
+            idx = tf.where(tf.gather(keep, pos, batch_dims=1), idx, -1)
+            counts = tf.reduce_sum(tf.cast(keep, tf.int32), axis=1)
         total = samples * channels
     else:
         per_group = d
         u = tf.random.stateless_uniform(tf.concat([lead, tf.reshape(d, [1])], 0), seed_t)
+        if keep is not None:  # [B, D] valid axes: every channel of the valid positions
+            valid = tf.reshape(tf.repeat(keep[:, :, None], channels, axis=2), tf.shape(u))
+            u = tf.where(valid, u, -1.0)
         idx = tf.math.top_k(u, k=samples).indices  # k distinct axes
+        if keep is not None:
+            idx = tf.where(tf.gather(valid, idx, batch_dims=1), idx, -1)
+            counts = tf.reduce_sum(tf.cast(valid, tf.int32), axis=1)
         total = samples
     idx = tf.stop_gradient(tf.reshape(idx, tf.concat([lead, [-1]], 0)))
-    return SampledAxes(idx, lead, example_shape, d, total, samples, per_group, share, dtype)
+    return SampledAxes(idx, lead, example_shape, d, total, samples, per_group, share, dtype,
+                       counts, entry)

@@ -152,21 +152,28 @@ class Transform:
         return output
 
 
-def propagate(program: Program, transform: Transform, initial, trace: Trace | None = None):
+def propagate(program: Program, transform: Transform, initial, trace: Trace | None = None,
+              start: int = 0):
     """Walks `program` once, in order, with `transform` at every op.
 
     Args:
         program: the compiled model.
         transform: the pass.
-        initial: the value of the model input.
+        initial: the value of the model input (with `start > 0`: of the output
+            of step `start - 1`).
         trace: the records of a forward pass, given to the ops of later passes.
+        start: the first step to run. Steps before it are skipped; the caller
+            guarantees that no later step reads their values except the output
+            of step `start - 1` (ROLL's `wrt=`, `keras_roll.estimators.tangent_entry`).
 
     Returns:
         The value of the model output. A step without ops (a folded softmax)
         passes its first input through.
     """
-    env = {program.input_key: initial}
+    env = {program.input_key if start == 0 else program.steps[start - 1].output: initial}
     for index, step in enumerate(program.steps):
+        if index < start:
+            continue
         inputs = [env[k] for k in step.inputs]
         record = None if trace is None else trace.steps[index]
         context = transform.enter_step(step, inputs, record)
@@ -270,7 +277,8 @@ class Interpreter:
         return ForwardPass(logits, concat_neurons(transform.neurons, x),
                            Trace(x, tuple(transform.steps)), transform.tangent_size)
 
-    def tangent(self, trace: Trace, v, shared: bool, concat: bool = True, axes=None) -> JVP:
+    def tangent(self, trace: Trace, v, shared: bool, concat: bool = True, axes=None,
+                start: int = 0) -> JVP:
         """Derivatives along directions `v` with the pattern of `trace` frozen.
 
         Args:
@@ -282,32 +290,36 @@ class Interpreter:
             axes: for one-hot directions, their flat input axes (`[K]` or
                 `[B, K]`, -1 for a zero direction), so that a first affine
                 layer can gather weight rows (see `rules.base.Tangent`).
+            start: the step the tangents enter at (see `propagate`): `v` is
+                then a direction of the output of step `start - 1`.
         """
         v = tf.cast(v, self.dtype)
         batch = tf.shape(trace.input)[0] if shared else tf.shape(v)[0]
         k = tf.shape(v)[0] if shared else tf.shape(v)[1]
         transform = TangentTransform()
-        out = propagate(self.program, transform, Tangent(v, shared=shared, axes=axes), trace)
+        out = propagate(self.program, transform, Tangent(v, shared=shared, axes=axes), trace,
+                        start)
         out = out.per_example(batch)
         logits = tf.reshape(out, tf.stack([batch, k, tf.reduce_prod(tf.shape(out)[2:])]))
         blocks = transform.neuron_tangents or [tf.zeros(tf.stack([batch, k, 0]), self.dtype)]
         return JVP(tf.concat(blocks, axis=-1) if concat else blocks, logits)
 
     def axes_tangent(self, trace: Trace, start, k: int, example_shape, reduce=None,
-                     per_neuron: bool = False):
+                     per_neuron: bool = False, entry: int = 0):
         """Derivatives along input axes `start .. start + k - 1` (zero past the last).
 
         With `reduce`, returns `reduce(jvp, start)`; with `per_neuron=True` the
         reduction runs on each op's `[b, k, n]` block separately and the results
         are concatenated along the last axis (no `[b, k, N]` copy: much faster
-        for reductions over the direction axis).
+        for reductions over the direction axis). `entry` is `tangent`'s `start`:
+        the axes are then those of the output of step `entry - 1`.
         """
         d = tf.reduce_prod(example_shape)
         axes = tf.range(start, start + k)
         eye = tf.one_hot(axes, d, dtype=self.dtype)
         dirs = tf.reshape(eye, tf.concat([[k], example_shape], 0))
         axes = tf.where(axes < d, axes, -1)
-        jvp = self.tangent(trace, dirs, True, concat=not per_neuron, axes=axes)
+        jvp = self.tangent(trace, dirs, True, concat=not per_neuron, axes=axes, start=entry)
         if reduce is None:
             return jvp
         if not per_neuron:

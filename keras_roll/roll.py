@@ -51,6 +51,7 @@ from keras_roll.estimators import (
     RandomProbes,
     SampledAxes,
     estimator_for,
+    tangent_entry,
 )
 from keras_roll.interpreter import ForwardPass
 from keras_roll.roll_config import ESTIMATORS, STRATA, RollConfig, check_hyperparameters
@@ -65,12 +66,12 @@ __all__ = [
     "memory_plan",
     "neuron_grad_sq",
     "roll_loss",
-]  # and, lazily from keras_roll.regularizer: RollRegularizer, wrap, unwrap
+]  # and, lazily from keras_roll.regularizer: RollModel, RollRegularizer, wrap, unwrap
 
 RollPlan = ChunkPlan  # what `memory_plan` returns (the name of earlier versions)
 Estimator = ExactAxes | SampledAxes | RandomProbes
 
-_REGULARIZER_NAMES = ("RollRegularizer", "wrap", "unwrap")
+_REGULARIZER_NAMES = ("RollModel", "RollRegularizer", "wrap", "unwrap")
 
 
 def __getattr__(name):
@@ -89,7 +90,8 @@ def __getattr__(name):
 @tf.autograph.experimental.do_not_convert
 def neuron_grad_sq(model_or_lin: ModelOrTwin, x: Array, samples: int | None = None,
                    strata: str | None = None, seed: Seed = None, estimator: str = "axes",
-                   share_axes: bool = False, forward: ForwardPass | None = None) -> tf.Tensor:
+                   share_axes: bool = False, forward: ForwardPass | None = None,
+                   wrt: str | None = None) -> tf.Tensor:
     """Squared l2 norms of every neuron's input gradient, `[B, N]`.
 
     Exact (`samples=None`, Eq. 9) or the unbiased estimate of Eq. 10. The
@@ -99,7 +101,7 @@ def neuron_grad_sq(model_or_lin: ModelOrTwin, x: Array, samples: int | None = No
     Args:
         model_or_lin: a Keras model or a `Linearized`.
         x: `[B, *input_shape]` inputs.
-        samples, strata, seed, estimator, share_axes: see `roll_loss`.
+        samples, strata, seed, estimator, share_axes, wrt: see `roll_loss`.
         forward: a `ForwardPass` of `x` to reuse (from `lin.primal(x)`).
 
     Returns:
@@ -114,8 +116,9 @@ def neuron_grad_sq(model_or_lin: ModelOrTwin, x: Array, samples: int | None = No
     lin = linearize(model_or_lin)
     x = lin.check_input(x)
     config = RollConfig(samples=samples, strata=strata, estimator=estimator,
-                        share_axes=share_axes)
+                        share_axes=share_axes, wrt=wrt)
     config.check_input_shape(tuple(x.shape[1:]))
+    tangent_entry(lin.program, config.wrt)
     fwd = forward if forward is not None else lin.primal(x)
     return grad_sq(lin, fwd, x, config, seed)
 
@@ -127,7 +130,7 @@ def grad_sq(lin: Linearized, fwd: ForwardPass, x: tf.Tensor, config: RollConfig,
     The internal entry point of `neuron_grad_sq` and `roll_loss`: `config`
     is already validated and `fwd` is the forward pass of `x`.
     """
-    est = estimator_for(lin, x, config, seed)
+    est = estimator_for(lin, x, config, seed, trace=fwd.trace)
     sq = _sum_squares(lin, fwd, x, est, config.memory_budget or lin.memory_budget)
     scale = est.scale(lin.dtype)
     if scale is not None:
@@ -138,7 +141,8 @@ def grad_sq(lin: Linearized, fwd: ForwardPass, x: tf.Tensor, config: RollConfig,
 @tf.autograph.experimental.do_not_convert
 def roll_loss(model_or_lin: ModelOrTwin, x: Array, C: float = 1.0, gamma: float = 100.0,
               samples: int | None = None, strata: str | None = None, seed: Seed = None,
-              estimator: str = "axes", share_axes: bool = False, return_logits: bool = False):
+              estimator: str = "axes", share_axes: bool = False, return_logits: bool = False,
+              wrt: str | None = None):
     """The per-example ROLL regularizer of Eq. 9 (without `lam`), `[B]`.
 
     For every example, the mean over the top `gamma` % of its valid neurons
@@ -159,6 +163,8 @@ def roll_loss(model_or_lin: ModelOrTwin, x: Array, C: float = 1.0, gamma: float 
             within `lin.memory_budget`); k for Eq. 10: k axes per example, drawn
             uniformly without replacement, sum of squares scaled by `D / k`
             (unbiased for gamma = 100); the number of probes for random estimators.
+            Behind a leading Masking layer the axes of each example are drawn
+            among its valid (unpadded) steps only, scaled by `D_valid / k`.
         strata: None, or "channel": k axes in every channel of a channels-last
             input (the paper's "120 samples on each channel"), scaled per channel.
         seed: None (fresh randomness per call), an int, or a `[2]` int tensor for
@@ -172,6 +178,12 @@ def roll_loss(model_or_lin: ModelOrTwin, x: Array, C: float = 1.0, gamma: float 
             which makes the step markedly cheaper (benchmarks/step_time.py).
         return_logits: also return the twin's logits `[B, ...]` (the model output
             before a folded softmax) from the same forward pass.
+        wrt: None (gradients with respect to the model input `x`) or the name of
+            a leading elementwise affine layer (Rescaling, Normalization, scalar
+            or per-channel): the gradients, the sampled axes and the probes are
+            then those of that layer's output, so the loss equals the loss of
+            the model without that layer fed its outputs (the paper's
+            normalised units; see the README, "ROLL's units").
 
     Returns:
         A `[B]` tensor (float32 even under mixed precision), or `(loss, logits)`.
@@ -191,8 +203,9 @@ def roll_loss(model_or_lin: ModelOrTwin, x: Array, C: float = 1.0, gamma: float 
     lin = linearize(model_or_lin)
     x = lin.check_input(x)
     config = RollConfig(C=C, gamma=gamma, samples=samples, strata=strata,
-                        estimator=estimator, share_axes=share_axes)
+                        estimator=estimator, share_axes=share_axes, wrt=wrt)
     config.check_input_shape(tuple(x.shape[1:]))
+    tangent_entry(lin.program, config.wrt)  # a bad wrt= fails here, eagerly
     return loss_from_config(lin, x, config, seed, return_logits)
 
 
@@ -394,7 +407,7 @@ def _budget_message(lin, budget, per):
 
 def memory_plan(model_or_lin: ModelOrTwin, x: Array, samples: int | None = None,
                 strata: str | None = None, estimator: str = "axes",
-                share_axes: bool = False) -> ChunkPlan:
+                share_axes: bool = False, wrt: str | None = None) -> ChunkPlan:
     """The chunking `roll_loss` uses on `x` within `lin.memory_budget` (eager).
 
     Returns the `keras_roll.chunking.ChunkPlan` that `roll_loss` executes:
@@ -413,8 +426,9 @@ def memory_plan(model_or_lin: ModelOrTwin, x: Array, samples: int | None = None,
     lin = linearize(model_or_lin)
     x = lin.check_input(x)
     config = RollConfig(samples=samples, strata=strata, estimator=estimator,
-                        share_axes=share_axes)
+                        share_axes=share_axes, wrt=wrt)
     config.check_input_shape(tuple(x.shape[1:]))
+    tangent_entry(lin.program, config.wrt)
     layout = lin.layout(x.shape[1:])
     shared = config.exact or config.share_axes
     return _plan(lin, int(x.shape[0]), config.directions(x.shape[1:]), layout.tangent_size,

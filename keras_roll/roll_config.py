@@ -51,10 +51,19 @@ class RollConfig:
         strata: None or "channel".
         estimator: "axes", "gaussian" or "rademacher".
         seed: None or an int (a reproducible sequence of stateless seeds).
-        on_eval: also compute the regularizer in inference mode.
+        on_eval: where the regularizer is computed outside training: None
+            (default) in `evaluate` of the model `wrap` returns, so
+            `val_loss` is the training objective, but not in `predict`;
+            True in every inference-mode call (`predict` too); False never
+            (evaluation then reports `roll_loss` as NaN).
         memory_budget: None (the twin's) or bytes of tangents per chunk.
         share_axes: one set of sampled axes for the whole batch (needs
             `samples` and estimator "axes").
+        wrt: None (gradients with respect to the model input) or the name of
+            a leading Rescaling / Normalization layer: ROLL's directions are
+            then the axes of that layer's output, so `||grad z||^2` and the
+            sampled axes are in its units (the paper's normalised units);
+            checked against the model by `keras_roll.estimators.tangent_entry`.
 
     Raises:
         ValueError: a bad value; the message names the field and the value.
@@ -73,9 +82,10 @@ class RollConfig:
     strata: str | None = None
     estimator: str = "axes"
     seed: int | None = None
-    on_eval: bool = False
+    on_eval: bool | None = None
     memory_budget: int | None = None
     share_axes: bool = False
+    wrt: str | None = None
 
     def __post_init__(self):
         lam, C, gamma = self.lam, self.C, self.gamma
@@ -116,6 +126,14 @@ class RollConfig:
                              f"per channel> (the exact loss uses every axis).")
         if self.seed is not None and not _is_int(self.seed):
             raise ValueError(f"seed must be None or an int, got seed={self.seed!r}.")
+        if self.on_eval is not None and not isinstance(self.on_eval, (bool, np.bool_)):
+            raise ValueError(f"on_eval must be None (ROLL in evaluate, not in predict), True "
+                             f"(in every inference call) or False (never outside training), "
+                             f"got on_eval={self.on_eval!r}.")
+        if self.wrt is not None and (not isinstance(self.wrt, str) or not self.wrt):
+            raise ValueError(f"wrt must be None (gradients with respect to the model input) or "
+                             f"the name of a leading Rescaling / Normalization layer, got "
+                             f"wrt={self.wrt!r}.")
         budget = self.memory_budget
         if budget is not None and (not _is_number(budget) or budget <= 0):
             raise ValueError(f"memory_budget must be None or a positive number of bytes, got "
@@ -124,7 +142,8 @@ class RollConfig:
             "lam": float(lam), "C": float(C), "gamma": float(gamma),
             "samples": None if samples is None else int(samples),
             "seed": None if self.seed is None else int(self.seed),
-            "on_eval": bool(self.on_eval), "share_axes": bool(share_axes),
+            "on_eval": None if self.on_eval is None else bool(self.on_eval),
+            "share_axes": bool(share_axes),
             "memory_budget": None if budget is None else int(budget),
         }
         for name, value in normalised.items():

@@ -234,7 +234,7 @@ class Linearized:
         return self.interpreter.primal(x)
 
     def tangent_from_trace(self, trace: Trace, v, shared: bool, concat: bool = True,
-                           axes=None) -> JVP:
+                           axes=None, start: int = 0) -> JVP:
         """Derivatives along `v` with the pattern of `trace` frozen (not compiled).
 
         Args:
@@ -245,6 +245,9 @@ class Linearized:
             concat: False gives `neurons` as a list of per-unit `[B, K, n_u]` blocks.
             axes: for one-hot directions, their flat input axes (`[K]` or `[B, K]`,
                 -1 for a zero direction): a first Dense layer then gathers rows.
+            start: the program step the tangents enter at (0: the model input);
+                `v` is then a direction of the output of step `start - 1`
+                (ROLL's `wrt=`, see `keras_roll.estimators.tangent_entry`).
 
         Example:
 
@@ -253,17 +256,18 @@ class Linearized:
         jvp = lin.tangent_from_trace(fwd.trace, v, shared=False)   # v: [B, K, ...]
         ```
         """
-        return self.interpreter.tangent(trace, v, shared, concat=concat, axes=axes)
+        return self.interpreter.tangent(trace, v, shared, concat=concat, axes=axes, start=start)
 
     def axes_tangent(self, trace: Trace, start, k: int, example_shape, reduce=None,
-                     per_neuron: bool = False):
+                     per_neuron: bool = False, entry: int = 0):
         """Derivatives along input axes `start .. start + k - 1` (not compiled).
 
         See `Interpreter.axes_tangent`; `reduce(jvp, start)` and `per_neuron`
-        reduce the chunk inside the caller's graph.
+        reduce the chunk inside the caller's graph; `entry` is the step the
+        tangents enter at (`tangent_from_trace`'s `start`).
         """
         return self.interpreter.axes_tangent(trace, start, k, example_shape, reduce=reduce,
-                                             per_neuron=per_neuron)
+                                             per_neuron=per_neuron, entry=entry)
 
     # ------------------------------------------------------------------ public API
 

@@ -8,8 +8,10 @@ out in numpy.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import zipfile
 from fractions import Fraction
 
 import keras
@@ -20,6 +22,8 @@ import tensorflow as tf
 import keras_roll
 from keras_roll import roll
 from keras_roll.callbacks import MarginMonitor
+from keras_roll.estimators import estimator_for
+from keras_roll.regularizer import evaluating
 from tests import model_zoo as zoo
 
 # --------------------------------------------------------------------------- models
@@ -365,6 +369,60 @@ def test_random_probes_beat_axes_when_gradients_are_concentrated():
     assert _probe_variance(spread, "rademacher", 4) > 1.0
 
 
+# --------------------------------------------------------------------------- masked steps
+
+
+def _rnn_estimators(kwargs, seeds):
+    """The sampled axes drawn for the padded sequences, one estimator per seed."""
+    model = zoo.rnn()
+    x, lengths = zoo.padded_sequences(batch=4)
+    lin = keras_roll.linearize(model)
+    xt = lin.check_input(x)
+    trace = lin.primal(xt).trace
+    config = roll.RollConfig(**kwargs)
+    return lengths, [estimator_for(lin, xt, config, seed, trace=trace) for seed in seeds]
+
+
+@pytest.mark.parametrize("kwargs", [{"samples": 4}, {"samples": 8},
+                                    {"samples": 3, "strata": "channel"}])
+def test_masked_sampling_draws_only_valid_steps(kwargs):
+    channels, k = 3, kwargs["samples"]
+    lengths, ests = _rnn_estimators(kwargs, range(40))
+    hits = np.zeros((4, 5 * channels))
+    for est in ests:
+        axes = est.axes.numpy()
+        for i, (row, n) in enumerate(zip(axes, lengths)):
+            live = row[row >= 0]
+            assert np.all(live // channels < n), (row, n)  # never a padded step
+            assert len(set(live.tolist())) == len(live)   # without replacement
+            if "strata" in kwargs:
+                assert len(live) == channels * min(k, n)
+                for c in range(channels):  # k per channel, in that channel
+                    assert np.sum(live % channels == c) == min(k, n)
+            else:
+                assert len(live) == min(k, n * channels)
+            hits[i, live] += 1
+    # every valid axis gets drawn (the draw is over all of them, not a fixed subset)
+    for i, n in enumerate(lengths):
+        assert np.all(hits[i, :n * channels] > 0) and np.all(hits[i, n * channels:] == 0)
+    scale = ests[0].scale(tf.float32).numpy().ravel()
+    per_group = lengths if "strata" in kwargs else lengths * channels
+    np.testing.assert_allclose(scale, per_group / np.minimum(k, per_group), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs", [{"samples": 4}, {"samples": 3, "strata": "channel"}])
+def test_masked_sampling_is_unbiased(kwargs):
+    model = zoo.rnn()
+    x, lengths = zoo.padded_sequences(batch=4)
+    exact = reference_loss(rnn_groups(model, x), C=1.0, gamma=100.0)
+    draws = _sampled(model, x, 600, seed=21, **kwargs)
+    se = draws.std(0, ddof=1) / np.sqrt(draws.shape[0])
+    # examples with at most k valid steps per channel are computed exactly
+    exact_rows = (lengths <= kwargs["samples"]) if "strata" in kwargs else np.zeros(4, bool)
+    assert np.all(se[~exact_rows] > 0)
+    np.testing.assert_array_less(np.abs(draws.mean(0) - exact), 4 * se + 1e-5 * exact)
+
+
 # --------------------------------------------------------------------------- gradients
 
 
@@ -595,13 +653,78 @@ def test_fit_adds_lam_times_reference_loss_and_reports_it():
     hist = wrapped.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0).history
     assert hist["roll_loss"][0] == pytest.approx(reg, rel=1e-5)
     assert hist["loss"][0] == pytest.approx(ce + 2.0 * reg, rel=1e-5)
-    ev = wrapped.evaluate(x, y, verbose=0, return_dict=True)
+    # evaluate computes the training objective by default (on_eval=None) ...
+    ev = wrapped.evaluate(x, y, verbose=0, return_dict=True, batch_size=8)
+    assert ev["roll_loss"] == pytest.approx(reg, rel=1e-5)
+    assert ev["loss"] == pytest.approx(ce + 2.0 * reg, rel=1e-5)
+    # ... and not at all with on_eval=False (the earlier default)
+    off = roll.wrap(model, lam=2.0, gamma=50.0, on_eval=False)
+    _compile(off, lr=0.0)
+    ev = off.evaluate(x, y, verbose=0, return_dict=True)
     assert ev["loss"] == pytest.approx(ce, rel=1e-5) and np.isnan(ev["roll_loss"])
     on_eval = roll.wrap(model, lam=2.0, gamma=50.0, on_eval=True)
     _compile(on_eval, lr=0.0)
     ev = on_eval.evaluate(x, y, verbose=0, return_dict=True, batch_size=8)
     assert ev["roll_loss"] == pytest.approx(reg, rel=1e-5)
     assert ev["loss"] == pytest.approx(ce + 2.0 * reg, rel=1e-5)
+
+
+@pytest.mark.parametrize("on_eval,in_predict,in_evaluate", [
+    (None, False, True), (True, True, True), (False, False, False)])
+def test_on_eval_decides_where_inference_computes_roll(on_eval, in_predict, in_evaluate):
+    model = zoo.mlp(fused=False)
+    x = _rng_x((6, 6), seed=2)
+    wrapped = roll.wrap(model, lam=2.0, on_eval=on_eval)
+    assert isinstance(wrapped, roll.RollModel)
+    out = wrapped(x, training=False)  # what predict_step runs
+    np.testing.assert_allclose(out.numpy(), model(x).numpy(), rtol=1e-6, atol=1e-7)
+    assert bool(wrapped.losses) == in_predict
+    with evaluating():  # what RollModel.test_step runs
+        out = wrapped(x, training=False)
+    np.testing.assert_allclose(out.numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert bool(wrapped.losses) == in_evaluate
+    if in_evaluate:
+        want = 2.0 * reference_loss(mlp_groups(model, x, ["dense0", "dense1"]), 1.0, 100.0)
+        assert float(wrapped.losses[0]) == pytest.approx(want.mean(), rel=1e-5)
+    _compile(wrapped)
+    layer = wrapped.get_layer("roll_regularizer")
+    layer.roll_tracker.reset_state()
+    wrapped.predict(x, verbose=0)
+    assert float(layer.roll_tracker.count.numpy()) == (len(x) if in_predict else 0)
+
+
+def test_validation_loss_is_the_training_objective():
+    model = zoo.mlp(fused=False)
+    x = _rng_x((24, 6), seed=4)
+    y = (x[:, 0] > 0).astype("int32")
+    xv = _rng_x((10, 6), seed=5)
+    yv = (xv[:, 1] > 0).astype("int32")
+    reg_v = reference_loss(mlp_groups(model, xv, ["dense0", "dense1"]), C=1.0, gamma=50.0)
+    ce_v = keras.losses.sparse_categorical_crossentropy(yv, model(xv)).numpy()
+    wrapped = roll.wrap(model, lam=2.0, gamma=50.0)
+    _compile(wrapped, lr=0.0)
+    hist = wrapped.fit(x, y, validation_data=(xv, yv), batch_size=8, epochs=2,
+                       verbose=0).history
+    assert hist["val_roll_loss"] == pytest.approx([reg_v.mean()] * 2, rel=1e-5)
+    assert hist["val_loss"] == pytest.approx([ce_v.mean() + 2.0 * reg_v.mean()] * 2, rel=1e-5)
+
+
+def test_sampled_validation_uses_a_fixed_seed():
+    model = zoo.mlp(fused=False)
+    x = _rng_x((32, 6), seed=6)
+    y = (x[:, 0] > 0).astype("int32")
+    exact = reference_loss(mlp_groups(model, x, ["dense0", "dense1"]), 1.0, 100.0).mean()
+    for seed in (None, 3):
+        wrapped = roll.wrap(model, lam=1.0, samples=2, seed=seed)
+        _compile(wrapped, lr=0.0)  # the weights stay put
+        hist = wrapped.fit(x, y, validation_data=(x, y), batch_size=32, epochs=3,
+                           verbose=0).history
+        train, val = hist["roll_loss"], hist["val_roll_loss"]
+        assert len(set(train)) == 3, train  # fresh axes every training step
+        assert val == pytest.approx([val[0]] * 3, rel=1e-7), val  # the same every epoch
+        assert val[0] != pytest.approx(exact, rel=1e-3)  # a sampled estimate
+        again = wrapped.evaluate(x, y, batch_size=32, verbose=0, return_dict=True)
+        assert again["roll_loss"] == pytest.approx(val[0], rel=1e-7)
 
 
 def test_save_load_roundtrip_keeps_training(tmp_path):
@@ -625,6 +748,65 @@ def test_save_load_roundtrip_keeps_training(tmp_path):
     assert len(hist["roll_loss"]) == 2 and np.all(np.isfinite(hist["roll_loss"]))
     after = [v.numpy() for v in roll.unwrap(loaded).trainable_variables]
     assert any(not np.allclose(a, b) for a, b in zip(before, after))
+
+
+def _rewrite_keras_config(path, edit):
+    """Applies `edit(config_dict)` to the config.json inside a .keras zip."""
+    with zipfile.ZipFile(path) as zf:
+        entries = {name: zf.read(name) for name in zf.namelist()}
+    config = json.loads(entries["config.json"])
+    edit(config)
+    entries["config.json"] = json.dumps(config).encode()
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in entries.items():
+            zf.writestr(name, data)
+
+
+def _layer_configs(node, class_name):
+    if isinstance(node, dict):
+        if node.get("class_name") == class_name:
+            yield node["config"]
+        for value in node.values():
+            yield from _layer_configs(value, class_name)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _layer_configs(value, class_name)
+
+
+def test_files_of_the_earlier_wrap_load_evaluate_and_train(tmp_path):
+    """The earlier `wrap` saved a plain Functional around the layer, whose config had
+    no `wrt` and `on_eval=False`: such files load, keep their behaviour (no ROLL in
+    evaluate), train, unwrap, and `wrap(unwrap(old))` gives the new behaviour."""
+    model = zoo.mlp(fused=False)
+    layer = roll.RollRegularizer(model, lam=2.0, gamma=50.0, name="roll_regularizer")
+    inp = keras.Input((6,))
+    path = os.path.join(tmp_path, "old.keras")
+    keras.Model(inp, layer(inp), name="old_roll").save(path)
+
+    def as_before(config):
+        assert config["class_name"] == "Functional"
+        (layer_config,) = _layer_configs(config, "RollRegularizer")
+        del layer_config["wrt"]
+        layer_config["on_eval"] = False
+
+    _rewrite_keras_config(path, as_before)
+    loaded = keras.models.load_model(path)
+    assert not isinstance(loaded, roll.RollModel)
+    plain = roll.unwrap(loaded)
+    reg_layer = loaded.get_layer("roll_regularizer")
+    assert reg_layer.wrt is None and reg_layer.on_eval is False
+    x = _rng_x((16, 6), seed=8)
+    y = (x[:, 0] > 0).astype("int32")
+    _compile(loaded, lr=0.0)
+    ev = loaded.evaluate(x, y, verbose=0, return_dict=True)
+    assert np.isnan(ev["roll_loss"])
+    hist = loaded.fit(x, y, batch_size=8, epochs=1, verbose=0).history
+    reg = reference_loss(mlp_groups(plain, x, ["dense0", "dense1"]), 1.0, 50.0).mean()
+    assert hist["roll_loss"][0] == pytest.approx(reg, rel=1e-5)
+    upgraded = roll.wrap(plain, lam=2.0, gamma=50.0)
+    _compile(upgraded, lr=0.0)
+    ev = upgraded.evaluate(x, y, verbose=0, return_dict=True)
+    assert ev["roll_loss"] == pytest.approx(reg, rel=1e-5)
 
 
 def test_mixed_precision_loss_is_float32_and_matches():
