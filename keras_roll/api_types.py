@@ -20,7 +20,7 @@ from numpy.typing import ArrayLike
 if TYPE_CHECKING:
     from keras_roll.twin import Linearized
 
-__all__ = ["Array", "Method", "ModelOrTwin", "Norm", "Norms", "Seed", "Verbose"]
+__all__ = ["Array", "Method", "ModelOrTwin", "Norm", "Norms", "Rigor", "Seed", "Verbose"]
 
 Array = ArrayLike | tf.Tensor
 """Numeric data: a numpy array (or anything `np.asarray` reads) or a tensor."""
@@ -36,6 +36,9 @@ Norms = Norm | Sequence[Norm] | None
 
 Method = Literal["analytic", "bisect"]
 """Closed forms (exact, streamed) or the bisection cross-check."""
+
+Rigor = Literal["float64", "float32"]
+"""Certificates sound under rounding (float64 twin + rounding bound) or in the twin's dtype."""
 
 Verbose = bool | int | Literal["auto"]
 """Progress bar: "auto" (only for runs over a second), True or False."""

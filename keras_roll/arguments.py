@@ -31,19 +31,23 @@ __all__ = [
     "check_directions",
     "check_memory_budget",
     "check_method",
+    "check_rigor",
     "check_verbose",
+    "for_rigor",
     "parse_norm",
     "parse_norms",
 ]
 
 INF = math.inf
 METHODS = ("analytic", "bisect")
+RIGORS = ("float64", "float32")
+_NORM_NAMES = {"inf": INF, "np.inf": INF, "linf": INF, "l_inf": INF, "l1": 1, "l2": 2}
 
 
 def parse_norm(p):
-    """1, 2 or `math.inf` from `p` (1, 2, inf, 1.0, 'inf', 'np.inf')."""
-    if isinstance(p, str) and p.strip().lower() in ("inf", "np.inf"):
-        return INF
+    """1, 2 or `math.inf` from `p` (1, 2, inf, 1.0, 'l1', 'l2', 'linf', 'inf', 'np.inf')."""
+    if isinstance(p, str) and p.strip().lower() in _NORM_NAMES:
+        return _NORM_NAMES[p.strip().lower()]
     if isinstance(p, numbers.Real) and not isinstance(p, bool):
         value = float(p)
         if value == 1.0:
@@ -99,12 +103,27 @@ def check_batch_size(batch_size) -> int | None:
 
 
 def check_memory_budget(memory_budget) -> int | None:
-    """None or a positive number of bytes (returned as an int)."""
+    """None or a number of bytes >= 1 (returned as an int; 0.5 is refused, not floored)."""
     if memory_budget is not None and (not isinstance(memory_budget, numbers.Real)
-                                      or isinstance(memory_budget, bool) or memory_budget <= 0):
-        raise ValueError(f"memory_budget must be a positive number of bytes or None, got "
-                         f"{memory_budget!r}.")
+                                      or isinstance(memory_budget, bool) or memory_budget < 1):
+        raise ValueError(f"memory_budget must be None or a number of bytes >= 1, got "
+                         f"{memory_budget!r}; e.g. memory_budget=2**26 for 64 MiB.")
     return None if memory_budget is None else int(memory_budget)
+
+
+def check_rigor(rigor) -> str:
+    """'float64' (sound: float64 twin and the rounding bound) or 'float32'."""
+    if rigor not in RIGORS:
+        raise ValueError(
+            f"Unknown rigor={rigor!r}; use 'float64' (neurons and gradients in float64 and "
+            f"radii shrunk by a bound on the rounding of the model's own evaluation: sound) "
+            f"or 'float32' (the twin's own dtype, faster, not guarded against rounding).")
+    return rigor
+
+
+def for_rigor(lin: Linearized, rigor: str) -> Linearized:
+    """The twin a computation of `rigor` runs on: float64 for 'float64', else `lin`."""
+    return lin.at_dtype("float64") if check_rigor(rigor) == "float64" else lin
 
 
 def check_verbose(verbose):
@@ -115,7 +134,8 @@ def check_verbose(verbose):
 
 
 def as_linearized(model) -> Linearized:
-    """`model` itself if it is a `Linearized`, else its (cached) twin."""
+    """`model` itself if it is a `Linearized`, else its (cached) twin (a model made by
+    `keras_roll.wrap` is unwrapped)."""
     return model if isinstance(model, Linearized) else linearize(model)
 
 

@@ -28,7 +28,7 @@ from keras_roll.chunking import plan_chunks
 from keras_roll.margin_math import neuron_arrays
 from keras_roll.twin import Linearized
 
-__all__ = ["bisect_region", "bisect_slice", "steepest_directions"]
+__all__ = ["binding_directions", "bisect_region", "bisect_slice", "steepest_directions"]
 
 INF = math.inf
 
@@ -60,6 +60,64 @@ def steepest_directions(g, p, sign):
         rows = np.arange(g.shape[0])
         u[rows, i] = np.sign(g[rows, i])
     return u * sign[:, None]
+
+
+def binding_directions(lin: Linearized, xs: list, index, p):
+    """Steepest unit-lp directions toward the binding neurons, and the distance along them.
+
+    For each example with binding neuron `j = index[i] >= 0` (a row of the
+    neuron layout), `u = steepest_directions(g_j, p, toward nearest breakpoint)`
+    and `t = dist_j / ||g_j||_q`: `x + t u` lies on the neuron's hyperplane. The
+    gradient `g_j` is one reverse pass through the twin's forward pass (the
+    pattern is piecewise constant there, so it is the frozen-pattern gradient).
+
+    Args:
+        lin: the twin the certificate was computed with.
+        xs: the inputs, a list of `[b, *input_shape]` batches.
+        index: `[B]` binding rows (-1: none).
+        p: 1, 2 or inf.
+
+    Returns:
+        `(u [B, *input_shape], t [B])` float64, NaN where no neuron binds.
+
+    Example:
+
+    ```python
+    u, t = binding_directions(lin, [x], cert.binding_index[2], 2)
+    ```
+    """
+    index = np.asarray(index, np.int64)
+    us, ts = [], []
+    offset = 0
+    for xb in xs:
+        xb = tf.convert_to_tensor(xb)
+        b = int(xb.shape[0])
+        idx = index[offset:offset + b]
+        offset += b
+        per = 4 * lin.layout(xb.shape[1:]).tangent_bytes(np.dtype(lin.dtype).itemsize)
+        plan = plan_chunks(b, 1, per, lin.memory_budget, max_examples=256)
+        for sl in plan.example_slices():
+            x64 = tf.cast(xb[sl], lin.dtype)
+            rows = tf.constant(np.maximum(idx[sl], 0))
+            with tf.GradientTape() as tape:
+                tape.watch(x64)
+                n = lin.primal(x64).neurons
+                z = tf.gather(n.z, rows, batch_dims=1)
+            g = np.asarray(tape.gradient(z, x64).numpy(), np.float64).reshape(z.shape[0], -1)
+            below = tf.gather(n.below, rows, batch_dims=1).numpy().astype(np.float64)
+            above = tf.gather(n.above, rows, batch_dims=1).numpy().astype(np.float64)
+            live = (idx[sl] >= 0) & np.any(g != 0, axis=1)
+            safe = np.where(live[:, None], g, 1.0)
+            sign = np.where(above <= below, 1.0, -1.0)
+            u = steepest_directions(safe, p, sign)
+            q = {2: 2, 1: INF, INF: 1}[p]
+            t = np.minimum(below, above) / np.linalg.norm(safe, ord=q, axis=1)
+            u[~live], t[~live] = np.nan, np.nan
+            us.append(u.reshape(x64.shape))
+            ts.append(t)
+    if not us:
+        return np.zeros((0,)), np.zeros((0,))
+    return np.concatenate(us), np.concatenate(ts)
 
 
 def bisect_slice(lin: Linearized, xb, fwd, jac, norms, dirs_b, tol: float, budget: int) -> dict:

@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from keras_roll.arguments import parse_norm
 from keras_roll.margin_math import directional_margins
+from keras_roll.streaming import check_input_keep_float
 from keras_roll.twin import Linearized
 
 __all__ = ["AxisBounds", "GradNorms", "iter_gradient_norms", "iter_jacobian_slices"]
@@ -84,7 +85,7 @@ def iter_gradient_norms(lin: Linearized, x, batch_size: int | None = None,
         eps2, _ = margins_from_norms(dist, gn.l2, fwd.neurons.valid)
     ```
     """
-    x = lin.check_input(x)
+    x = check_input_keep_float(lin, x)
     d = int(np.prod(x.shape[1:]))
     acc = None
     for sl, fwd, start, k, (sq, mx, sm) in lin.iter_axis_chunks(
@@ -125,10 +126,14 @@ def iter_jacobian_slices(lin: Linearized, x, batch_size: int | None = None,
             yield sl, fwd, jac
 
 
-def _axis_bounds_impl(rates, below, above, valid):
-    """Margins along `+e_k` and `-e_k` for a chunk of axes `[b, k, N] -> [b, k]`."""
-    up, up_i = directional_margins(rates, below, above, valid)
-    down, down_i = directional_margins(-rates, below, above, valid)
+def _axis_bounds_impl(rates, below, above, valid, err_at_x=None, err_per_radius=None,
+                      slack=0.0):
+    """Margins along `+e_k` and `-e_k` for a chunk of axes `[b, k, N] -> [b, k]`
+    (with rounding bounds: the sound ones, `margin_math.directional_margins`)."""
+    rates = tf.cast(rates, below.dtype)
+    terms = () if err_at_x is None else (err_at_x, err_per_radius, slack)
+    up, up_i = directional_margins(rates, below, above, valid, *terms)
+    down, down_i = directional_margins(-rates, below, above, valid, *terms)
     return up, up_i, down, down_i
 
 
@@ -162,10 +167,15 @@ class AxisBounds:
         self.xla_min_elements = int(xla_min_elements)
         self.use_xla = True
 
-    def __call__(self, rates, below, above, valid):
+    def __call__(self, rates, below, above, valid, err_at_x=None, err_per_radius=None,
+                 slack=0.0):
+        args = (rates, below, above, valid)
+        if err_at_x is not None:
+            args += (tf.cast(err_at_x, below.dtype), tf.cast(err_per_radius, below.dtype),
+                     tf.constant(slack, below.dtype))
         if self.use_xla and int(np.prod(rates.shape)) >= self.xla_min_elements:
             try:
-                return _AXIS_BOUNDS_XLA(rates, below, above, valid)
+                return _AXIS_BOUNDS_XLA(*args)
             except _XLA_ERRORS:
                 self.use_xla = False  # no XLA on this device: plain graph from now on
-        return _AXIS_BOUNDS_GRAPH(rates, below, above, valid)
+        return _AXIS_BOUNDS_GRAPH(*args)

@@ -19,12 +19,16 @@ out = keras_internals.call_layer(layer, [x])   # layer.call(x, training=False)
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 
 __all__ = [
     "call_layer",
     "causal_padding",
+    "first_local_batch",
     "functional_class",
+    "node_training_argument",
     "nodes_by_depth",
+    "normalization_statistics",
     "numpy_operation",
     "sequential_graph",
     "takes_mask",
@@ -54,6 +58,34 @@ def numpy_operation(name: str) -> type:
 def nodes_by_depth(graph) -> dict:
     """`{depth: [nodes]}` of a functional graph (depth 0 holds the outputs)."""
     return graph._nodes_by_depth
+
+
+def normalization_statistics(layer):
+    """`(mean_fn, variance_fn)` of a built `keras.layers.Normalization`, graph-safe.
+
+    An adapted layer's statistics are its `adapt_mean` / `adapt_variance`
+    variables, reshaped to the layer's broadcast shape and read at call time (so
+    they follow `adapt` and variable mappings such as `keras.StatelessScope`).
+    Statistics given as `mean=` / `variance=` are fixed numpy constants. Keras
+    itself keeps both as eager tensors (`layer.mean`), which a gradient graph
+    must not capture: the backward pass of a `tf.cond` in `fit` then fails with
+    "Tensor.graph is undefined when eager execution is enabled".
+    """
+    import numpy as np
+
+    if getattr(layer, "input_mean", None) is None:
+        shape = layer._broadcast_shape
+        return (lambda: keras.ops.reshape(layer.adapt_mean, shape),
+                lambda: keras.ops.reshape(layer.adapt_variance, shape))
+    mean = np.asarray(keras.ops.convert_to_numpy(layer.mean), np.float64)
+    variance = np.asarray(keras.ops.convert_to_numpy(layer.variance), np.float64)
+    return (lambda: mean), (lambda: variance)
+
+
+def node_training_argument(node):
+    """The `training=` a functional node's call was made with (None if not given)."""
+    kwargs = getattr(node.arguments, "kwargs", {}) or {}
+    return kwargs.get("training")
 
 
 def takes_training(layer) -> bool:
@@ -93,3 +125,33 @@ def call_layer(layer, inputs: list, mask=None):
     if mask is not None and takes_mask(layer):
         kwargs["mask"] = mask
     return layer.call(inputs if len(inputs) > 1 else inputs[0], **kwargs)
+
+
+# --------------------------------------------------------------------------- distributed fit
+# (ROLL's RollModel; separate from the twin's internals above)
+
+
+def first_local_batch(strategy, iterator):
+    """The first batch of a Keras TF epoch iterator as this worker's local values.
+
+    `RollModel._maybe_symbolic_build` uses it under MultiWorkerMirroredStrategy,
+    where Keras <= 3.15 reduces the distributed `(x, y)` batch with
+    `strategy.reduce`, which that strategy refuses for nested values. Returns
+    None (let Keras do it) without a strategy or with another one.
+    """
+    if strategy is None or not isinstance(strategy,
+                                          tf.distribute.MultiWorkerMirroredStrategy):
+        return None
+    for _, _, it in iterator:
+        batch = next(it)
+        break
+    else:
+        return None
+
+    def local(value):
+        if isinstance(value, tf.distribute.DistributedValues):
+            return strategy.experimental_local_results(value)[0]
+        return value
+
+    return tf.nest.map_structure(local, batch)
+

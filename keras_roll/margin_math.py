@@ -17,6 +17,15 @@ Conventions: only valid neurons count; a neuron on a breakpoint with
 docs/design.md, section "The maths". All functions are `keras.ops` code and
 accept numpy arrays or tensors; `keras_roll.margins` re-exports them.
 
+With rounding error bounds (`err_at_x`, `err_per_radius`, from
+`keras_roll.rounding`), the same functions give the *sound* radii of
+docs/design.md, section "The rounding bound":
+
+    eps_p(x) = min_j max(0, dist_j - E_j) / (||g_j||_q (1 + slack) + F_j)
+
+where `E_j` bounds the rounding error of neuron `j` at `x` and `F_j` its
+growth per unit of `||x' - x||_inf` (and the error of `g_j`).
+
 Example:
 
 ```python
@@ -95,17 +104,28 @@ def dual_norm(g: Array, p: Norm, axis: int = -1):
     return ops.sum(ops.abs(g), axis=axis)
 
 
-def margins_from_norms(dist: Array, gnorm: Array, valid: Array | None = None):
+def margins_from_norms(dist: Array, gnorm: Array, valid: Array | None = None,
+                       err_at_x: Array | None = None, err_per_radius: Array | None = None,
+                       slack: float = 0.0):
     """lp margins from distances and dual gradient norms (Prop. 6, dual-norm form).
 
     `eps = min_j dist_j / gnorm_j` over valid neurons; a neuron with
     `gnorm_j == 0` never binds (0/0 is defined as inf), one with `dist_j == 0`
     and `gnorm_j > 0` gives 0.
 
+    With rounding bounds, `eps = min_j max(0, dist_j - err_at_x_j) /
+    (gnorm_j (1 + slack) + err_per_radius_j)`: the radius within which no
+    neuron can reach its breakpoint even with rounding (docs/design.md,
+    section "The rounding bound").
+
     Args:
         dist: `[..., N]` distances to the nearest breakpoint (`neuron_distances`).
         gnorm: `[..., N]` dual norms `||g_j||_q` (`dual_norm`).
         valid: optional `[..., N]` bool, False for neurons that do not exist.
+        err_at_x: optional `[..., N]` bound on the rounding error of every neuron at `x`.
+        err_per_radius: optional `[..., N]` growth of that bound per unit of
+            `||x' - x||_inf`, plus the error bound of `gnorm`.
+        slack: relative error bound of the computed `gnorm`.
 
     Returns:
         `(eps [...], index [...])`: the margin and the binding neuron (-1 when
@@ -119,6 +139,9 @@ def margins_from_norms(dist: Array, gnorm: Array, valid: Array | None = None):
     """
     dist = _tensor(dist)
     gnorm = ops.cast(_tensor(gnorm), dist.dtype)
+    if err_at_x is not None:
+        dist = ops.maximum(dist - ops.cast(_tensor(err_at_x), dist.dtype), 0.0)
+        gnorm = gnorm * (1.0 + slack) + ops.cast(_tensor(err_per_radius), dist.dtype)
     ok = gnorm > 0
     if valid is not None:
         ok = ops.logical_and(ok, ops.cast(_tensor(valid), "bool"))
@@ -127,17 +150,32 @@ def margins_from_norms(dist: Array, gnorm: Array, valid: Array | None = None):
     return min_and_index(ratio)
 
 
-def directional_margins(rates: Array, below: Array, above: Array, valid: Array | None = None):
+def directional_margins(rates: Array, below: Array, above: Array, valid: Array | None = None,
+                        err_at_x: Array | None = None, err_per_radius: Array | None = None,
+                        slack: float = 0.0):
     """Margins along directions: how far `x + t d` stays in the region of `x`.
 
     For neuron j moving at rate `r_j = g_j . d`, the segment leaves its piece
     at `above_j / r_j` if `r_j > 0` and at `below_j / |r_j|` if `r_j < 0`
-    (never if `r_j = 0`); the margin is the minimum over valid neurons.
+    (never if `r_j = 0`); the margin is the minimum over valid neurons. The
+    margin is in units of `t`: along an unnormalised `d` the point reached is
+    `x + t d`, at distance `t ||d||` (divide by `||d||` for a length).
+
+    With rounding bounds (docs/design.md, section "The rounding bound"),
+    each side `s` of a neuron (distance `dist_s`, approached at rate `rho_s`)
+    is crossed no sooner than `max(0, dist_s - err_at_x) / (rho_s + |rho_s|
+    slack + err_per_radius)` when that denominator is positive: the error of
+    the model's evaluation grows along the segment, so even a neuron moving
+    away from a breakpoint may bind, far away.
 
     Args:
         rates: `[..., K, N]` directional derivatives (`Linearized.jvp(...).neurons`).
         below, above: `[..., N]` distances to the breakpoints below / above.
         valid: optional `[..., N]` bool.
+        err_at_x: optional `[..., N]` rounding error bound of every neuron at `x`.
+        err_per_radius: optional, broadcastable to `rates`: the growth of that
+            bound per unit of `t` (`F_j ||d_k||_inf`).
+        slack: relative error bound of the computed rates.
 
     Returns:
         `(eps [..., K], index [..., K])`, index -1 where no neuron binds.
@@ -157,11 +195,24 @@ def directional_margins(rates: Array, below: Array, above: Array, valid: Array |
         v = ops.cast(_tensor(valid), "bool")
         inf = ops.full_like(below, INF)
         below, above = ops.where(v, below, inf), ops.where(v, above, inf)
+    if err_at_x is not None:
+        err = ops.cast(_tensor(err_at_x), rates.dtype)
+        grow = ops.abs(rates) * slack + ops.cast(_tensor(err_per_radius), rates.dtype)
+        t_up = _crossing(ops.expand_dims(ops.maximum(above - err, 0.0), -2), rates + grow)
+        t_down = _crossing(ops.expand_dims(ops.maximum(below - err, 0.0), -2), grow - rates)
+        return min_and_index(ops.minimum(t_up, t_down))
     num = ops.where(rates > 0, ops.expand_dims(above, -2), ops.expand_dims(below, -2))
     speed = ops.abs(rates)
     t = ops.where(speed > 0, num / ops.where(speed > 0, speed, ops.ones_like(speed)),
                   ops.full_like(speed, INF))
     return min_and_index(t)
+
+
+def _crossing(dist, speed):
+    """`dist / speed` where `speed > 0`, inf elsewhere (an inf distance stays inf)."""
+    moving = speed > 0
+    return ops.where(moving, dist / ops.where(moving, speed, ops.ones_like(speed)),
+                     ops.full_like(speed, INF))
 
 
 def min_and_index(t):

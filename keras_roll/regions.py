@@ -21,18 +21,24 @@ import dataclasses
 import warnings
 
 import numpy as np
+import tensorflow as tf
 
-from keras_roll.api_types import Array, ModelOrTwin, Verbose
+from keras_roll.api_types import ModelOrTwin, Rigor, Verbose
 from keras_roll.arguments import (
     as_linearized,
     check_batch_size,
     check_memory_budget,
+    check_rigor,
     check_verbose,
+    for_rigor,
 )
+from keras_roll.batches import is_stream, iter_input_batches, stream_length
 from keras_roll.chunking import plan_chunks
 from keras_roll.gradient_norms import iter_gradient_norms
 from keras_roll.margin_math import neuron_arrays
+from keras_roll.margins import rounding_errors
 from keras_roll.progress import progress_bar
+from keras_roll.streaming import check_input_keep_float
 
 __all__ = ["RegionCount", "count_regions"]
 
@@ -40,6 +46,8 @@ __all__ = ["RegionCount", "count_regions"]
 @dataclasses.dataclass(repr=False)
 class RegionCount:
     """Bounds on the number of complete linear regions among `n` points (Lemma 7).
+
+    All arrays are numpy (docs/design.md, section "Return types").
 
     Attributes:
         patterns: number of distinct activation patterns (upper bound on #CLR).
@@ -93,9 +101,10 @@ class RegionCount:
         print_fn("\n".join(lines))
 
 
-def count_regions(model: ModelOrTwin, x: Array, batch_size: int | None = None,
+def count_regions(model: ModelOrTwin, x, batch_size: int | None = None,
                   memory_budget: int | None = None, rtol: float = 1e-5, projections: int = 16,
-                  seed: int = 0, verbose: Verbose = "auto") -> RegionCount:
+                  seed: int = 0, verbose: Verbose = "auto",
+                  rigor: Rigor = "float64") -> RegionCount:
     """Bounds the number of complete linear regions among the points of `x`.
 
     Implements Lemma 7 of Lee et al. (ICLR 2019): the number of distinct
@@ -108,21 +117,33 @@ def count_regions(model: ModelOrTwin, x: Array, batch_size: int | None = None,
     forward-mode pass per distinct pattern; two Jacobians count as equal when
     these projections agree up to `rtol` times the largest projected entry.
     Projecting can only merge distinct Jacobians, so the count stays a lower
-    bound. A point lies on a boundary when some valid neuron sits exactly on a
+    bound. A point lies on a boundary when some valid neuron sits on a
     breakpoint with a nonzero gradient; a warning says how many do.
 
+    With `rigor="float64"` (the default) patterns and Jacobians are those of
+    exact arithmetic on the model's weights: computed in float64, and a neuron
+    within the float64 rounding bound of a breakpoint (`keras_roll.rounding`)
+    counts as on it. `rigor="float32"` uses the twin's own dtype and exact zeros.
+
     Args:
-        model: a Keras model or a `Linearized`.
-        x: `[B, *input_shape]` points.
+        model: a Keras model (a model made by `keras_roll.wrap` is unwrapped) or
+            a `Linearized`.
+        x: `[B, *input_shape]` points, or a stream of batches (`tf.data.Dataset`,
+            generator, `keras.utils.PyDataset` of `x` or `(x, y)`), read once.
         batch_size: examples per forward batch (default from the memory budget).
         memory_budget: bytes of tangents per chunk.
         rtol: relative tolerance for equal Jacobians.
         projections: number of random directions the Jacobians are compared on.
         seed: seed of the random projections.
         verbose: "auto", True or False (a progress bar over the points).
+        rigor: "float64" or "float32".
 
     Returns:
-        A `RegionCount`.
+        A `RegionCount` (numpy arrays).
+
+    Raises:
+        ValueError: bad arguments, or points with non-finite neurons or logits
+            (their pattern is undefined).
 
     Example:
 
@@ -134,70 +155,120 @@ def count_regions(model: ModelOrTwin, x: Array, batch_size: int | None = None,
     check_batch_size(batch_size)
     check_memory_budget(memory_budget)
     check_verbose(verbose)
+    check_rigor(rigor)
     if not (0 <= rtol < 1):
         raise ValueError(f"rtol must be in [0, 1), got {rtol!r}.")
     if int(projections) != projections or projections < 1:
         raise ValueError(f"projections must be a positive integer, got {projections!r}.")
     lin = as_linearized(model)
-    x = lin.check_input(x)
-    b_total = int(x.shape[0])
+    twin = for_rigor(lin, rigor)
+    budget = int(memory_budget or lin.memory_budget)
+    itemsize = np.dtype(twin.dtype).itemsize
+
+    keys: dict[bytes, int] = {}
+    pattern_ids, boundary, reps = [], [], []  # reps: the first point of every pattern
+    seen = 0
+    if is_stream(x):
+        batches = (check_input_keep_float(lin, xb)
+                   for xb in iter_input_batches(x, lin.input_shape, batch_size))
+        total = stream_length(x)
+    else:
+        batches = [check_input_keep_float(lin, x)]
+        total = int(batches[0].shape[0])
+    with progress_bar(total, verbose, "count_regions") as bar:
+        for xb in batches:
+            ids, bound, new = _patterns_of_batch(twin, xb, keys, batch_size, budget, itemsize,
+                                                 rigor, bar, seen)
+            pattern_ids.append(ids)
+            boundary.append(bound)
+            reps.extend(new)
+            seen += int(xb.shape[0])
+    pattern_ids = np.concatenate(pattern_ids) if pattern_ids else np.zeros(0, np.int64)
+    boundary = np.concatenate(boundary) if boundary else np.zeros(0, bool)
+    b_total = int(pattern_ids.size)
     if b_total == 0:
         empty = np.zeros(0, np.int64)
         return RegionCount(0, 0, 0, 0, empty, empty.copy(), np.zeros(0, bool))
-    if not lin.num_neurons(x.shape[1:]):  # an affine model: a single region
+    if not keys:  # an affine model: a single region
         zeros = np.zeros(b_total, np.int64)
         return RegionCount(1, 1, 0, b_total, zeros, zeros.copy(), np.zeros(b_total, bool))
-    budget = int(memory_budget or lin.memory_budget)
-    itemsize = np.dtype(lin.dtype).itemsize
-
-    # 1. Patterns and boundary candidates, one forward batch at a time.
-    keys: dict[bytes, int] = {}
-    pattern_ids = np.empty(b_total, np.int64)
-    candidate = np.zeros(b_total, bool)
-    # A forward batch holds about 4 copies of every op output and neuron.
-    per_example = 4 * lin.layout(x.shape[1:]).tangent_bytes(itemsize)
-    plan = plan_chunks(b_total, 1, per_example, budget, batch_size, max_examples=None)
-    with progress_bar(b_total, verbose, "count_regions") as bar:
-        for sl in plan.example_slices():
-            fwd = lin.forward(x[sl])
-            below, above, valid, piece = neuron_arrays(fwd)
-            code = np.where(valid, piece, -1).astype(np.int16)
-            for r, row in enumerate(code):
-                pattern_ids[sl.start + r] = keys.setdefault(row.tobytes(), len(keys))
-            candidate[sl] = np.any(valid & (np.minimum(below, above) == 0), axis=1)
-            bar.update(code.shape[0])
-
-    # 2. Points on a boundary: a valid neuron at a breakpoint with a nonzero gradient.
-    boundary = np.zeros(b_total, bool)
-    cand = np.flatnonzero(candidate)
-    if cand.size:
-        xc = x.numpy()[cand]
-        for sl, fwd, gn in iter_gradient_norms(lin, xc, batch_size, budget):
-            below, above, valid, _ = neuron_arrays(fwd)
-            on = valid & (np.minimum(below, above) == 0) & (gn.linf > 0)
-            boundary[cand[sl]] = np.any(on, axis=1)
     on_boundary = int(boundary.sum())
     if on_boundary:
         warnings.warn(
             f"{on_boundary} of {b_total} points lie on a linear-region boundary (a neuron "
-            f"exactly at a breakpoint); the #CLR bounds of Lemma 7 assume none does. See "
+            f"at a breakpoint); the #CLR bounds of Lemma 7 assume none does. See "
             f"RegionCount.boundary.", stacklevel=2)
 
-    # 3. Output Jacobians, one representative per pattern.
-    n_patterns = len(keys)
-    _, reps = np.unique(pattern_ids, return_index=True)  # first point of every pattern
-    feats = _projected_jacobians(lin, x, reps, int(projections), seed, budget)
+    # Output Jacobians, one representative per pattern (in order of first appearance).
+    xr = np.stack([r for _, r in sorted(reps, key=lambda item: item[0])])
+    feats = _projected_jacobians(twin, xr, int(projections), seed, budget)
     classes = _cluster(feats, rtol)
     jacobian_ids = classes[pattern_ids]
     return RegionCount(
-        patterns=n_patterns, jacobians=int(classes.max()) + 1 if classes.size else 0,
+        patterns=len(keys), jacobians=int(classes.max()) + 1 if classes.size else 0,
         on_boundary=on_boundary, n=b_total, pattern_ids=pattern_ids,
         jacobian_ids=jacobian_ids, boundary=boundary)
 
 
-def _projected_jacobians(lin, x, rows, m, seed, budget):
-    """`[len(rows), m * L]` output Jacobians times a fixed `[D, m]` matrix."""
-    ex_shape = tuple(x.shape[1:])
+def _patterns_of_batch(twin, x, keys, batch_size, budget, itemsize, rigor, bar, seen):
+    """Pattern ids, boundary flags and new representatives `(id, point)` of one batch."""
+    b_total = int(x.shape[0])
+    pattern_ids = np.empty(b_total, np.int64)
+    candidate = np.zeros(b_total, bool)
+    new = []
+    if b_total == 0:
+        return pattern_ids, candidate, new
+    if not twin.num_neurons(x.shape[1:]):
+        bar.update(b_total)
+        return np.zeros(b_total, np.int64), candidate, new
+    # A forward batch holds about 4 copies of every op output and neuron.
+    per_example = 4 * twin.layout(x.shape[1:]).tangent_bytes(itemsize)
+    plan = plan_chunks(b_total, 1, per_example, budget, batch_size, max_examples=None)
+    tolerances = []
+    for sl in plan.example_slices():
+        fwd = twin.forward(tf.cast(x[sl], twin.dtype))
+        below, above, valid, piece = neuron_arrays(fwd)
+        bad = _nonfinite_rows(fwd, valid)
+        if bad.any():
+            raise ValueError(
+                f"{int(bad.sum())} point(s) (e.g. point {seen + sl.start + int(np.argmax(bad))}) "
+                f"have non-finite neurons or logits, so their activation pattern is "
+                f"undefined; check the inputs' scale.")
+        tol = rounding_errors(twin, fwd).exact_at_x if rigor == "float64" \
+            else np.zeros_like(below)
+        tolerances.append(tol)
+        code = np.where(valid, piece, -1).astype(np.int16)
+        for r, row in enumerate(code):
+            key = row.tobytes()
+            if key not in keys:
+                keys[key] = len(keys)
+                new.append((keys[key], x[sl.start + r].numpy()))
+            pattern_ids[sl.start + r] = keys[key]
+        candidate[sl] = np.any(valid & (np.minimum(below, above) <= tol), axis=1)
+        bar.update(code.shape[0])
+    tolerance = np.concatenate(tolerances)
+
+    # Points on a boundary: a valid neuron at a breakpoint with a nonzero gradient.
+    boundary = np.zeros(b_total, bool)
+    cand = np.flatnonzero(candidate)
+    if cand.size:
+        xc = tf.gather(x, cand)
+        for sl, fwd, gn in iter_gradient_norms(twin, xc, batch_size, budget):
+            below, above, valid, _ = neuron_arrays(fwd)
+            on = valid & (np.minimum(below, above) <= tolerance[cand[sl]]) & (gn.linf > 0)
+            boundary[cand[sl]] = np.any(on, axis=1)
+    return pattern_ids, boundary, new
+
+
+def _nonfinite_rows(fwd, valid) -> np.ndarray:
+    z = fwd.neurons.z.numpy()
+    logits = fwd.logits.numpy().reshape(z.shape[0], -1)
+    return ~np.all(np.isfinite(z) | ~valid, axis=1) | ~np.all(np.isfinite(logits), axis=1)
+
+
+def _projected_jacobians(lin, xr, m, seed, budget):
+    """`[len(xr), m * L]` output Jacobians of the points `xr` times a fixed `[D, m]` matrix."""
+    ex_shape = tuple(xr.shape[1:])
     d = int(np.prod(ex_shape))
     if d <= m:
         r = np.eye(d)
@@ -205,12 +276,11 @@ def _projected_jacobians(lin, x, rows, m, seed, budget):
         r = np.random.default_rng(seed).normal(size=(m, d)) / np.sqrt(d)
     v = r.reshape(-1, *ex_shape).astype(lin.dtype)
     k = v.shape[0]
-    xr = x.numpy()[rows]
     per = lin.layout(ex_shape).tangent_bytes(np.dtype(lin.dtype).itemsize)
-    plan = plan_chunks(len(rows), k, per, budget)
+    plan = plan_chunks(len(xr), k, per, budget)
     b, kk = plan.examples_per_chunk, plan.per_chunk
     out = []
-    for i in range(0, len(rows), b):
+    for i in range(0, len(xr), b):
         parts = [lin.jvp(xr[i:i + b], v[j:j + kk]).logits.numpy() for j in range(0, k, kk)]
         block = np.concatenate(parts, axis=1)  # [b, k, L]
         out.append(block.reshape(block.shape[0], -1).astype(np.float64))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from keras_roll import inputs
 from keras_roll.chunking import ChunkPlan, plan_chunks
 
 __all__ = ["MAX_DENSE_RESULT", "axis_plan", "dense_jacobian", "iter_axis_chunks"]
@@ -42,19 +43,30 @@ def iter_axis_chunks(lin, x, batch_size: int | None = None, reduce=None,
 
     Yields:
         `(example_slice, forward_pass, start, k, result)`.
+
+    A float32 input stays float32 until each example slice is cast to the
+    twin's dtype (a float64 twin never holds a float64 copy of all of `x`).
     """
-    x = lin.check_input(x)
+    x = check_input_keep_float(lin, x)
     if int(x.shape[0]) == 0:
         return
     plan = axis_plan(lin, x, batch_size, memory_budget)
     example_shape = tf.constant(x.shape[1:], tf.int32)
     k = plan.per_chunk
     for sl in plan.example_slices():
-        fwd = lin.compiled.primal(x[sl])
+        fwd = lin.compiled.primal(tf.cast(x[sl], lin.dtype))
         for start in plan.direction_starts():
             first = tf.constant(start, tf.int32)
             yield sl, fwd, start, k, lin.compiled.axes_tangent(fwd.trace, first, k, example_shape,
                                                                 reduce, per_neuron)
+
+
+def check_input_keep_float(lin, x) -> tf.Tensor:
+    """`lin.check_input(x)`, keeping a float32 / float64 input in its own dtype."""
+    dtype = x.dtype if tf.is_tensor(x) or isinstance(x, np.ndarray) else None
+    if dtype is not None and tf.as_dtype(dtype) in (tf.float32, tf.float64):
+        return inputs.check_input(x, lin.input_shape, tf.as_dtype(dtype).name, lin.model.name)
+    return lin.check_input(x)
 
 
 def dense_jacobian(lin, x, which: str, batch_size: int | None = None) -> np.ndarray:
@@ -77,6 +89,11 @@ def dense_jacobian(lin, x, which: str, batch_size: int | None = None) -> np.ndar
             out = np.zeros((b_total, n, d), block.dtype)
         stop = min(start + k, d)
         out[sl, :, start:stop] = np.swapaxes(block[:, : stop - start], 1, 2)
-    if out is None:  # empty batch
-        return np.zeros((0, 0, d), lin.dtype)
+    if out is None:  # empty batch: [0, N, D] or [0, L, D]
+        layout = lin.layout(x.shape[1:])
+        if which == "neurons":
+            n = layout.num_neurons
+        else:
+            n = int(np.prod(lin.forward(x[:0]).logits.shape[1:]))
+        return np.zeros((0, n, d), lin.dtype)
     return out

@@ -15,11 +15,18 @@ back-propagation.
   input shape);
 * `keras_roll.streaming` streams Jacobians in chunks planned by
   `keras_roll.chunking`;
-* `keras_roll.inputs` validates inputs and directions.
+* `keras_roll.inputs` validates inputs and directions;
+* `keras_roll.rounding` bounds the rounding error of every neuron
+  (`rounding_bound`, used by certificates under `rigor="float64"`).
+
+`lin.at_dtype("float64")` is the same twin computing in float64 from the
+model's float32 weights (exact in float64): certificates use it by default.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 from typing import NamedTuple
 
 import keras
@@ -32,6 +39,8 @@ from keras_roll.chunking import DEFAULT_EXAMPLES, plan_chunks  # noqa: F401  (re
 from keras_roll.graph import Program, build_program
 from keras_roll.interpreter import JVP, ForwardPass, Interpreter, Trace
 from keras_roll.layout import NeuronLayout
+from keras_roll.rounding import EvaluationPrecision, RoundingBound, evaluation_precision
+from keras_roll.rounding import rounding_bound as _rounding_bound
 from keras_roll.streaming import MAX_DENSE_RESULT  # noqa: F401  (re-exported)
 
 __all__ = [
@@ -57,15 +66,17 @@ class CompiledPasses(NamedTuple):
     primal: tf.types.experimental.PolymorphicFunction
     tangent: tf.types.experimental.PolymorphicFunction
     axes_tangent: tf.types.experimental.PolymorphicFunction
+    rounding: tf.types.experimental.PolymorphicFunction
 
 
 def linearize(model: ModelOrTwin, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Linearized:
     """Compiles a Keras model into its frozen-pattern twin.
 
     Args:
-        model: a built functional or Sequential Keras model of supported layers.
+        model: a built functional or Sequential Keras model of supported layers
+            (a model made by `keras_roll.wrap` is unwrapped first).
         memory_budget: bytes of tangents a chunk may hold when directions are
-            streamed (`jacobian`, `certify`).
+            streamed (`jacobian`, `certify`), at least 1.
 
     Returns:
         A `Linearized` model (cached on `model`: linearizing it again is free).
@@ -83,6 +94,8 @@ def linearize(model: ModelOrTwin, memory_budget: int = DEFAULT_MEMORY_BUDGET) ->
     """
     if isinstance(model, Linearized):
         return model
+    model = unwrap_model(model)
+    memory_budget = check_budget(memory_budget)
     # One twin per (model, budget), kept on the model itself: repeated calls such as
     # certify(model, x) reuse its compiled functions instead of tracing them again.
     cache = getattr(model, "_keras_roll_twins", None)
@@ -114,9 +127,8 @@ class Linearized:
     """
 
     def __init__(self, model: keras.Model, memory_budget: int = DEFAULT_MEMORY_BUDGET):
-        if memory_budget <= 0:
-            raise ValueError(f"memory_budget must be a positive number of bytes, got "
-                             f"{memory_budget}.")
+        memory_budget = check_budget(memory_budget)
+        model = unwrap_model(model)
         self.model = model
         self.program: Program = build_program(model)
         self.memory_budget = int(memory_budget)
@@ -125,13 +137,51 @@ class Linearized:
             dtype = "float32"  # integer inputs, or float16 under mixed precision
         self.dtype = dtype
         self.interpreter = Interpreter(self.program, dtype)
-
-        def compiled(fn):
-            return tf.function(fn, reduce_retracing=True, autograph=False)
-
-        self.compiled = CompiledPasses(compiled(self.primal), compiled(self.tangent_from_trace),
-                                       compiled(self.axes_tangent))
+        self.compiled = self._compile()
         self._layouts: dict[tuple, NeuronLayout] = {}
+        self._siblings: dict[str, Linearized] = {dtype: self}
+
+    def _compile(self) -> CompiledPasses:
+        def compiled(fn):
+            # A partial, not the bound method: TensorFlow counts retracings per code
+            # object, so every twin of a session would share one count and warn about
+            # "excessive retracing" of functions that each traced only a few times.
+            return tf.function(functools.partial(fn.__func__, self), reduce_retracing=True,
+                               autograph=False)
+
+        return CompiledPasses(compiled(self.primal), compiled(self.tangent_from_trace),
+                              compiled(self.axes_tangent), compiled(self.rounding_bound))
+
+    def at_dtype(self, dtype: str) -> Linearized:
+        """This twin computing in `dtype` ("float32" or "float64"), cached.
+
+        The float64 twin reads the same (float32) weights, which float64
+        represents exactly, so its neurons and gradients carry only float64
+        rounding; certificates use it under `rigor="float64"`. It shares the
+        model, the program and the neuron layouts.
+
+        Example:
+
+        ```python
+        twin = keras_roll.linearize(model).at_dtype("float64")
+        twin.forward(x).neurons.z.dtype          # float64
+        ```
+        """
+        dtype = keras.backend.standardize_dtype(dtype)
+        if dtype not in ("float32", "float64"):
+            raise ValueError(f"A twin computes in 'float32' or 'float64', got {dtype!r}.")
+        if dtype not in self._siblings:
+            twin = copy.copy(self)
+            twin.dtype = dtype
+            twin.interpreter = Interpreter(self.program, dtype)
+            twin.compiled = twin._compile()
+            self._siblings[dtype] = twin
+        return self._siblings[dtype]
+
+    @property
+    def evaluation_precision(self) -> EvaluationPrecision:
+        """How the Keras model evaluates itself (its compute dtypes, TF32)."""
+        return evaluation_precision(self.program)
 
     # ------------------------------------------------------------------ structure
 
@@ -269,6 +319,20 @@ class Linearized:
         return self.interpreter.axes_tangent(trace, start, k, example_shape, reduce=reduce,
                                              per_neuron=per_neuron, entry=entry)
 
+    def rounding_bound(self, trace: Trace) -> RoundingBound:
+        """Per-neuron rounding error bounds for the examples of `trace` (not compiled).
+
+        See `keras_roll.rounding`: magnitudes of every neuron at `x` and per
+        unit of `||x' - x||_inf`, the relative error bounds of the model's own
+        evaluation and of the float64 twin, and a per-example overflow flag.
+        Computed in float64 whatever the twin's dtype.
+        """
+        interp = self.interpreter if self.dtype == "float64" else \
+            Interpreter(self.program, "float64")
+        trace64 = tf.nest.map_structure(
+            lambda t: tf.cast(t, tf.float64) if t.dtype.is_floating else t, trace)
+        return _rounding_bound(interp, trace64, self.evaluation_precision)
+
     # ------------------------------------------------------------------ public API
 
     def forward(self, x: Array) -> ForwardPass:
@@ -349,6 +413,31 @@ class Linearized:
     def check_input(self, x: Array) -> tf.Tensor:
         """Validates `x` against the model input; returns a tensor of `self.dtype`."""
         return inputs.check_input(x, self.input_shape, self.dtype, self.model.name)
+
+
+def unwrap_model(model):
+    """The plain model inside a model made by `keras_roll.wrap` (itself otherwise).
+
+    The core cannot import `keras_roll.regularizer`, so it recognises the
+    wrapper by its layer: one that holds an `inner_model` and a `roll_config`.
+    """
+    if not isinstance(model, keras.Model):
+        return model
+    for layer in getattr(model, "layers", []):
+        inner = getattr(layer, "inner_model", None)
+        if isinstance(inner, keras.Model) and hasattr(layer, "roll_config"):
+            return inner
+    return model
+
+
+def check_budget(memory_budget) -> int:
+    """A memory budget as a positive int number of bytes (0.5 is refused, not floored to 0)."""
+    ok = isinstance(memory_budget, (int, float, np.integer, np.floating)) \
+        and not isinstance(memory_budget, bool) and memory_budget >= 1
+    if not ok:
+        raise ValueError(f"memory_budget must be a number of bytes >= 1, got "
+                         f"{memory_budget!r}; e.g. memory_budget=2**26 for 64 MiB.")
+    return int(memory_budget)
 
 
 def trace_batch(trace: Trace, lin: Linearized | None = None):

@@ -262,7 +262,8 @@ def mlp_case():
 
 def test_margins_match_dense_jacobian_and_gradient_tape(mlp_case):
     model, lin, x = mlp_case
-    cert = certify(lin, x, verbose=False)
+    cert = certify(lin, x, verbose=False, rigor="float32")  # the float32 twin's closed form
+    sound = certify(lin, x, verbose=False)  # float64, shrunk by the rounding bound
     names = lin.neuron_names_for(x)
     # reference 1: lin.jacobian (the twin, not streamed)
     jac = lin.jacobian(x).astype(np.float64)
@@ -279,8 +280,10 @@ def test_margins_match_dense_jacobian_and_gradient_tape(mlp_case):
         np.testing.assert_allclose(cert.margins[p], twin_ref, rtol=1e-6)
         tape_ref, tape_j = brute_margins(z, tape_jac, p)
         np.testing.assert_allclose(cert.margins[p], tape_ref, rtol=1e-4)
+        np.testing.assert_allclose(sound.margins[p], tape_ref, rtol=1e-3)
+        assert np.all(sound.margins[p] <= tape_ref * (1 + 1e-5))
         tape_names = [("relu0", int(j)) if j < 8 else ("relu1", int(j) - 8) for j in tape_j]
-        assert cert.binding[p] == tape_names
+        assert cert.binding[p] == tape_names == sound.binding[p]
         assert [names[j] for j in cert.binding_index[p]] == cert.binding[p]
 
 
@@ -309,14 +312,17 @@ def test_streaming_in_small_chunks_changes_nothing():
     gn = np.linalg.norm(jac, axis=2)
     ok = (gn > 0) & n.valid.numpy()
     ref = np.where(ok, dist / np.where(ok, gn, 1), np.inf).min(1)
-    np.testing.assert_allclose(small.margins[2], ref, rtol=1e-5)
+    small32 = certify(lin, x, norms=(2,), batch_size=2, memory_budget=200_000, verbose=False,
+                      rigor="float32")
+    np.testing.assert_allclose(small32.margins[2], ref, rtol=1e-5)
+    assert np.all(small.margins[2] <= ref * (1 + 1e-5))  # float64 rigor only shrinks
 
 
 def test_masked_rnn_ignores_padded_steps():
     model = zoo.rnn()
     x, lengths = zoo.padded_sequences()
     lin = keras_roll.linearize(model)
-    cert = certify(lin, x, verbose=False)
+    cert = certify(lin, x, verbose=False, rigor="float32")  # the float32 closed form
     valid = lin.forward(x).neurons.valid.numpy()
     assert not valid.all()  # the fixture does pad
     jac = lin.jacobian(x).astype(np.float64)
@@ -380,17 +386,26 @@ def test_bisection_agrees_with_analytic(which):
         model, x = zoo.cnn(), rng.uniform(0, 4, size=(2, 8, 8, 2)).astype("float32")
     lin = keras_roll.linearize(model)
     d = rng.normal(size=(x.shape[0], 3, *x.shape[1:]))
-    ca = certify(lin, x, directions=d, verbose=False)
-    cb = certify(lin, x, directions=d, method="bisect", bisect_tol=1e-5, verbose=False)
+    # The closed forms against the search, both on the float32 twin ...
+    ca = certify(lin, x, directions=d, verbose=False, rigor="float32")
+    cb = certify(lin, x, directions=d, method="bisect", bisect_tol=1e-5, verbose=False,
+                 rigor="float32")
+    sound = certify(lin, x, directions=d, verbose=False)  # ... and rigor float64 inside
     assert cb.method == "bisect"
     for p in NORMS:
         assert np.all(np.isfinite(ca.margins[p]))
         np.testing.assert_allclose(cb.margins[p], ca.margins[p], rtol=1e-3)
+        assert np.all(sound.margins[p] <= cb.margins[p] * (1 + 1e-4))
+        np.testing.assert_allclose(sound.margins[p], cb.margins[p], rtol=0.1)
     np.testing.assert_array_equal(cb.binding_index[2], ca.binding_index[2])
     np.testing.assert_allclose(cb.directional, ca.directional, rtol=1e-3)
     np.testing.assert_array_equal(cb.directional_index, ca.directional_index)
-    sa = stability_bounds(lin, x, verbose=False)
-    sb = stability_bounds(lin, x, method="bisect", bisect_tol=1e-5, verbose=False)
+    sa = stability_bounds(lin, x, verbose=False, rigor="float32")
+    sb = stability_bounds(lin, x, method="bisect", bisect_tol=1e-5, verbose=False,
+                          rigor="float32")
+    sound = stability_bounds(lin, x, verbose=False)
+    assert np.all(sound.upper <= sb.upper * (1 + 1e-4) + 1e-12)
+    assert np.all(sound.lower >= sb.lower * (1 + 1e-4) - 1e-12)
     for a, b in ((sa.upper, sb.upper), (sa.lower, sb.lower)):
         np.testing.assert_array_equal(np.isinf(a), np.isinf(b))
         fin = np.isfinite(a)
@@ -447,7 +462,7 @@ def test_norms_are_normalised(mlp_case):
     assert cert.margins[float("inf")] is cert.margins[np.inf]
 
 
-@pytest.mark.parametrize("bad", [3, 0, "l2", True, [1, 5], -np.inf])
+@pytest.mark.parametrize("bad", [3, 0, "l3", True, [1, 5], -np.inf])
 def test_bad_norms_are_rejected_with_their_value(mlp_case, bad):
     _, lin, x = mlp_case
     with pytest.raises(ValueError, match="norm"):

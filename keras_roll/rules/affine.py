@@ -13,10 +13,17 @@ layers compute something else in training mode: their ops say so
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from keras_roll.keras_internals import call_layer, causal_padding, numpy_operation, takes_mask
+from keras_roll.keras_internals import (
+    call_layer,
+    causal_padding,
+    normalization_statistics,
+    numpy_operation,
+    takes_mask,
+)
 from keras_roll.rules.activations import activation_ops
 from keras_roll.rules.base import (
     NO_RECORD,
@@ -24,6 +31,8 @@ from keras_roll.rules.base import (
     Op,
     Tangent,
     apply_linear,
+    dense_abs_magnitude,
+    dense_abs_roundings,
     merge_batch,
     split_batch,
 )
@@ -38,6 +47,11 @@ class LayerCall(Op):
     The forward pass calls the layer in inference mode. The tangent pass calls it
     again on the tangents; if `bias_free` is False the layer's value at zero is
     subtracted, which turns any affine layer into its linear part.
+
+    Its rounding bound (`magnitude`, `roundings`) knows the layers keras_roll
+    registers (all but subtractions have nonnegative coefficients, so the layer
+    applied to magnitudes is `|A| m`); for any other layer it builds the dense
+    `|A|` from the layer itself (small layers only).
     """
 
     def __init__(self, layer, bias_free=True, name=None):
@@ -82,6 +96,54 @@ class LayerCall(Op):
             return getattr(layer, "data_format", "channels_last") == "channels_last"
         return isinstance(layer, keras.layers.Reshape)
 
+    def magnitude(self, bounds, record, affine, mask=None):
+        kind = _positive_kind(self.layer)
+        if kind is None or not self.bias_free:
+            return dense_abs_magnitude(self, bounds, affine)
+        if kind == "subtract":  # |x - y| <= |x| + |y|
+            return bounds[0] + bounds[1]
+        return self._call(bounds, mask)
+
+    def roundings(self, inputs):
+        kind = _positive_kind(self.layer)
+        if kind is None or not self.bias_free:
+            return dense_abs_roundings(self, inputs)
+        layer = self.layer
+        if kind == "merge":
+            return max(len(inputs) - 1, 0) + isinstance(layer, keras.layers.Average)
+        if kind == "subtract":
+            return 1
+        if kind == "pool":
+            return int(np.prod(layer.pool_size)) + 1
+        if kind == "global":
+            return int(np.prod([d for d in inputs[0].shape[1:-1]])) + 2
+        if kind == "resize":
+            return 8 if getattr(layer, "interpolation", "nearest") == "bilinear" else 0
+        return 0  # reshapes, paddings, croppings: exact
+
+
+def _positive_kind(layer) -> str | None:
+    """How a registered linear layer rounds; None for a layer of unknown coefficients."""
+    L = keras.layers
+    if isinstance(layer, (L.Subtract, numpy_operation("Subtract"))):
+        return "subtract"
+    if isinstance(layer, (L.Add, L.Average, numpy_operation("Add"))):
+        return "merge"
+    if isinstance(layer, (L.AveragePooling1D, L.AveragePooling2D, L.AveragePooling3D)):
+        return "pool"
+    if isinstance(layer, (L.GlobalAveragePooling1D, L.GlobalAveragePooling2D,
+                          L.GlobalAveragePooling3D)):
+        return "global"
+    if isinstance(layer, (L.UpSampling1D, L.UpSampling2D, L.UpSampling3D)):
+        if getattr(layer, "interpolation", "nearest") in ("nearest", "bilinear"):
+            return "resize"
+        return None  # bicubic / lanczos have negative coefficients
+    if isinstance(layer, (L.Flatten, L.Reshape, L.Permute, L.RepeatVector, L.Concatenate,
+                          L.ZeroPadding1D, L.ZeroPadding2D, L.ZeroPadding3D,
+                          L.Cropping1D, L.Cropping2D, L.Cropping3D)):
+        return "exact"
+    return None
+
 
 class Identity(Op):
     """The identity (Dropout and noise layers at inference)."""
@@ -92,6 +154,12 @@ class Identity(Op):
     def tangent(self, tangents, record, mask):
         return tangents[0], None
 
+    def magnitude(self, bounds, record, affine, mask=None):
+        return bounds[0]
+
+    def roundings(self, inputs):
+        return 0
+
 
 def _channel_shape(rank: int, data_format: str, channels: int) -> tuple[int, ...]:
     if data_format == "channels_last":
@@ -99,17 +167,42 @@ def _channel_shape(rank: int, data_format: str, channels: int) -> tuple[int, ...
     return (1, channels) + (1,) * rank
 
 
-def _with_bias(layer, linear, bias, bias_shape=None, rows=None):
-    """ops: `[Linear(x -> linear(x) + bias), *activation ops]`."""
+def _cast(v, like):
+    """A weight (variable or tensor) in the dtype of the tensor `like` (float64 passes)."""
+    return tf.cast(v, like.dtype)
+
+
+def _with_bias(layer, linear, kernels, bias, bias_shape=None, rows=None, fan_in=None):
+    """ops: `[Linear(x -> linear(x, kernels()) + bias), *activation ops]`.
+
+    `linear(x, ks)` applies the kernels `ks` (a list) to `x`; applied to
+    `|x|` and `|ks|` it is `|A| |x|`, the op's rounding magnitude.
+    """
+
+    def weights(x, absolute=False):
+        ks = [_cast(k, x) for k in kernels()]
+        return [tf.abs(k) for k in ks] if absolute else ks
+
+    def bias_value(x):
+        b = _cast(bias(), x)
+        return tf.reshape(b, bias_shape) if bias_shape else b
 
     def forward(inputs, mask):
-        out = linear(inputs[0])
+        out = linear(inputs[0], weights(inputs[0]))
         if bias is not None:
-            b = bias() if callable(bias) else bias
-            out = ops.add(out, ops.reshape(b, bias_shape) if bias_shape else b)
+            out = out + bias_value(out)
         return out
 
-    lin = Linear(layer, lambda xs: linear(xs[0]), forward=forward, rows=rows)
+    def magnitude(bounds, affine):
+        out = linear(bounds[0], weights(bounds[0], absolute=True))
+        if affine and bias is not None:
+            out = out + tf.abs(bias_value(out))
+        return out
+
+    lin = Linear(layer, lambda xs: linear(xs[0], weights(xs[0])), forward=forward,
+                 rows=None if rows is None else (lambda idx: rows(idx)),
+                 magnitude=magnitude, roundings=lambda inputs: fan_in() + 2,
+                 matmul_like=True)
     return [lin, *activation_ops(layer, layer.activation)]
 
 
@@ -120,28 +213,31 @@ def _with_bias(layer, linear, bias, bias_shape=None, rows=None):
 def _dense_rule(layer):
     return _with_bias(
         layer,
-        lambda x: ops.matmul(x, layer.kernel),
+        lambda x, ks: ops.matmul(x, ks[0]),
+        lambda: [layer.kernel],
         (lambda: layer.bias) if layer.bias is not None else None,
         rows=lambda idx: tf.gather(layer.kernel, idx),
+        fan_in=lambda: int(layer.kernel.shape[0]),
     )
 
 
 def _conv_linear(layer):
     if isinstance(layer, keras.layers.Conv1D) and layer.padding == "causal":
 
-        def linear(x):
+        def linear(x, ks):
             x = ops.pad(x, causal_padding(layer))
-            return ops.conv(x, layer.kernel, strides=list(layer.strides), padding="valid",
+            return ops.conv(x, ks[0], strides=list(layer.strides), padding="valid",
                             dilation_rate=layer.dilation_rate, data_format=layer.data_format)
 
         return linear
-    return lambda x: layer.convolution_op(x, layer.kernel)
+    return lambda x, ks: layer.convolution_op(x, ks[0])
 
 
 def _conv_rule(layer):
     bias_shape = _channel_shape(layer.rank, layer.data_format, layer.filters)
-    return _with_bias(layer, _conv_linear(layer),
-                      (lambda: layer.bias) if layer.use_bias else None, bias_shape)
+    return _with_bias(layer, _conv_linear(layer), lambda: [layer.kernel],
+                      (lambda: layer.bias) if layer.use_bias else None, bias_shape,
+                      fan_in=lambda: int(np.prod(layer.kernel.shape[:-1])))
 
 
 for _cls in (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D):
@@ -151,29 +247,33 @@ for _cls in (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D):
 @register_rule(keras.layers.DepthwiseConv2D)
 @register_rule(keras.layers.DepthwiseConv1D)
 def _depthwise_rule(layer):
-    def linear(x):
-        return ops.depthwise_conv(x, layer.kernel, strides=layer.strides, padding=layer.padding,
+    def linear(x, ks):
+        return ops.depthwise_conv(x, ks[0], strides=layer.strides, padding=layer.padding,
                                   dilation_rate=layer.dilation_rate,
                                   data_format=layer.data_format)
 
     channels = int(layer.kernel.shape[-2]) * layer.depth_multiplier
     bias_shape = _channel_shape(layer.rank, layer.data_format, channels)
-    return _with_bias(layer, linear, (lambda: layer.bias) if layer.use_bias else None,
-                      bias_shape)
+    return _with_bias(layer, linear, lambda: [layer.kernel],
+                      (lambda: layer.bias) if layer.use_bias else None, bias_shape,
+                      fan_in=lambda: int(np.prod(layer.kernel.shape[:-2])))
 
 
 @register_rule(keras.layers.SeparableConv2D)
 @register_rule(keras.layers.SeparableConv1D)
 def _separable_rule(layer):
-    def linear(x):
-        return ops.separable_conv(x, layer.depthwise_kernel, layer.pointwise_kernel,
+    def linear(x, ks):
+        return ops.separable_conv(x, ks[0], ks[1],
                                   strides=layer.strides, padding=layer.padding,
                                   dilation_rate=layer.dilation_rate,
                                   data_format=layer.data_format)
 
     bias_shape = _channel_shape(layer.rank, layer.data_format, layer.filters)
-    return _with_bias(layer, linear, (lambda: layer.bias) if layer.use_bias else None,
-                      bias_shape)
+    # Depthwise then pointwise: the two sums round one after the other.
+    return _with_bias(layer, linear, lambda: [layer.depthwise_kernel, layer.pointwise_kernel],
+                      (lambda: layer.bias) if layer.use_bias else None, bias_shape,
+                      fan_in=lambda: int(np.prod(layer.depthwise_kernel.shape[:-2]))
+                      + int(layer.pointwise_kernel.shape[-2]) + 1)
 
 
 # --------------------------------------------------------------------------- scales
@@ -187,36 +287,93 @@ def _broadcast_shape(axes, rank, shape):
     return out
 
 
+def _batch_norm_parts(layer, x):
+    """`(inv, mean, beta)` of the inference map `(x - mean) * inv + beta`, shaped for `x`."""
+    axes = [layer.axis] if isinstance(layer.axis, int) else list(layer.axis)
+    rank = len(x.shape)
+    axes = [a % rank for a in axes]
+    shape = _broadcast_shape(axes, rank, x.shape)
+    inv = tf.math.rsqrt(_cast(layer.moving_variance, x) + layer.epsilon)
+    if layer.gamma is not None:
+        inv *= _cast(layer.gamma, x)
+    mean = _cast(layer.moving_mean, x)
+    beta = _cast(layer.beta, x) if layer.beta is not None else tf.zeros_like(mean)
+    return (tf.reshape(inv, shape), tf.reshape(mean, shape), tf.reshape(beta, shape))
+
+
 @register_rule(keras.layers.BatchNormalization)
 def _batch_norm_rule(layer):
     """Inference statistics: y = gamma * (x - mean) / sqrt(var + eps) + beta."""
 
     def linear(xs):
-        x = xs[0]
-        inv = tf.math.rsqrt(tf.cast(layer.moving_variance, x.dtype) + layer.epsilon)
-        if layer.gamma is not None:
-            inv *= tf.cast(layer.gamma, x.dtype)
-        axes = [layer.axis] if isinstance(layer.axis, int) else list(layer.axis)
-        rank = len(x.shape)
-        axes = [a % rank for a in axes]
-        return x * tf.reshape(inv, _broadcast_shape(axes, rank, x.shape))
+        inv, _, _ = _batch_norm_parts(layer, xs[0])
+        return xs[0] * inv
 
-    return Linear(layer, linear, training_dependent=True)  # batch statistics in training
+    def magnitude(bounds, affine):
+        inv, mean, beta = _batch_norm_parts(layer, bounds[0])
+        if not affine:
+            return bounds[0] * tf.abs(inv)
+        return (bounds[0] + tf.abs(mean)) * tf.abs(inv) + tf.abs(beta)
+
+    # rsqrt, scale, centre, shift, and the offset Keras folds: 8 roundings at most.
+    return Linear(layer, linear, magnitude=magnitude, roundings=lambda inputs: 8,
+                  training_dependent=True)  # batch statistics in training
 
 
 @register_rule(keras.layers.Rescaling)
 def _rescaling_rule(layer):
-    return LayerCall(layer, bias_free=False)
+    """`x * scale + offset`, in the dtype of the pass (Keras casts to its compute dtype)."""
+
+    def parts(x):
+        scale = tf.constant(np.asarray(layer.scale, np.float64), x.dtype)
+        offset = tf.constant(np.asarray(layer.offset, np.float64), x.dtype)
+        if scale.shape.rank and keras.config.image_data_format() == "channels_first":
+            scale = tf.reshape(scale, list(scale.shape) + [1] * (3 - scale.shape.rank))
+        return scale, offset
+
+    def forward(inputs, mask):
+        scale, offset = parts(inputs[0])
+        return inputs[0] * scale + offset
+
+    def linear(xs):
+        return xs[0] * parts(xs[0])[0]
+
+    def magnitude(bounds, affine):
+        scale, offset = parts(bounds[0])
+        out = bounds[0] * tf.abs(scale)
+        return out + tf.abs(offset) if affine else out
+
+    return Linear(layer, linear, forward=forward, magnitude=magnitude,
+                  roundings=lambda inputs: 2)
 
 
 @register_rule(keras.layers.Normalization)
 def _normalization_rule(layer):
-    def linear(xs):
-        x = xs[0]
-        std = tf.maximum(tf.sqrt(tf.cast(layer.variance, x.dtype)), keras.backend.epsilon())
-        return x * std if layer.invert else x / std
+    """`(x - mean) / std` (or `mean + x * std` with invert=True), `std >= epsilon`."""
+    get_mean, get_var = normalization_statistics(layer)
 
-    return Linear(layer, linear)
+    def parts(x):
+        mean = tf.cast(get_mean(), x.dtype)
+        std = tf.maximum(tf.sqrt(tf.cast(get_var(), x.dtype)), keras.backend.epsilon())
+        return mean, std
+
+    def forward(inputs, mask):
+        mean, std = parts(inputs[0])
+        return mean + inputs[0] * std if layer.invert else (inputs[0] - mean) / std
+
+    def linear(xs):
+        _, std = parts(xs[0])
+        return xs[0] * std if layer.invert else xs[0] / std
+
+    def magnitude(bounds, affine):
+        mean, std = parts(bounds[0])
+        if layer.invert:
+            out = bounds[0] * std
+            return out + tf.abs(mean) if affine else out
+        return (bounds[0] + tf.abs(mean)) / std if affine else bounds[0] / std
+
+    return Linear(layer, linear, forward=forward, magnitude=magnitude,
+                  roundings=lambda inputs: 4)
 
 
 # --------------------------------------------------------------------------- linear layers

@@ -20,7 +20,13 @@ import tensorflow as tf
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.records import Record
 from keras_roll.rules.activations import Activation, ActivationRecord, activation_ops
-from keras_roll.rules.base import Op, Tangent, apply_linear, flatten_directions
+from keras_roll.rules.base import (
+    Op,
+    Tangent,
+    apply_linear,
+    flatten_directions,
+    flatten_examples,
+)
 from keras_roll.rules.registry import register_rule
 
 
@@ -126,14 +132,91 @@ class SimpleRNNOp(Op):
     def neuron_shape(self, record):
         return self.act.neuron_shape(record)
 
+    # ------------------------------------------------------------ rounding bound
 
-@register_rule(keras.layers.SimpleRNN)
-def _simple_rnn_rule(layer):
+    def magnitudes(self, bounds, record, affine, mask=None):
+        """The recursion of the layer on magnitudes: `m_z,t = m_x,t |K| + |b| +
+        m_h,t-1 |U|`, `m_h,t = |s| m_z,t + |c|` at unpadded steps, with `f = s z + c`
+        the recorded piece of every unit and step (see `Activation.magnitude`)."""
+        m = bounds[0]
+        cell, layer = self.cell, self.layer
+        dtype = m.dtype
+        kernel = tf.abs(tf.cast(cell.kernel, dtype))
+        recurrent = tf.abs(tf.cast(cell.recurrent_kernel, dtype))
+        xw = tf.matmul(m, kernel)
+        if affine and cell.bias is not None:
+            xw += tf.abs(tf.cast(cell.bias, dtype))
+        keep = tf.cast(record.mask, tf.bool)  # in processing order (see `forward`)
+        if layer.go_backwards:
+            xw = tf.reverse(xw, [1])
+        h0 = tf.zeros(tf.stack([tf.shape(m)[0], cell.units]), dtype)
+
+        slope = tf.abs(tf.cast(record.slope, dtype))
+        z_rec = tf.cast(record.z, dtype)
+        # |f(z) - s z| on the recorded piece of every unit and step (0 for ReLU).
+        offset = tf.abs(tf.cast(self.act.fn(z_rec), dtype) - tf.cast(record.slope, dtype) * z_rec)
+
+        def step(carry, elems):
+            h, _, _ = carry
+            xw_t, k_t, s_t, c_t = elems
+            z = xw_t + tf.matmul(h, recurrent)
+            new = s_t * z + c_t if affine else s_t * z
+            k_t = k_t[:, None]
+            out = tf.where(k_t, new, tf.zeros_like(new) if layer.zero_output_for_mask else h)
+            return tf.where(k_t, new, h), z, out
+
+        elems = tuple(self._time_major(t) for t in (xw, keep, slope, offset))
+        _, z, outs = tf.scan(step, elems, initializer=(h0, h0, h0))
+        z, outs = self._time_major(z), self._time_major(outs)
+        output = outs if layer.return_sequences else outs[:, -1]
+        return output, flatten_examples(z)
+
+    def roundings(self, inputs):
+        return int(inputs[0].shape[-1]) + self.cell.units + 3
+
+    def rounding_growth(self, g_in, gamma, inputs):
+        """Every step rounds its sums and its activation again: the bound of the
+        neurons of step `t` is `(1 + g_in) ((1 + g_sum) (1 + g_act))^t / (1 + g_act) - 1`
+        (in processing order, as the neurons are laid out)."""
+        g_sum = gamma(self.roundings(inputs), True)
+        g_act = gamma(self.act.roundings(inputs), False)
+        steps = tf.shape(inputs[0])[1]
+        t = tf.cast(tf.range(1, steps + 1), tf.float64)
+        growth = tf.constant((1.0 + g_sum) * (1.0 + g_act), tf.float64)
+        g_in = tf.cast(g_in, tf.float64)
+        g_z = (1.0 + g_in) * tf.pow(growth, t) / (1.0 + g_act) - 1.0  # [T]
+        g_neurons = tf.reshape(tf.tile(g_z[:, None], [1, self.cell.units]), [1, -1])
+        g_out = (1.0 + g_in) * tf.pow(growth, tf.cast(steps, tf.float64)) - 1.0
+        return g_out, g_neurons
+
+
+def simple_rnn_op(layer, hint: str = "Build it with activation='relu' (or leaky_relu).",
+                  name: str | None = None) -> SimpleRNNOp:
+    """The `SimpleRNNOp` of a SimpleRNN-like layer, after the checks every such rule needs.
+
+    Refuses `stateful=True` and `return_state=True` (the model would not be a
+    function of its input alone) and a cell activation that is not
+    piecewise linear.
+
+    Args:
+        layer: a SimpleRNN-like `keras.layers.RNN` (see the module docstring).
+        hint: how to fix a wrong activation, appended to the error.
+        name: the class name the errors use (default the layer's class).
+
+    Example:
+
+    ```python
+    @keras_roll.register_rule(MyRNN)
+    def _my_rnn(layer):
+        return simple_rnn_op(layer, hint="Use activation='relu'.")
+    ```
+    """
+    cls = name or type(layer).__name__
     for attr, why in (("stateful", "carries state between batches"),
                       ("return_state", "returns its state as a second output")):
         if getattr(layer, attr):
             raise UnsupportedModelError(
-                f"Layer '{layer.name}' (SimpleRNN) has {attr}=True, which {why}; "
+                f"Layer '{layer.name}' ({cls}) has {attr}=True, which {why}; "
                 f"keras_roll linearizes a model as a function of its input alone. "
                 f"Rebuild it with {attr}=False."
             )
@@ -142,13 +225,17 @@ def _simple_rnn_rule(layer):
     except UnsupportedModelError:
         acts = []
     if len(acts) != 1 or not isinstance(acts[0], Activation):
+        act = getattr(layer.cell.activation, "__name__", layer.cell.activation)
         raise UnsupportedModelError(
-            f"Layer '{layer.name}' (SimpleRNN) needs a ReLU-family activation to be "
-            f"piecewise linear; it uses "
-            f"'{getattr(layer.cell.activation, '__name__', layer.cell.activation)}'. "
-            f"Build it with activation='relu' (or leaky_relu)."
+            f"Layer '{layer.name}' ({cls}) needs a ReLU-family activation to be "
+            f"piecewise linear; it uses '{act}'. {hint}"
         )
     return SimpleRNNOp(layer, acts[0])
+
+
+@register_rule(keras.layers.SimpleRNN)
+def _simple_rnn_rule(layer):
+    return simple_rnn_op(layer, name="SimpleRNN")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -169,6 +256,12 @@ class MaskingOp(Op):
 
     def tangent(self, tangents, record, mask):
         return tangents[0].masked(record.keep), None
+
+    def magnitude(self, bounds, record, affine, mask=None):
+        return bounds[0] * tf.cast(record.keep, bounds[0].dtype)
+
+    def roundings(self, inputs):
+        return 0
 
 
 register_rule(keras.layers.Masking, MaskingOp)

@@ -10,32 +10,14 @@ unchanged: one neuron per unit and unpadded time step.
 
 from __future__ import annotations
 
-from keras_roll.errors import UnsupportedModelError
 from keras_roll.layers.scornn import ScoRNN
-from keras_roll.rules.activations import Activation, activation_ops
-from keras_roll.rules.recurrent import SimpleRNNOp
+from keras_roll.rules.recurrent import simple_rnn_op
 from keras_roll.rules.registry import register_rule
 
 
 @register_rule(ScoRNN)
 def _scornn_rule(layer):
-    for attr, why in (("stateful", "carries state between batches"),
-                      ("return_state", "returns its state as a second output")):
-        if getattr(layer, attr):
-            raise UnsupportedModelError(
-                f"Layer '{layer.name}' (ScoRNN) has {attr}=True, which {why}; "
-                f"keras_roll linearizes a model as a function of its input alone. "
-                f"Rebuild it with {attr}=False."
-            )
-    try:
-        acts = activation_ops(layer, layer.cell.activation)
-    except UnsupportedModelError:
-        acts = []
-    if len(acts) != 1 or not isinstance(acts[0], Activation):
-        name = getattr(layer.cell.activation, "__name__", layer.cell.activation)
-        raise UnsupportedModelError(
-            f"Layer '{layer.name}' (ScoRNN) needs a ReLU-family activation to be "
-            f"piecewise linear; it uses '{name}'. Build it with "
-            f"activation=keras.activations.leaky_relu (the default), 'relu' or 'relu6'."
-        )
-    return SimpleRNNOp(layer, acts[0])
+    return simple_rnn_op(
+        layer, name="ScoRNN",
+        hint="Build it with activation=keras.activations.leaky_relu (the default), "
+             "'relu' or 'relu6'.")
