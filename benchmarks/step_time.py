@@ -46,98 +46,24 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-import keras_roll  # noqa: E402
 from benchmarks._util import interleaved_medians, matmul_rate  # noqa: E402
+from benchmarks.roll_steps import (  # noqa: E402
+    DEPTH,
+    LAM,
+    C,
+    D,
+    H,
+    L,
+    build,
+    exact_step_flops,
+    make_steps,
+)
 from keras_roll import roll  # noqa: E402
-from keras_roll.twin import DEFAULT_MEMORY_BUDGET  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("quick", False, "A short run: fewer repetitions.")
 flags.DEFINE_integer("batch", 64, "Batch size.")
 flags.DEFINE_integer("samples", 3, "Axes per example of the sampled ROLL.")
-
-D, H, DEPTH, L = 784, 300, 4, 10
-LAM, C, LR = 1.0, 1.0, 0.01
-
-
-def build() -> keras.Model:
-    """784-300x4-10 with separate ReLU layers (the baseline needs the pre-activations)."""
-    keras.utils.set_random_seed(0)
-    inp = keras.Input((D,))
-    h = inp
-    for i in range(DEPTH):
-        h = keras.layers.Dense(H, name=f"fc{i}")(h)
-        h = keras.layers.ReLU(name=f"relu{i}")(h)
-    return keras.Model(inp, keras.layers.Dense(L, name="logits")(h), name="mnist_fc")
-
-
-def exact_step_flops(b: int) -> dict[str, float]:
-    fwd = 2 * b * (D * H + (DEPTH - 1) * H * H + H * L)
-    tangent = 2 * D * D * H + (DEPTH - 1) * 2 * b * D * H * H + 2 * b * D * H * L
-    tangent_bwd = (DEPTH - 1) * 2 * (2 * b * D * H * H) + 2 * D * D * H
-    return {"forward+backward": 3 * fwd - 2 * b * D * H, "tangent": tangent,
-            "tangent backward": tangent_bwd}
-
-
-def _sgd(tape, loss, variables):
-    grads = tape.gradient(loss, variables)
-    for v, g in zip(variables, grads):
-        if g is not None:
-            v.assign_sub(LR * g)
-
-
-def make_steps(model: keras.Model, b: int, samples: int) -> dict:
-    variables = model.trainable_variables
-    spec = [tf.TensorSpec([b, D]), tf.TensorSpec([b], tf.int32)]
-
-    def ce(y, logits):
-        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
-
-    def compile_step(fn):
-        return tf.function(fn, input_signature=spec, autograph=False)
-
-    def vanilla(x, y):
-        with tf.GradientTape() as tape:
-            loss = ce(y, model(x, training=True))
-        _sgd(tape, loss, variables)
-        return loss
-
-    def roll_step(lin, samples=None, share_axes=False):
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                reg, logits = roll.roll_loss(lin, x, C=C, samples=samples, share_axes=share_axes,
-                                             return_logits=True)
-                loss = ce(y, logits) + LAM * tf.reduce_mean(reg)
-            _sgd(tape, loss, variables)
-            return loss
-
-        return step
-
-    pre = keras.Model(model.inputs, [model.get_layer(f"fc{i}").output for i in range(DEPTH)])
-
-    def autodiff(x, y):
-        with tf.GradientTape() as tape:
-            with tf.GradientTape(persistent=True) as inner:
-                inner.watch(x)
-                z = tf.concat(pre(x), axis=1)  # [B, N] pre-activations
-            jac = inner.batch_jacobian(z, x)  # [B, N, D]
-            reg = tf.reduce_mean(tf.reduce_sum(jac**2, -1) + C * tf.nn.relu(1.0 - tf.abs(z)), 1)
-            loss = ce(y, model(x, training=True)) + LAM * tf.reduce_mean(reg)
-        _sgd(tape, loss, variables)
-        return loss
-
-    default = DEFAULT_MEMORY_BUDGET // 2**20
-    lins = {mib: keras_roll.linearize(model, memory_budget=mib * 2**20)
-            for mib in (1024, default, 16)}
-    fast = {"vanilla": compile_step(vanilla),
-            f"sampled ROLL, {samples} axes": compile_step(roll_step(lins[default], samples)),
-            f"sampled ROLL, {samples} shared axes": compile_step(
-                roll_step(lins[default], samples, share_axes=True))}
-    slow = {f"exact ROLL, perturbation ({mib} MiB)": compile_step(roll_step(lin))
-            for mib, lin in lins.items()}
-    slow["exact ROLL, autodiff batch_jacobian"] = compile_step(autodiff)
-    return fast, slow, lins
-
 
 def main(argv):
     del argv
