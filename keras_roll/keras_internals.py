@@ -25,6 +25,7 @@ __all__ = [
     "call_layer",
     "causal_padding",
     "first_local_batch",
+    "in_multi_worker_mode",
     "functional_class",
     "node_training_argument",
     "nodes_by_depth",
@@ -131,16 +132,22 @@ def call_layer(layer, inputs: list, mask=None):
 # (ROLL's RollModel; separate from the twin's internals above)
 
 
+def in_multi_worker_mode(strategy) -> bool:
+    """Whether `strategy` is a MultiWorkerMirroredStrategy spanning several workers."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return False
+    return bool(strategy.extended._in_multi_worker_mode())
+
+
 def first_local_batch(strategy, iterator):
     """The first batch of a Keras TF epoch iterator as this worker's local values.
 
-    `RollModel._maybe_symbolic_build` uses it under MultiWorkerMirroredStrategy,
-    where Keras <= 3.15 reduces the distributed `(x, y)` batch with
-    `strategy.reduce`, which that strategy refuses for nested values. Returns
-    None (let Keras do it) without a strategy or with another one.
+    `RollModel._maybe_symbolic_build` uses it under a multi-worker
+    MultiWorkerMirroredStrategy, where Keras <= 3.15 reduces the distributed
+    `(x, y)` batch with `strategy.reduce`, which that strategy refuses for
+    nested values. Returns None (let Keras do it) in any other case.
     """
-    if strategy is None or not isinstance(strategy,
-                                          tf.distribute.MultiWorkerMirroredStrategy):
+    if not in_multi_worker_mode(strategy):
         return None
     for _, _, it in iterator:
         batch = next(it)
@@ -154,4 +161,3 @@ def first_local_batch(strategy, iterator):
         return value
 
     return tf.nest.map_structure(local, batch)
-

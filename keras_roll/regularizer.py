@@ -37,6 +37,7 @@ import keras
 import tensorflow as tf
 
 from keras_roll.estimators import tangent_entry
+from keras_roll.keras_internals import first_local_batch, in_multi_worker_mode
 from keras_roll.roll import loss_from_config
 from keras_roll.roll_config import RollConfig
 from keras_roll.twin import Linearized, linearize
@@ -291,9 +292,33 @@ class RollModel(keras.Model):
     ```
     """
 
+    def train_step(self, data):
+        return _multi_worker_logs(super().train_step(data), self.distribute_strategy)
+
     def test_step(self, data):
         with evaluating():
-            return super().test_step(data)
+            return _multi_worker_logs(super().test_step(data), self.distribute_strategy)
+
+    # Keras <= 3.15 `fit` fails under a multi-worker MultiWorkerMirroredStrategy
+    # (keras-team/keras#20585) at two places, both worked around here so that wrapped
+    # models train on several hosts: the first batch is reduced with
+    # `strategy.reduce("MEAN", (x, y))`, refused for a nested batch (we build from this
+    # worker's local batch), and the scalar logs with `strategy.reduce("MEAN", v,
+    # axis=0)`, refused for scalars (`_multi_worker_logs` gives them a batch axis).
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if iterator is not None and data_batch is None:
+            batch = first_local_batch(self.distribute_strategy, iterator)
+            if batch is not None:
+                return super()._maybe_symbolic_build(data_batch=batch)
+        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+
+
+def _multi_worker_logs(logs, strategy):
+    """Scalar logs as `[1]` tensors under a multi-worker strategy (see `RollModel`)."""
+    if not in_multi_worker_mode(strategy):
+        return logs
+    return tf.nest.map_structure(
+        lambda t: tf.reshape(t, [1]) if tf.is_tensor(t) and t.shape.rank == 0 else t, logs)
 
 
 def wrap(model: keras.Model, lam: float = 2.0, C: float = 1.0, gamma: float = 100.0,

@@ -1,8 +1,18 @@
 """Helper for tests/test_distribute.py: ROLL under a two-replica MirroredStrategy.
 
-Run as a script (`python tests/_roll_distribute.py OUT.json`): it splits the CPU
-into two logical devices *before* TensorFlow initialises, then compares, for one
-global batch,
+Run as a script (`python tests/_roll_distribute.py OUT.json [--replicas-only]`):
+it splits the CPU into two logical devices *before* TensorFlow initialises, then
+
+* (`replica_draws`, also alone with `--replicas-only`, the fast check) gives
+  both replicas the *same* examples and reads back the sampled axis every
+  example drew: a probe model whose single neuron has the weight `a + 1` on
+  input axis `a` turns the sampled loss with `samples=1, C=0` into
+  `D * (a + 1)^2`, so the axis is `sqrt(loss / D) - 1`. It does so for
+  `roll_loss` with `seed=None` and with an int seed, and for the
+  regularizer's per-step seeds (`RollRegularizer.step_seed`, int seed and
+  None) over several steps, and for its fixed evaluation seed;
+
+and compares, for one global batch,
 
 * `roll_loss` per example and its weight gradient computed per replica with
   `strategy.run` (summed over replicas) against one device;
@@ -35,6 +45,7 @@ import numpy as np  # noqa: E402
 
 import keras_roll  # noqa: E402
 from keras_roll import roll  # noqa: E402
+from keras_roll.roll_config import RollConfig  # noqa: E402
 
 GLOBAL_BATCH = 16
 LR, LAM = 0.5, 2.0
@@ -123,10 +134,63 @@ def fit_step(strategy, x, y, budget, lam=LAM, **kwargs):
     return [v.numpy() for v in model.trainable_variables], logs
 
 
-def main(out_path):
+PROBE_D = 16
+STEPS = 4
+
+
+def probe_model():
+    """One neuron z = sum_a (a + 1) x_a (ReLU, so valid on either side of 0)."""
+    inp = keras.Input((PROBE_D,))
+    z = keras.layers.Dense(1, use_bias=False, name="probe",
+                           kernel_initializer=keras.initializers.Constant(
+                               np.arange(1, PROBE_D + 1, dtype="float32")[:, None]))(inp)
+    h = keras.layers.ReLU()(z)
+    return keras.Model(inp, keras.layers.Dense(2, name="head")(h))
+
+
+def replica_draws(strategy):
+    """Per-example sampled losses per replica (`[replicas][steps][examples]` lists) for the
+    same examples on every replica; `tests/test_distribute.py` decodes the axes."""
+    per_replica = 8
+    rows = np.random.default_rng(1).normal(size=(1, PROBE_D)).astype("float32")
+    x = np.repeat(rows, per_replica * strategy.num_replicas_in_sync, axis=0)
+    dataset = tf.data.Dataset.from_tensor_slices(x).batch(len(x))
+    batch = next(iter(strategy.experimental_distribute_dataset(dataset)))
+    with strategy.scope():
+        model = probe_model()
+        seeded = roll.RollRegularizer(model, samples=1, C=0.0, seed=3)
+        unseeded = roll.RollRegularizer(model, samples=1, C=0.0)
+    lin = keras_roll.linearize(model)
+    config = RollConfig(samples=1, C=0.0)
+    cases = {
+        "roll_loss_seed_none": lambda xr: roll.roll_loss(lin, xr, samples=1, C=0.0),
+        "roll_loss_seed5": lambda xr: roll.roll_loss(lin, xr, samples=1, C=0.0, seed=5),
+        # what RollRegularizer.call computes in training and in evaluation
+        "layer_seed3": lambda xr: roll.loss_from_config(lin, xr, config, seeded.step_seed(True)),
+        "layer_seed_none": lambda xr: roll.loss_from_config(lin, xr, config,
+                                                            unseeded.step_seed(True)),
+        "eval_seed": lambda xr: roll.loss_from_config(lin, xr, config, seeded.step_seed(False)),
+    }
+    draws = {"exact_probe": roll.roll_loss(lin, x[:1], C=0.0).numpy().tolist()}
+    for name, fn in cases.items():
+        step = tf.function(lambda xb, fn=fn: strategy.run(fn, args=(xb,)), autograph=False)
+        losses = []
+        for _ in range(STEPS):
+            out = step(batch)
+            losses.append([t.numpy().tolist() for t in strategy.experimental_local_results(out)])
+        draws[name] = [[s[r] for s in losses] for r in range(strategy.num_replicas_in_sync)]
+    return draws
+
+
+def main(out_path, replicas_only=False):
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    x, y = data()
     result = {"replicas": strategy.num_replicas_in_sync}
+    result["draws"] = replica_draws(strategy)
+    if replicas_only:
+        with open(out_path, "w") as f:
+            json.dump(result, f)
+        return
+    x, y = data()
     result.update(direct(strategy, x))
     # "chunked": the exact loss in several chunks (custom gradient inside tf.cond);
     # "sampled": all D = 5 axes drawn per example (so exact, in one chunk) with a seed,
@@ -146,4 +210,4 @@ def main(out_path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], replicas_only="--replicas-only" in sys.argv[2:])
