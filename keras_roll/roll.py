@@ -24,6 +24,12 @@ axes, axes win when the gradients are spread evenly (`tests/test_roll.py`).
 The three estimators are in `keras_roll.estimators`; the hyperparameters are
 one validated `RollConfig` (`keras_roll.roll_config`).
 
+`wrt="<layer>"` takes the gradients (axes, probes) with respect to the output of a
+leading Rescaling / Normalization layer instead of the raw input: the paper's
+normalised units (docs/design.md, "The maths", Units). Behind a leading Masking
+layer the sampled axes of each example are drawn among its valid steps only,
+scaled by `D_valid / k` (still unbiased).
+
 Memory: the tangents of `B x K` directions are streamed in chunks of at most
 `lin.memory_budget` bytes (estimated as `B * k * (tangent size + neurons + input
 size) * itemsize`; `memory_plan` shows the `keras_roll.chunking.ChunkPlan` that
