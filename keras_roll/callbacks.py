@@ -7,10 +7,18 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll import regularizer
+from keras_roll.arguments import check_rigor
+from keras_roll.batches import is_stream
 from keras_roll.margins import l2_margins
 from keras_roll.twin import linearize
 
 PERCENTILES = (25, 50, 75, 100)
+
+
+def _x_elements(stream):
+    """The inputs of every element of a stream: `x` of `x`, `(x, y)` or `(x, y, w)`."""
+    for element in stream:
+        yield element[0] if isinstance(element, (tuple, list)) else element
 
 
 def _write_scalar(tag, value, step):
@@ -42,10 +50,15 @@ class MarginMonitor(keras.callbacks.Callback):
     they are also written to TensorBoard (`tf.summary`, step = epoch).
 
     Args:
-        x_val: `[B, *input_shape]` examples.
+        x_val: `[B, *input_shape]` examples, or a stream of batches (a
+            `tf.data.Dataset` or `keras.utils.PyDataset`, re-read at every
+            monitored epoch; a generator or iterator, read once here and kept)
+            of `x`, `(x, y)` or `(x, y, w)`, batched or not.
         every: monitor every `every` epochs (1 = every epoch).
         log_dir: optional TensorBoard log directory.
         batch_size: examples per margin computation.
+        rigor: "float32" (default: a training-time indicator, at half the
+            cost) or "float64" (the certified radii of `keras_roll.certify`).
 
     Example:
 
@@ -57,15 +70,23 @@ class MarginMonitor(keras.callbacks.Callback):
     """
 
     def __init__(self, x_val, every: int = 1, log_dir: str | None = None,
-                 batch_size: int = 256):
+                 batch_size: int = 256, rigor: str = "float32"):
         super().__init__()
         if not isinstance(every, (int, np.integer)) or isinstance(every, bool) or every < 1:
             raise ValueError(f"every must be a positive int, got every={every!r}.")
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
-        self.x_val = np.asarray(x_val)
-        if len(self.x_val) == 0:
-            raise ValueError("x_val is empty; pass at least one example.")
+        self.rigor = check_rigor(rigor)
+        if isinstance(x_val, (tf.data.Dataset, keras.utils.PyDataset)):
+            self.x_val = x_val  # re-iterable: read at every monitored epoch
+        elif is_stream(x_val):  # a generator can be read once: keep its batches
+            self.x_val = [np.asarray(b) for b in _x_elements(x_val)]
+            if not self.x_val:
+                raise ValueError("x_val is an empty stream; pass at least one example.")
+        else:
+            self.x_val = np.asarray(x_val)
+            if len(self.x_val) == 0:
+                raise ValueError("x_val is empty; pass at least one example.")
         self.every = int(every)
         self.log_dir = log_dir
         self.batch_size = int(batch_size)
@@ -86,8 +107,10 @@ class MarginMonitor(keras.callbacks.Callback):
         return self._lin
 
     def margins(self) -> np.ndarray:
-        """The current l2 margins of `x_val`, `[B]`."""
-        return l2_margins(self._linearized(), self.x_val, batch_size=self.batch_size)
+        """The current l2 margins of `x_val`, `[B]` (numpy)."""
+        lin = self._linearized()
+        x = iter(self.x_val) if isinstance(self.x_val, list) else self.x_val  # kept elements
+        return l2_margins(lin, x, batch_size=self.batch_size, rigor=self.rigor)
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every:

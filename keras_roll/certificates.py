@@ -282,7 +282,7 @@ class StabilityBounds:
 
     Coordinate k of example i can move anywhere in
     `[x_ik + lower_ik, x_ik + upper_ik]`, all other coordinates fixed, without
-    leaving the linear region of `x_i`.
+    leaving the linear region of `x_i`. All arrays are numpy.
 
     Attributes:
         lower: `[B, *input_shape]` float64, `-eps(x, -e_k)` (<= 0, -inf if

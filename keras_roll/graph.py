@@ -16,7 +16,12 @@ import dataclasses
 import keras
 
 from keras_roll.errors import UnsupportedModelError
-from keras_roll.keras_internals import functional_class, nodes_by_depth, sequential_graph
+from keras_roll.keras_internals import (
+    functional_class,
+    node_training_argument,
+    nodes_by_depth,
+    sequential_graph,
+)
 from keras_roll.rules import compile_layer
 from keras_roll.rules.activations import OutputLink
 from keras_roll.rules.base import Op
@@ -140,6 +145,7 @@ def build_program(model) -> Program:
                 calls[id(layer)] = n + 1
                 name = path + (layer.name if n == 0 else f"{layer.name}@{n}")
                 ops = compile_layer(layer)
+                _refuse_forced_training(node, layer, ops, name)
                 for op in ops:
                     op.name = name
                 key = new_key()
@@ -152,6 +158,27 @@ def build_program(model) -> Program:
     link = _fold_output_link(steps, output_key)
     shape = tuple(graph.inputs[0].shape[1:])
     return Program(steps, input_key, output_key, shape, str(graph.inputs[0].dtype), link)
+
+
+def _refuse_forced_training(node, layer, ops, name) -> None:
+    """Refuses a training-dependent layer called with `training=True` in the graph.
+
+    Such a call (e.g. Monte-Carlo dropout, `Dropout(0.5)(h, training=True)`)
+    runs in training mode whenever the model is called without an explicit
+    `training=` (`model(x)`): it is random or depends on the batch, so the model
+    has no fixed linear region to certify, and the twin (which always
+    linearizes inference mode) would describe another function.
+    """
+    forced = node_training_argument(node)
+    if forced is None or forced is False:
+        return
+    if any(op.training_dependent for op in ops):
+        raise UnsupportedModelError(
+            f"Layer '{name}' ({type(layer).__name__}) is called with training={forced!r} "
+            f"inside the model, so model(x) runs it in training mode: it is random "
+            f"(dropout, noise) or depends on the batch (BatchNormalization's batch "
+            f"statistics), and the model has no fixed linear region to certify or "
+            f"linearize. Call it without training= (Keras then follows the model's mode).")
 
 
 def _fold_output_link(steps: list[Step], output_key: int) -> str | None:

@@ -228,14 +228,16 @@ def _patterns_of_batch(twin, x, keys, batch_size, budget, itemsize, rigor, bar, 
     for sl in plan.example_slices():
         fwd = twin.forward(tf.cast(x[sl], twin.dtype))
         below, above, valid, piece = neuron_arrays(fwd)
+        err = rounding_errors(twin, fwd) if rigor == "float64" else None
         bad = _nonfinite_rows(fwd, valid)
+        if err is not None:
+            bad |= err.overflow
         if bad.any():
             raise ValueError(
                 f"{int(bad.sum())} point(s) (e.g. point {seen + sl.start + int(np.argmax(bad))}) "
-                f"have non-finite neurons or logits, so their activation pattern is "
-                f"undefined; check the inputs' scale.")
-        tol = rounding_errors(twin, fwd).exact_at_x if rigor == "float64" \
-            else np.zeros_like(below)
+                f"have non-finite neurons or logits, or overflow when the model evaluates "
+                f"itself, so their activation pattern is undefined; check the inputs' scale.")
+        tol = np.zeros_like(below) if err is None else err.exact_at_x
         tolerances.append(tol)
         code = np.where(valid, piece, -1).astype(np.int16)
         for r, row in enumerate(code):

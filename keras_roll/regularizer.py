@@ -341,7 +341,8 @@ def wrap(model: keras.Model, lam: float = 2.0, C: float = 1.0, gamma: float = 10
 
     Args:
         model: a functional or Sequential model of supported layers (a final
-            softmax is fine: it is folded into the loss).
+            softmax is fine: it is folded into the loss); a model made by `wrap`
+            is unwrapped first (the new hyperparameters replace the old ones).
         lam: regularizer weight (>= 0).
         C: hinge weight in the bracket (>= 0).
         gamma: percentage of neurons kept (0, 100].
@@ -384,6 +385,7 @@ def wrap(model: keras.Model, lam: float = 2.0, C: float = 1.0, gamma: float = 10
     plain = keras_roll.roll.unwrap(wrapped)    # the same object as `model`
     ```
     """
+    model = unwrap(model)  # wrapping a wrapped model re-wraps its plain model
     layer = RollRegularizer(model, lam=lam, C=C, gamma=gamma, samples=samples, strata=strata,
                             estimator=estimator, seed=seed, on_eval=on_eval,
                             memory_budget=memory_budget, share_axes=share_axes, wrt=wrt,

@@ -46,6 +46,8 @@ importable from here.
 
 from __future__ import annotations
 
+import warnings
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -164,7 +166,8 @@ def roll_loss(model_or_lin: ModelOrTwin, x: Array, C: float = 1.0, gamma: float 
         x: `[B, *input_shape]` inputs (array or tensor).
         C: weight of the hinge term, `>= 0`.
         gamma: percentage of neurons kept, in `(0, 100]`. 100 keeps all (no sort);
-            otherwise `ceil(gamma / 100 * n_valid)` per example.
+            otherwise `max(1, ceil(gamma / 100 * n_valid))` per example (at least
+            one neuron however small gamma is).
         samples: None for the exact loss (every input axis, streamed in chunks
             within `lin.memory_budget`); k for Eq. 10: k axes per example, drawn
             uniformly without replacement, sum of squares scaled by `D / k`
@@ -231,10 +234,30 @@ def loss_from_config(lin: Linearized, x: tf.Tensor, config: RollConfig, seed: Se
         loss = tf.zeros([0], lin.dtype)
         return (loss, fwd.logits) if return_logits else loss
     sq = grad_sq(lin, fwd, x, config, seed)
-    loss = _select_and_average(fwd, sq, config.C, config.gamma)
+    loss = _nan_where_nonfinite(fwd, _select_and_average(fwd, sq, config.C, config.gamma))
     if return_logits:
         return loss, fwd.logits
     return loss
+
+
+def _nan_where_nonfinite(fwd: ForwardPass, loss):
+    """NaN for the examples with a non-finite neuron or logit (overflow, NaN rows).
+
+    A NaN pre-activation is on no piece: without this its neuron would look like
+    a dead one at infinite distance and the loss would be finite and wrong. In a
+    graph (`fit`) the NaN reaches the reported loss, which
+    `keras.callbacks.TerminateOnNaN` stops on; eagerly it also warns.
+    """
+    n = fwd.neurons
+    logits = tf.reshape(fwd.logits, tf.stack([tf.shape(fwd.logits)[0], -1]))
+    ok = tf.reduce_all(tf.math.is_finite(n.z) | tf.logical_not(n.valid), axis=1)
+    ok = tf.logical_and(ok, tf.reduce_all(tf.math.is_finite(logits), axis=1))
+    if tf.executing_eagerly() and not bool(tf.reduce_all(ok)):
+        bad = int(tf.reduce_sum(tf.cast(tf.logical_not(ok), tf.int32)))
+        warnings.warn(f"{bad} example(s) have non-finite neurons or logits (NaN / inf, e.g. "
+                      f"an input so large that the network overflows): their ROLL loss is "
+                      f"NaN.", stacklevel=3)
+    return tf.where(ok, loss, tf.constant(np.nan, loss.dtype))
 
 
 def _select_and_average(fwd: ForwardPass, sq, C, gamma):
@@ -255,6 +278,7 @@ def _select_and_average(fwd: ForwardPass, sq, C, gamma):
     k_max = tf.cast(tf.math.ceil(tf.cast(n, tf.float64) * frac - 1e-9), tf.int32)
     k_max = tf.clip_by_value(k_max, 1, tf.maximum(n, 1))
     n_keep = tf.cast(tf.math.ceil(tf.cast(n_valid, tf.float64) * frac - 1e-9), tf.int32)
+    n_keep = tf.maximum(n_keep, tf.minimum(n_valid, 1))  # at least one neuron (tiny gamma)
     vals = tf.where(valid, bracket, tf.fill(tf.shape(bracket), tf.constant(-np.inf, dtype)))
     top = tf.math.top_k(vals, k=tf.minimum(k_max, n)).values  # [B, k_max], descending
     keep = tf.range(tf.shape(top)[1])[None, :] < n_keep[:, None]
