@@ -397,11 +397,31 @@ def predictions(logits: np.ndarray) -> np.ndarray:
     return logits.argmax(axis=-1)
 
 
+def exact_twin(model) -> keras_roll.Linearized:
+    """The float64 twin of `model`, used for the tables with `rigor="float32"`.
+
+    The tables report the margins of the network as a function of real numbers (the
+    paper's Prop. 6 evaluated in float64 from the float32 weights, which float64
+    represents exactly), not the smaller radii that `rigor="float64"` (keras_roll's
+    default) certifies for the model *evaluated in float32*: that guard subtracts a
+    bound on float32 rounding from every neuron's distance, which on these trained
+    networks exceeds the distance of the closest neuron for nearly every input.
+
+    Example:
+
+    ```python
+    cert = keras_roll.certify(exact_twin(model), x, rigor="float32")
+    ```
+    """
+    return keras_roll.linearize(model).at_dtype("float64")
+
+
 def margin_stats(model, x, y, prefix: str = "", regions: bool = True, verbose=False):
     """Accuracy, #CLR bounds and margin percentiles of `model` on `(x, y)`.
 
-    Returns a dict with `{prefix}acc`, `{prefix}clr_lower` / `{prefix}clr_upper`
-    (distinct Jacobians <= #CLR <= distinct patterns, Lemma 7) and
+    Margins and regions are those of the float64 twin (`exact_twin`). Returns a dict
+    with `{prefix}acc`, `{prefix}clr_lower` / `{prefix}clr_upper` (distinct Jacobians
+    <= #CLR <= distinct patterns, Lemma 7), `{prefix}clr` (the two as a cell) and
     `{prefix}on_boundary` (with `regions`), `{prefix}l1_p25` ... `{prefix}l2_p100`,
     `{prefix}spearman` (l1 vs l2 margins), and the `keras_roll.Certificate`.
 
@@ -412,11 +432,13 @@ def margin_stats(model, x, y, prefix: str = "", regions: bool = True, verbose=Fa
     row["l2_p50"], row["acc"]
     ```
     """
-    cert = keras_roll.certify(model, x, norms=(1, 2), verbose=verbose)
+    twin = exact_twin(model)
+    # rigor="float32": compute in the twin's own dtype (float64 here), no rounding guard.
+    cert = keras_roll.certify(twin, x, norms=(1, 2), verbose=verbose, rigor="float32")
     y = np.asarray(y).reshape(-1)
     row = {f"{prefix}acc": float(np.mean(predictions(cert.logits) == y)), f"{prefix}n": len(y)}
     if regions:
-        rc = keras_roll.count_regions(model, x, verbose=verbose)
+        rc = keras_roll.count_regions(twin, x, verbose=verbose, rigor="float32")
         row.update({f"{prefix}clr_lower": rc.jacobians, f"{prefix}clr_upper": rc.patterns,
                     f"{prefix}on_boundary": rc.on_boundary})
         row[f"{prefix}clr"] = clr_cell(row, prefix)
@@ -425,6 +447,38 @@ def margin_stats(model, x, y, prefix: str = "", regions: bool = True, verbose=Fa
             row[f"{prefix}{name}_p{q}"] = v
     row[f"{prefix}spearman"] = spearman(cert.margins[1], cert.margins[2])
     return row, cert
+
+
+def evaluate_and_store(model, row: dict, val, test, runs: Path) -> dict:
+    """Adds the validation (`val_*`) and test statistics of `margin_stats` to `row`,
+    writes `runs/<tag>.json` and the test margins to `runs/<tag>.npz`; returns the row.
+
+    Example:
+
+    ```python
+    row = evaluate_and_store(model, {"tag": "vanilla", "lam": None}, (xv, yv), (xt, yt), runs)
+    ```
+    """
+    print(f"   certifying {len(val[1])} validation and {len(test[1])} test points", flush=True)
+    val_row, _ = margin_stats(model, *val, prefix="val_", regions=False)
+    test_row, cert = margin_stats(model, *test)
+    row = {**row, **test_row, **val_row}
+    np.savez(runs / f"{row['tag']}.npz", l1=cert.margins[1], l2=cert.margins[2])
+    write_json(runs / f"{row['tag']}.json", row)
+    return row
+
+
+def stored_or_none(path: Path, wanted: dict, resume: bool, reevaluate: bool, build, val,
+                   test):
+    """The row stored at `path` (see `load_stored`), re-certified from its stored
+    weights with `reevaluate` (`build()` makes the model to load them into); None when
+    there is no usable stored row."""
+    row = load_stored(path, wanted, resume)
+    if row is None or not reevaluate:
+        return row
+    model = build()
+    model.load_weights(path.with_suffix(".weights.h5"))
+    return evaluate_and_store(model, row, val, test, path.parent)
 
 
 def select_models(rows, vanilla, drop: int, acc_key: str = "val_acc",

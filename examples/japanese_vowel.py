@@ -85,6 +85,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                          flag_values=fv)
     flags.DEFINE_bool("resume", True, "Reuse the results in --out/runs of a model trained "
                       "with the same settings.", flag_values=fv)
+    flags.DEFINE_bool("reevaluate", False, "With --resume, certify the stored models again "
+                      "(from their weights) instead of reusing their numbers.", flag_values=fv)
 
 
 def settings(fv) -> dict:
@@ -185,10 +187,7 @@ def train_one(cfg: dict, data, fv, out: Path) -> dict:
         sequence_dataset(xv, yv, lv, fv.batch_size), fv.epochs,
         weights_path=runs / f"{cfg['tag']}.weights.h5")
     print(f"   best validation loss {best.best:.4f} at epoch {best.epoch}", flush=True)
-    val_row, _ = common.margin_stats(model, xv, yv, prefix="val_", regions=False)
-    row, cert = common.margin_stats(model, xte, yte)
-    row.update(val_row)
-    row.update({
+    row = {
         "tag": cfg["tag"], "lam": cfg["lam"], "C": cfg["C"], "gamma": cfg["gamma"],
         "samples": cfg["samples"],
         "estimator": "-" if cfg["lam"] is None else (
@@ -196,14 +195,16 @@ def train_one(cfg: dict, data, fv, out: Path) -> dict:
         "best_epoch": best.epoch, "val_loss": best.best,
         "val_roll_loss": best.logs.get("val_roll_loss"),
         "train_time_s": seconds, "settings": settings(fv), "history": history,
-    })
-    np.savez(runs / f"{cfg['tag']}.npz", l1=cert.margins[1], l2=cert.margins[2])
-    common.write_json(runs / f"{cfg['tag']}.json", row)
-    return row
+    }
+    return common.evaluate_and_store(model, row, (xv, yv), (xte, yte), runs)
 
 
 def train_or_load(cfg: dict, data, fv, out: Path) -> dict:
-    row = common.load_stored(out / "runs" / f"{cfg['tag']}.json", settings(fv), fv.resume)
+    """A stored result with the same settings (with `--resume`; re-certified with
+    `--reevaluate`), else `train_one`."""
+    _, (xv, yv, _), (xte, yte, _) = data
+    row = common.stored_or_none(out / "runs" / f"{cfg['tag']}.json", settings(fv), fv.resume,
+                                fv.reevaluate, lambda: build_model(fv), (xv, yv), (xte, yte))
     return row if row is not None else train_one(cfg, data, fv, out)
 
 
@@ -229,7 +230,8 @@ def figure3(rows: list[dict], summary: dict, data, fv, out: Path) -> list[Path]:
         keras.utils.set_random_seed(fv.seed)
         model = build_model(fv)
         model.load_weights(out / "runs" / f"{row['tag']}.weights.h5")
-        sb = keras_roll.stability_bounds(model, x, verbose=False)
+        sb = keras_roll.stability_bounds(common.exact_twin(model), x, verbose=False,
+                                         rigor="float32")
         width = (sb.upper - sb.lower)[0, :, ch]
         widths[name] = float(np.median(width))
         path = out / f"figure3_{name}.png"

@@ -45,7 +45,7 @@ from keras_roll.data import mnist_splits  # noqa: E402
 
 QUICK = {"train_size": 2000, "val_size": 500, "test_size": 1000, "epochs": 2}
 SETTINGS = ("epochs", "batch_size", "lr", "momentum", "depth", "width", "train_size",
-            "val_size", "test_size", "seed", "wrt")
+            "val_size", "test_size", "seed", "wrt", "init")
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
@@ -59,6 +59,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_integer("batch_size", 64, "Batch size.", flag_values=fv)
     flags.DEFINE_float("lr", 0.01, "SGD learning rate.", flag_values=fv)
     flags.DEFINE_float("momentum", 0.5, "Nesterov momentum.", flag_values=fv)
+    flags.DEFINE_enum("init", "torch", ["torch", "keras"], "Initial weights: 'torch' draws "
+                      "kernels and biases from U(-1/sqrt(fan_in), 1/sqrt(fan_in)), PyTorch's "
+                      "nn.Linear default used by the paper's released code; 'keras': Glorot "
+                      "uniform kernels, zero biases.", flag_values=fv)
     flags.DEFINE_integer("depth", 4, "Hidden layers.", flag_values=fv)
     flags.DEFINE_integer("width", 300, "Units per hidden layer.", flag_values=fv)
     flags.DEFINE_integer("val_size", 5000, "Validation images held out of the 60,000 "
@@ -98,6 +102,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                          flag_values=fv)
     flags.DEFINE_bool("resume", True, "Reuse the results in --out/runs of a model trained "
                       "with the same settings.", flag_values=fv)
+    flags.DEFINE_bool("reevaluate", False, "With --resume, certify the stored models again "
+                      "(from their weights) instead of reusing their numbers.", flag_values=fv)
 
 
 # ----------------------------------------------------------------------------- configs
@@ -160,6 +166,22 @@ def load_data(fv):
 # ----------------------------------------------------------------------------- training
 
 
+def build_model(fv) -> keras.Model:
+    """The paper's network with `--depth` x `--width` hidden units and `--init` weights
+    (seeded with `--seed`, so every model starts from the same weights)."""
+    keras.utils.set_random_seed(fv.seed)
+    model = keras_roll.models.fc(depth=fv.depth, width=fv.width)
+    if fv.init == "torch":
+        rng = np.random.default_rng(fv.seed)
+        for layer in model.layers:
+            if isinstance(layer, keras.layers.Dense):
+                kernel, bias = layer.get_weights()
+                limit = 1.0 / np.sqrt(kernel.shape[0])
+                layer.set_weights([rng.uniform(-limit, limit, kernel.shape).astype(kernel.dtype),
+                                   rng.uniform(-limit, limit, bias.shape).astype(bias.dtype)])
+    return model
+
+
 def train_one(cfg: dict, data, fv, out: Path) -> dict:
     """Trains one model, restores its best validation-loss epoch and evaluates it.
 
@@ -167,8 +189,7 @@ def train_one(cfg: dict, data, fv, out: Path) -> dict:
     """
     (xtr, ytr), (xv, yv), (xte, yte) = data
     runs = common.output_dir(out / "runs")
-    keras.utils.set_random_seed(fv.seed)  # the same initialisation for every model
-    model = keras_roll.models.fc(depth=fv.depth, width=fv.width)
+    model = build_model(fv)
     if cfg["lam"] is None:
         fit_model = model
     else:
@@ -184,12 +205,8 @@ def train_one(cfg: dict, data, fv, out: Path) -> dict:
     best, history, seconds = common.fit_best(model, fit_model, (xtr, ytr), (xv, yv),
                                              fv.epochs, fv.batch_size,
                                              runs / f"{cfg['tag']}.weights.h5")
-    print(f"   best validation loss {best.best:.4f} at epoch {best.epoch}; certifying "
-          f"{len(xv)} validation and {len(xte)} test images", flush=True)
-    val_row, _ = common.margin_stats(model, xv, yv, prefix="val_", regions=False)
-    row, cert = common.margin_stats(model, xte, yte)
-    row.update(val_row)
-    row.update({
+    print(f"   best validation loss {best.best:.4f} at epoch {best.epoch}", flush=True)
+    row = {
         "tag": cfg["tag"], "lam": cfg["lam"], "C": cfg["C"], "gamma": cfg["gamma"],
         "samples": cfg["samples"],
         "estimator": "-" if cfg["lam"] is None else (
@@ -197,15 +214,17 @@ def train_one(cfg: dict, data, fv, out: Path) -> dict:
         "best_epoch": best.epoch, "val_loss": best.best,
         "val_roll_loss": best.logs.get("val_roll_loss"),
         "train_time_s": seconds, "settings": settings(fv), "history": history,
-    })
-    np.savez(runs / f"{cfg['tag']}.npz", l1=cert.margins[1], l2=cert.margins[2])
-    common.write_json(runs / f"{cfg['tag']}.json", row)
-    return row
+    }
+    return common.evaluate_and_store(model, row, (xv, yv), (xte, yte), runs)
 
 
 def train_or_load(cfg: dict, data, fv, out: Path) -> dict:
-    """A stored result with the same settings (with `--resume`), else `train_one`."""
-    row = common.load_stored(out / "runs" / f"{cfg['tag']}.json", settings(fv), fv.resume)
+    """A stored result with the same settings (with `--resume`; re-certified with
+    `--reevaluate`), else `train_one`."""
+    _, val, test = data
+    row = common.stored_or_none(
+        out / "runs" / f"{cfg['tag']}.json", settings(fv), fv.resume, fv.reevaluate,
+        lambda: build_model(fv), val, test)
     return row if row is not None else train_one(cfg, data, fv, out)
 
 

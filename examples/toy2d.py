@@ -38,7 +38,7 @@ import keras_roll  # noqa: E402
 from examples import common  # noqa: E402
 from keras_roll.data import make_toy2d  # noqa: E402
 
-QUICK = {"n": 100, "epochs": 150, "resolution": 150}
+QUICK = {"n": 100, "epochs": 300}
 MODELS = ("vanilla", "distance", "roll")
 TITLES = {"vanilla": "Vanilla loss", "distance": "Distance regularization (hinge on the l2 margin)",
           "roll": "Relaxed regularization (ROLL)"}
