@@ -1,0 +1,406 @@
+"""examples/caltech256.py end to end on a tiny generated tree at 16 x 16.
+
+Fast: a vanilla run (results.md / .json / figure / TensorBoard / checkpoint; P@1 and
+P@5 against an independent numpy argmax over the saved weights), `--eval_only`,
+resumption after an interruption (final weights equal to an uninterrupted run's),
+refused reruns and the bad-input errors. Slow: the same with ROLL, a two-replica
+`MirroredStrategy` step (two logical CPU devices, in a subprocess), two
+`MultiWorkerMirroredStrategy` workers on 127.0.0.1, and the `--quick` command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from examples import caltech256 as ex
+from examples import common
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--image_size=16", "--batch_size=8", "--epochs=1", "--val_per_class=2",
+        "--test_per_class=3", "--num_eval=2", "--distortion_samples=8", "--population=8",
+        "--generations=1", "--ig_steps=4", "--monitor_images=1", "--verbose=0"]
+# Two epochs of 3 steps, the state saved every 2 steps: the interrupted runs compare with it.
+RESUMABLE = ["--epochs=2", "--steps_per_epoch=3", "--save_freq=2"]
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+
+
+def _flags(*argv):
+    return common.parse_flags(ex.define_flags, list(argv))
+
+
+def _run(*argv, callbacks=()):
+    return ex.run(_flags(*argv), callbacks=callbacks)
+
+
+def _weights(path):
+    """{dataset path: array} of a .weights.h5 file."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, obj: out.__setitem__(name, obj[()])
+                     if isinstance(obj, h5py.Dataset) else None)
+    return out
+
+
+def _state_weights(out):
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    return state, _weights(out / "checkpoint" / state["weights"])
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """3 classes x 14 generated JPEGs, plus one corrupt file (to be skipped)."""
+    from keras_roll.data import make_synthetic_caltech256
+
+    parent = tmp_path_factory.mktemp("caltech_tree")
+    root = make_synthetic_caltech256(parent, classes=3, images_per_class=14, seed=1)
+    (root / "002.american-flag" / "002_9999.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
+    return parent
+
+
+@pytest.fixture(scope="module")
+def vanilla_run(tree, tmp_path_factory):
+    out = tmp_path_factory.mktemp("vanilla")
+    results = _run(*TINY, *RESUMABLE, "--noroll", f"--data_dir={tree}", f"--out={out}")
+    return out, results
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def test_vanilla_run_writes_results(vanilla_run):
+    out, results = vanilla_run
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["roll"] is False
+    assert saved["data"]["skipped"] == 1  # the corrupt JPEG, counted
+    assert saved["data"]["classes"] == 3 and saved["data"]["test"] == 9
+    assert saved["training"]["epochs_trained"] == 2
+    assert saved["training"]["steps_per_epoch"] == 3  # of 3 * (14 - 5) // 8 full batches
+    assert saved["training"]["best_epoch"] in (1, 2)
+    hist = saved["training"]["history"]
+    assert [h["epoch"] for h in hist] == [1, 2]
+    assert min(h["val_loss"] for h in hist) == pytest.approx(saved["training"]["best_val_loss"])
+    d = saved["distortion"]
+    assert d["images"] == 2 and len(d["per_image"]["max"]) == 2
+    for mode in ("expected", "max"):
+        pcts = [d[mode][f"P{q}"] for q in (25, 50, 75, 100)]
+        assert pcts == sorted(pcts) and pcts[0] >= 0
+        assert d[mode]["P100"] == pytest.approx(max(d["per_image"][mode]))
+    assert d["changed"] == sum(d["per_image"]["changed"])
+    assert (out / saved["figure"]["path"]).stat().st_size > 10_000
+    md = (out / "results.md").read_text()
+    assert "| P@1 | P@3 |" in md and "worst case (GA: population 8, 1 generations)" in md
+    assert "![Figure 4](figure4.png)" in md
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["done"] is True
+
+
+def test_test_accuracy_matches_numpy_argmax(vanilla_run, tree):
+    """P@1 / P@3 of results.json against the saved weights, decoded images and argmax."""
+    import keras_roll
+    from keras_roll.data import caltech256_dataset, index_caltech256
+
+    out, results = vanilla_run
+    index = index_caltech256(tree, val_per_class=2, test_per_class=3, seed=0, verbose=0)
+    ds = caltech256_dataset(index.files["test"], index.labels["test"], image_size=16)
+    x, y = map(np.stack, zip(*ds.as_numpy_iterator()))
+    model = keras_roll.models.resnet18((16, 16, 3), classes=3, classifier_activation=None)
+    model.load_weights(out / "best.weights.h5")
+    logits = model.predict(x, verbose=0)
+    top = np.argsort(-logits, axis=1)
+    assert results["test"]["p_at_1"] == pytest.approx(np.mean(top[:, 0] == y))
+    assert results["test"]["p_at_k"] == pytest.approx(np.mean((top[:, :3] == y[:, None]).any(1)))
+
+
+def test_tensorboard_logs(vanilla_run):
+    import tensorflow as tf
+
+    out, _ = vanilla_run
+    tags = {}
+    for split in ("train", "validation"):
+        for f in (out / "tensorboard" / split).glob("events.out.tfevents.*"):
+            for event in tf.compat.v1.train.summary_iterator(str(f)):
+                for v in event.summary.value:
+                    tags.setdefault(split, set()).add(v.tag)
+    assert {"epoch_loss", "epoch_accuracy", "epoch_step_time_ms", "epoch_learning_rate",
+            "epoch_margin_l2_p50", "epoch_margin_l2_p100"} <= tags["train"]
+    assert {"epoch_loss", "epoch_accuracy"} <= tags["validation"]
+
+
+def test_eval_only_from_saved_weights(vanilla_run, tree, tmp_path):
+    out, results = vanilla_run
+    weights = tmp_path / "model.weights.h5"
+    shutil.copy(out / "best.weights.h5", weights)
+    again = _run(*TINY, "--noroll", "--eval_only", "--num_eval=0", f"--weights={weights}",
+                 f"--data_dir={tree}", f"--out={tmp_path / 'eval'}")
+    assert again["training"] is None and again["distortion"] is None
+    assert again["test"]["p_at_1"] == pytest.approx(results["test"]["p_at_1"])
+    assert (tmp_path / "eval" / "results.md").exists()
+    assert not (tmp_path / "eval" / "checkpoint").exists()
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def _stop_after(steps):
+    """A Keras callback that raises after `steps` training steps (a killed run)."""
+    import keras
+
+    class Stop(keras.callbacks.Callback):
+        seen = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen += 1
+            if self.seen == steps:
+                raise _Interrupt(f"interrupted after {steps} steps")
+
+    return Stop()
+
+
+def _resume_case(tree, tmp_path, extra, capsys, full=None):
+    """Interrupt a run after 5 steps, refuse other flags, resume, compare with `full`."""
+    argv = [*TINY, *RESUMABLE, f"--data_dir={tree}", *extra]
+    if full is None:
+        full = tmp_path / "full"
+        _run(*argv, "--num_eval=0", "--monitor_images=0", f"--out={full}")
+    cut = tmp_path / "cut"
+    argv += ["--num_eval=0", "--monitor_images=0"]  # evaluation only: not part of the run
+    # Steps 1..5: saved at global step 2, after epoch 1 (3) and at 4 (epoch 2, step 1).
+    with pytest.raises(_Interrupt):
+        _run(*argv, f"--out={cut}", callbacks=[_stop_after(5)])
+    state, saved = _state_weights(cut)
+    assert (state["epoch"], state["step"], state["global_step"]) == (1, 1, 4)
+    assert not (cut / "results.json").exists()
+    with pytest.raises(ex.UsageError, match=r"--lr: 0\.005 in the checkpoint, 0\.01 now"):
+        _run(*argv, "--lr=0.01", f"--out={cut}")
+    capsys.readouterr()
+    _run(*argv, f"--out={cut}")
+    assert "at epoch 2, step 1 of 3 (global step 4; optimizer step 4)" in capsys.readouterr().out
+    s_full, w_full = _state_weights(full)
+    s_cut, w_cut = _state_weights(cut)
+    assert s_cut["global_step"] == s_full["global_step"] == 6
+    assert sorted(w_cut) == sorted(w_full)
+    moved = max(float(np.max(np.abs(w_full[k] - saved[k]))) for k in w_full
+                if w_full[k].dtype.kind == "f")
+    assert moved > 1e-4  # the last two steps changed the weights
+    for k in w_full:
+        np.testing.assert_allclose(w_cut[k], w_full[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert s_cut["best_epoch"] == s_full["best_epoch"]
+    assert s_cut["best_val_loss"] == pytest.approx(s_full["best_val_loss"], rel=1e-5)
+
+
+def test_resume_after_interruption_vanilla(vanilla_run, tree, tmp_path, capsys):
+    _resume_case(tree, tmp_path, ["--noroll"], capsys, full=vanilla_run[0])
+
+
+@pytest.mark.slow
+def test_resume_after_interruption_roll(tree, tmp_path, capsys):
+    """The ROLL sampling counter is part of the state: the same axes after resuming."""
+    _resume_case(tree, tmp_path, ["--roll", "--samples=2"], capsys)
+
+
+@pytest.mark.slow
+def test_roll_run_end_to_end(vanilla_run, tree, tmp_path):
+    """ROLL, then the figure with the vanilla model beside it (--compare_with)."""
+    out = tmp_path / "roll"
+    results = _run(*TINY, "--roll", "--samples=2", "--epochs=2", "--lr_decay_epochs=1",
+                   f"--compare_with={vanilla_run[0]}", f"--data_dir={tree}", f"--out={out}")
+    hist = results["training"]["history"]
+    assert len(hist) == 2 and all(h["roll_loss"] > 0 and h["val_roll_loss"] > 0 for h in hist)
+    assert results["figure"]["models"] == ["ROLL", "vanilla"]
+    assert (out / "figure4.png").exists()
+    md = (out / "results.md").read_text()
+    assert "ROLL: lam=0.001, C=8, gamma=100, samples=2 per channel, wrt=normalize" in md
+
+
+@pytest.mark.slow
+def test_mixed_precision_run(tree, tmp_path):
+    """--mixed_precision (bfloat16 on CPUs): ROLL trains, evaluation runs in float32."""
+    results = _run(*TINY, "--roll", "--samples=1", "--mixed_precision", "--steps_per_epoch=2",
+                   "--num_eval=1", "--figure_percentiles=50", f"--data_dir={tree}",
+                   f"--out={tmp_path}")
+    assert results["settings"]["mixed_precision"] is True
+    assert np.isfinite(results["training"]["history"][0]["loss"])
+    assert results["distortion"]["max"]["P100"] >= 0
+
+
+def test_finished_run_is_not_restarted(vanilla_run, tree, tmp_path, capsys):
+    out = tmp_path / "copy"
+    shutil.copytree(vanilla_run[0], out)
+    results = vanilla_run[1]
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    again = _run(*TINY, *RESUMABLE, "--noroll", "--num_eval=0", f"--data_dir={tree}",
+                 f"--out={out}")
+    assert "Training finished earlier" in capsys.readouterr().out
+    assert json.loads((out / "checkpoint" / "state.json").read_text()) == state
+    assert again["test"]["p_at_1"] == results["test"]["p_at_1"]
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_no_data_says_where_to_get_it(tmp_path):
+    for extra in ([], [f"--data_dir={tmp_path / 'missing'}"]):
+        with pytest.raises(ex.UsageError) as e:
+            _run(*TINY, f"--out={tmp_path / 'o'}", *extra)
+        msg = str(e.value)
+        assert "data.caltech.edu" in msg and "256_ObjectCategories/NNN.name" in msg
+
+
+def test_empty_class_folder(tree, tmp_path):
+    copy = tmp_path / "tree"
+    shutil.copytree(tree, copy)
+    for f in (copy / "256_ObjectCategories" / "003.backpack").iterdir():
+        f.unlink()
+    with pytest.raises(ex.UsageError, match="003.backpack.*holds no usable images"):
+        _run(*TINY, f"--data_dir={copy}", f"--out={tmp_path / 'o'}")
+
+
+def test_unknown_strategy_and_bad_flags(tmp_path):
+    from absl import flags
+
+    with pytest.raises(flags.IllegalFlagValueError, match="default|mirrored|multiworker"):
+        _flags("--strategy=tpu")
+    with pytest.raises(ex.UsageError, match="--lr_decay_epochs takes whole epochs"):
+        _run(*TINY, "--lr_decay_epochs=2.5", f"--out={tmp_path}")
+    with pytest.raises(ex.UsageError, match="--eps is an l_inf radius"):
+        _run(*TINY, "--eps=8", f"--out={tmp_path}")
+
+
+def test_multiworker_needs_tf_config(tmp_path, monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ex.UsageError, match="TF_CONFIG.*--strategy=mirrored"):
+        _run(*TINY, "--strategy=multiworker", "--quick", f"--out={tmp_path}")
+
+
+def test_refuses_checkpoint_without_run_config(tree, tmp_path):
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "state.json").write_text("{}")
+    with pytest.raises(ex.UsageError, match="holds a checkpoint.*Delete the folder"):
+        _run(*TINY, f"--data_dir={tree}", f"--out={tmp_path}")
+
+
+def test_eval_only_without_weights(tree, tmp_path):
+    with pytest.raises(ex.UsageError, match="no weights at .*best.weights.h5; train first"):
+        _run(*TINY, "--eval_only", f"--data_dir={tree}", f"--out={tmp_path}")
+
+
+def test_missing_flagfile_message(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "examples.caltech256",
+                           "--flagfile=examples/configs/nope.flags"], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "--flagfile=examples/configs/nope.flags: no such file" in proc.stderr, proc.stderr
+    assert "caltech256_roll.flags" in proc.stderr
+
+
+def test_flagfiles_hold_the_papers_settings():
+    for name, roll in (("caltech256_roll.flags", True), ("caltech256_vanilla.flags", False)):
+        fv = _flags(f"--flagfile={ROOT / 'examples' / 'configs' / name}")
+        assert fv.roll is roll
+        assert (fv.batch_size, fv.lr, fv.lr_decay_epochs, fv.lr_decay_factor, fv.momentum,
+                fv.nesterov, fv.epochs, fv.image_size) == (32, 0.005, ["10"], 0.1, 0.5, True,
+                                                           20, 299)
+        assert (fv.lam, fv.C, fv.gamma, fv.samples, fv.strata) == (0.001, 8, 100, 120,
+                                                                    "channel")
+        assert (fv.val_per_class, fv.test_per_class, fv.eps) == (5, 15, 8 / 256)
+        cfg = ex.Config(_flags(f"--flagfile={ROOT / 'examples' / 'configs' / name}", "--quick",
+                               "--epochs=3"))
+        assert cfg.image_size == 32 and cfg.samples == 2 and cfg.epochs == 3
+
+
+# ----------------------------------------------------------------------------- distributed
+
+
+def _subprocess(code, timeout=900):
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout
+
+
+MIRRORED = """
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import json
+from examples import caltech256 as ex, common
+argv = {argv!r}
+try:
+    ex.run(common.parse_flags(ex.define_flags, argv + ["--batch_size=3"]))
+except ex.UsageError as e:
+    print("ERROR:", e)
+res = ex.run(common.parse_flags(ex.define_flags, argv))
+print("RESULT:", json.dumps(res["training"]))
+"""
+
+
+@pytest.mark.slow
+def test_mirrored_two_replicas(tree, tmp_path):
+    argv = [*TINY, "--roll", "--samples=1", "--strategy=mirrored", "--steps_per_epoch=1",
+            "--num_eval=0", "--monitor_images=0", f"--data_dir={tree}", f"--out={tmp_path}"]
+    out = _subprocess(MIRRORED.format(argv=argv))
+    assert ("ERROR: --batch_size=3 is the global batch and must be divisible by the 2 "
+            "replicas of --strategy=mirrored") in out
+    training = json.loads(out.split("RESULT:")[1])
+    assert training["replicas"] == 2 and training["epochs_trained"] == 1
+    assert training["history"][0]["roll_loss"] > 0
+
+
+def _free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.mark.slow
+def test_multiworker_two_workers(tree, tmp_path):
+    """Two MultiWorkerMirroredStrategy processes on 127.0.0.1: the chief writes results."""
+    hosts = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    argv = [sys.executable, "-m", "examples.caltech256", *TINY, "--noroll",
+            "--strategy=multiworker", "--steps_per_epoch=2", "--num_eval=0",
+            f"--data_dir={tree}", f"--out={tmp_path}"]
+    procs = []
+    for i in range(2):
+        env = dict(_env(), TF_CONFIG=json.dumps(
+            {"cluster": {"worker": hosts}, "task": {"type": "worker", "index": i}}))
+        procs.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=900)[0] for p in procs]
+    for p, o in zip(procs, outputs):
+        assert p.returncode == 0, o[-4000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["training"]["replicas"] == 2
+    assert (tmp_path / "workers" / "worker_1" / "checkpoint" / "state.json").exists()
+    assert "Test split" in outputs[0] and "Test split" not in outputs[1]
+
+
+@pytest.mark.slow
+def test_quick_command_line(tmp_path):
+    """The documented --quick command, as a user runs it (a few minutes on 2 cores)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "examples.caltech256",
+         "--flagfile=examples/configs/caltech256_roll.flags", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["settings"]["image_size"] == 32 and results["roll"] is True
+    assert len(results["training"]["history"]) == 2
+    assert (tmp_path / "figure4.png").exists()
