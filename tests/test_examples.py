@@ -233,7 +233,7 @@ def test_quick_caps_flagfile_values(tmp_path):
     assert fv.epochs == 7 and fv.n == toy2d.QUICK["n"]  # flagfile's 200 capped
     fv = common.parse_flags(toy2d.define_flags, [f"--flagfile={CONFIGS / 'toy2d.flags'}"])
     common.apply_quick(fv, toy2d.QUICK)
-    assert fv.epochs == 600 and fv.n == 200
+    assert fv.epochs == 300 and fv.n == 200
 
 
 # ----------------------------------------------------------------------------- mnist
