@@ -1,8 +1,11 @@
 """Certify throughput: l1 + l2 + l_inf certificates of a 784-300x4-10 ReLU network.
 
-Prints examples per second of `keras_roll.certify` on 1,000 MNIST-shaped inputs,
-and the achieved GFLOP/s of the tangent (perturbation) pass beside a float32
-matmul rate measured in the same run, on matmuls of the same shapes.
+Prints examples per second of `keras_roll.certify` on 1,000 MNIST-shaped inputs
+under `rigor="float64"` (the default: float64 twin and the rounding bound) and
+`rigor="float32"`, timed interleaved in the same run, and their ratio (goal:
+float64 at most 2x the cost of float32 on CPU); then the achieved GFLOP/s of the
+float32 tangent (perturbation) pass beside a float32 matmul rate measured in the
+same run, on matmuls of the same shapes.
 
     python -m benchmarks.certify [--num_examples=1000] [--repeats=3]
 """
@@ -19,7 +22,7 @@ import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import keras_roll  # noqa: E402
-from benchmarks._util import interleaved_medians, median_time  # noqa: E402
+from benchmarks._util import interleaved_medians  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_examples", 1000, "Inputs to certify.")
@@ -56,7 +59,10 @@ def main(argv):
     x = np.random.default_rng(0).uniform(0, 1, size=(n, D)).astype("float32")
     lin = keras_roll.linearize(model)
 
-    t_cert = median_time(lambda: keras_roll.certify(lin, x, verbose=0), FLAGS.repeats, warmup=1)
+    certs = interleaved_medians({
+        rigor: (lambda r=rigor: keras_roll.certify(lin, x, verbose=0, rigor=r))
+        for rigor in ("float64", "float32")}, FLAGS.repeats, warmup=1)
+    t_cert, t_cert32 = certs["float64"], certs["float32"]
 
     chunks = []
 
@@ -97,7 +103,11 @@ def main(argv):
     print(f"machine: {os.cpu_count()} CPU cores, TensorFlow {tf.__version__}")
     print(f"network: {D}-{'-'.join([str(width)] * depth)}-10 ReLU, {n} inputs, "
           f"{lin.forward(x[:1]).neurons.z.shape[-1]} neurons")
-    print(f"certify (l1 + l2 + l_inf): {t_cert:8.3f} s  -> {n / t_cert:8.1f} examples/s")
+    print(f"certify (l1 + l2 + l_inf), rigor float64: {t_cert:8.3f} s  -> "
+          f"{n / t_cert:8.1f} examples/s")
+    print(f"certify (l1 + l2 + l_inf), rigor float32: {t_cert32:8.3f} s  -> "
+          f"{n / t_cert32:8.1f} examples/s")
+    print(f"ratio float64 / float32: {t_cert / t_cert32:.2f} (goal <= 2.0 on CPU)")
     print(f"tangent pass alone:        {t_tan:8.3f} s  -> {rate:8.1f} GFLOP/s "
           f"({flops / 1e9:.0f} GFLOP; chunks of {example_chunk} examples x {k} axes)")
     print(f"matmul [{rows}x{width}]@[{width}x{width}]: {mm_rate:8.1f} GFLOP/s; "

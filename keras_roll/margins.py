@@ -111,8 +111,8 @@ class RoundingErrors(NamedTuple):
     Attributes:
         at_x: `[b, N]` bound on `|computed z_j - exact z_j|` at `x` (the model's
             evaluation and the float64 twin together).
-        per_radius: `[b, N]` its growth per unit of `||x' - x||_inf`, which also
-            bounds the l1 error of the twin's gradient `g_j`.
+        per_radius: `[b, N]` its growth per unit of `||x' - x||_inf` (so of any
+            lp radius), which also bounds the l1 error of the twin's gradient `g_j`.
         slack: relative error bound of the float64 gradient norms.
         overflow: `[b]` bool, the model's evaluation may overflow.
         exact_at_x: `[b, N]` the float64 twin's share of `at_x` (for patterns).
@@ -141,9 +141,18 @@ def rounding_errors(twin, fwd) -> RoundingErrors:
     d = int(np.prod(fwd.trace.input.shape[1:]))
     # A sum of D squares (or absolute values), its square root and a division.
     slack = 4.0 * (d + 16) * unit_roundoff("float64")
-    return RoundingErrors((g_eval + g_exact) * at_x * BOUND_SAFETY,
-                          (g_eval + g_exact) * per_r * BOUND_SAFETY, slack,
-                          rb.overflow.numpy(), g_exact * at_x * BOUND_SAFETY)
+    # |error| <= (1 + g)(g m + a): the second-order term of relative and absolute errors.
+    grow = (1.0 + g_eval + g_exact) * BOUND_SAFETY
+    absolute = rb.abs_eval.numpy() + rb.abs_exact.numpy()
+    return RoundingErrors(((g_eval + g_exact) * at_x + absolute) * grow,
+                          (g_eval + g_exact) * per_r * grow, slack, rb.overflow.numpy(),
+                          (g_exact * at_x + rb.abs_exact.numpy()) * grow)
+
+
+def _errors_and_norms(twin, x, batch_size, budget, rigor):
+    """`(example_slice, forward_pass, GradNorms, RoundingErrors or None)` per slice."""
+    for sl, fwd, gn in iter_gradient_norms(twin, x, batch_size, budget):
+        yield sl, fwd, gn, rounding_errors(twin, fwd) if rigor == "float64" else None
 
 
 def _nonfinite(fwd, valid, err: RoundingErrors | None) -> np.ndarray:
@@ -328,12 +337,11 @@ def _certify_batch(lin, twin, x, norms, directions, method, batch_size, budget, 
         bad = ~np.all(np.isfinite(np.concatenate(logits).reshape(b_total, -1)), axis=1)
         bar.update(b_total)
     elif method == "analytic":
-        for sl, fwd, gn in iter_gradient_norms(twin, x, batch_size, budget):
+        for sl, fwd, gn, err in _errors_and_norms(twin, x, batch_size, budget, rigor):
             below, above, valid, _ = neuron_arrays(fwd)
-            err = rounding_errors(twin, fwd) if rigor == "float64" else None
-            terms = () if err is None else (err.at_x, err.per_radius, err.slack)
             dist = np.minimum(below, above)
             for p in norms:
+                terms = () if err is None else (err.at_x, err.per_radius, err.slack)
                 eps, j = margins_from_norms(dist, gn.dual(p), valid, *terms)
                 margins[p][sl], index[p][sl] = to_numpy(eps), to_numpy(j)
             if dirs is not None:
@@ -428,9 +436,8 @@ def lp_margins(model: ModelOrTwin, x, p: Norm = 2, batch_size: int | None = None
         outs.append(out)
         if not int(xb.shape[0]) or not twin.num_neurons(xb.shape[1:]):
             continue
-        for sl, fwd, gn in iter_gradient_norms(twin, xb, batch_size, memory_budget):
+        for sl, fwd, gn, err in _errors_and_norms(twin, xb, batch_size, memory_budget, rigor):
             below, above, valid, _ = neuron_arrays(fwd)
-            err = rounding_errors(twin, fwd) if rigor == "float64" else None
             terms = () if err is None else (err.at_x, err.per_radius, err.slack)
             eps, _ = margins_from_norms(np.minimum(below, above), gn.dual(p), valid, *terms)
             out[sl] = to_numpy(eps)

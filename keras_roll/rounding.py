@@ -15,9 +15,13 @@ Algorithms*, 2nd ed., Sec. 3.1), run as one more pass of the interpreter
   (`Op.roundings`: the fan-in of a sum and a few more) in unit roundoff `u`
   has relative error `gamma_n = n u / (1 - n u)` of its magnitude, and errors
   compose as `(1 + g_in)(1 + gamma_n) - 1` (`Op.rounding_growth`);
+* absolute error bounds `a` for results near zero (subnormals, or
+  flush-to-zero as TensorFlow sets on CPUs): each rounding and each flushed
+  input adds at most `eta` (`underflow_unit`), carried through the ops'
+  linear parts (`Op.absolute_growth`);
 
 so that the model's computed neuron `z^_j` and the exact `z_j` satisfy
-`|z^_j - z_j| <= g_j m_j`. The same recursion with the unit roundoff of
+`|z^_j - z_j| <= (1 + g_j)(g_j m_j + a_j)`. The same recursion with the unit roundoff of
 float64 bounds the error of the float64 twin that certificates are computed
 with. `margins` turns both into smaller, sound radii; docs/design.md, section
 "The rounding bound", has the derivation and its assumptions.
@@ -28,7 +32,7 @@ Example:
 twin = lin.at_dtype("float64")
 fwd = twin.forward(x)
 rb = twin.compiled.rounding(fwd.trace)     # RoundingBound: [B, N] bounds
-err = (rb.g_eval + rb.g_exact) * rb.at_x   # |computed z - exact z| per neuron
+err = (rb.g_eval + rb.g_exact) * rb.at_x + rb.abs_eval + rb.abs_exact   # per neuron
 ```
 """
 
@@ -54,6 +58,7 @@ __all__ = [
     "gamma",
     "rounding_bound",
     "tensor_float_32_active",
+    "underflow_unit",
     "unit_roundoff",
 ]
 
@@ -80,6 +85,31 @@ def unit_roundoff(dtype) -> float:
         raise ValueError(f"No unit roundoff for dtype {name!r}; expected one of "
                          f"{sorted(_UNIT_ROUNDOFF)}.")
     return _UNIT_ROUNDOFF[name]
+
+
+# The absolute error of one rounding near zero: the smallest normal number where
+# CPUs may flush subnormal results and inputs to zero (TensorFlow sets
+# flush-to-zero and denormals-are-zero for float32 / float64 / bfloat16 on CPUs);
+# float16 keeps IEEE gradual underflow on GPUs and in CPU conversions, so its
+# error there is half the subnormal spacing (we take the full spacing).
+_UNDERFLOW = {
+    "float16": 2.0**-24,
+    "bfloat16": 2.0**-126,
+    "float32": 2.0**-126,
+    "float64": 2.0**-1022,
+}
+
+
+def underflow_unit(dtype) -> float:
+    """`eta`: the absolute error one rounding near zero may add in `dtype`.
+
+    Example:
+
+    ```python
+    underflow_unit("float16")     # 5.96e-08 (subnormal spacing)
+    ```
+    """
+    return _UNDERFLOW[keras.backend.standardize_dtype(dtype)]
 
 
 def gamma(n, u: float) -> float:
@@ -172,28 +202,36 @@ class Bound(Record):
             (the magnitudes of the linear part, from an all-ones input).
         g_eval: relative error bound of the model's own evaluation.
         g_exact: relative error bound of the float64 twin.
+        abs_eval: `[B, *shape]` absolute (underflow) error bound of the model's
+            evaluation.
+        abs_exact: the same for the float64 twin.
     """
 
     at_x: tf.Tensor
     per_radius: tf.Tensor
     g_eval: tf.Tensor
     g_exact: tf.Tensor
+    abs_eval: tf.Tensor
+    abs_exact: tf.Tensor
 
 
 class RoundingBound(NamedTuple):
     """Per-neuron rounding error bounds of a batch, `[B, N]` float64 each.
 
-    At any `x'` with `||x' - x||_inf <= r`, the model's own evaluation of neuron
-    `j` differs from its exact value by at most `g_eval_j (at_x_j + r
-    per_radius_j)`, and the float64 twin's by at most `g_exact_j (at_x_j + r
-    per_radius_j)`; `g_exact_j per_radius_j` also bounds the l1 norm of the
-    error of the twin's float64 gradient of neuron `j`.
+    At any `x'` with `||x' - x||_inf <= r` (on the activation pattern of `x`),
+    the model's own evaluation of neuron `j` differs from its exact value by at
+    most `(1 + g_eval_j) (g_eval_j (at_x_j + r per_radius_j) + abs_eval_j)`,
+    and the float64 twin's by the same with `g_exact`, `abs_exact`;
+    `g_exact_j per_radius_j` also bounds the l1 norm of the error of the
+    twin's float64 gradient of neuron `j`.
 
     Attributes:
         at_x: `[B, N]` bound on `|z_j(x)|`.
         per_radius: `[B, N]` growth of that bound per unit of `||x' - x||_inf`.
         g_eval: `[B, N]` relative error of the model's evaluation.
         g_exact: `[B, N]` relative error of the float64 twin.
+        abs_eval: `[B, N]` absolute (underflow) error of the model's evaluation.
+        abs_exact: `[B, N]` absolute (underflow) error of the float64 twin.
         overflow: `[B]` bool: some intermediate value of the model may exceed
             the largest finite number of its compute dtype at `x`.
     """
@@ -202,6 +240,8 @@ class RoundingBound(NamedTuple):
     per_radius: tf.Tensor
     g_eval: tf.Tensor
     g_exact: tf.Tensor
+    abs_eval: tf.Tensor
+    abs_exact: tf.Tensor
     overflow: tf.Tensor
 
 
@@ -231,16 +271,24 @@ class RoundingTransform(Transform):
         g_eval, gn_eval = op.rounding_growth(g_in_eval, self.precision.gamma_fn(op), shapes)
         g_exact, gn_exact = op.rounding_growth(
             g_in_exact, lambda n, matmul_like=False: gamma(n, self.exact_u), shapes)
-        limit = float(np.finfo(self.precision.dtype_of(op)).max) \
-            if self.precision.dtype_of(op) != "bfloat16" else 3.38e38
+        eta_eval = underflow_unit(self.precision.dtype_of(op))
+        eta_exact = underflow_unit("float64")
+        a_eval, an_eval = op.absolute_growth([b.abs_eval for b in inputs], record, mask,
+                                             eta_eval)
+        a_exact, an_exact = op.absolute_growth([b.abs_exact for b in inputs], record, mask,
+                                               eta_exact)
+        dtype = self.precision.dtype_of(op)
+        limit = float(np.finfo(dtype).max) if dtype != "bfloat16" else 3.38e38
         big = tf.reduce_any(flatten_examples(at_x) * (1.0 + g_eval) > limit, axis=1)
         self.overflow = tf.logical_or(self.overflow, big)
         if op.owns_neurons:
             shape = tf.shape(at_x_n)
             self.neurons.append((at_x_n, per_r_n,
                                  tf.broadcast_to(tf.cast(gn_eval, tf.float64), shape),
-                                 tf.broadcast_to(tf.cast(gn_exact, tf.float64), shape)))
-        return Bound(at_x, per_r, tf.cast(g_eval, tf.float64), tf.cast(g_exact, tf.float64))
+                                 tf.broadcast_to(tf.cast(gn_exact, tf.float64), shape),
+                                 an_eval, an_exact))
+        return Bound(at_x, per_r, tf.cast(g_eval, tf.float64), tf.cast(g_exact, tf.float64),
+                     a_eval, a_exact)
 
 
 def _max_g(values):
@@ -264,11 +312,11 @@ def rounding_bound(interpreter, trace: Trace, precision: EvaluationPrecision) ->
     x = tf.cast(trace.input, tf.float64)
     batch = tf.shape(x)[0]
     zero = tf.constant(0.0, tf.float64)
-    start = Bound(tf.abs(x), tf.ones_like(x), zero, zero)
+    start = Bound(tf.abs(x), tf.ones_like(x), zero, zero, tf.zeros_like(x), tf.zeros_like(x))
     transform = RoundingTransform(precision, batch)
     propagate(interpreter.program, transform, start, trace)
     if not transform.neurons:
         empty = tf.zeros(tf.stack([batch, 0]), tf.float64)
-        return RoundingBound(empty, empty, empty, empty, transform.overflow)
+        return RoundingBound(empty, empty, empty, empty, empty, empty, transform.overflow)
     parts = [tf.concat(list(p), axis=1) for p in zip(*transform.neurons)]
     return RoundingBound(*parts, transform.overflow)

@@ -15,6 +15,10 @@ twin's tangent rules:
   primal rules, forward mode through the tangent rules);
 * the rows of every ReLU / LeakyReLU / PReLU / Activation layer equal the
   tape's Jacobian of the layer's Keras-visible input;
+* in float64 (`lin.at_dtype("float64")`) the outputs and neuron Jacobians
+  agree too, and the rounding bound of `keras_roll.rounding` holds: magnitudes
+  bound the neurons and their Jacobian rows, and the float32 neurons lie
+  within the bound of the float64 ones;
 
 and, per class, the ops' `training_dependent` flag equals what calling the layer
 with `training=True` and `training=False` on the same input shows.
@@ -275,7 +279,42 @@ def conformance(key):
             errors[f"{layer.name} pre-activations"] = _close(
                 lin.forward(x).neurons.z.numpy()[:, rows], value)
             errors[f"{layer.name} jacobian"] = _close(jac[:, rows], ref)
+    errors.update(_float64_errors(model, x, lin))
     return model, x, lin, errors
+
+
+def _float64_errors(model, x, lin):
+    """The float64 twin and the rounding bound of `keras_roll.rounding`, per model.
+
+    * the float64 twin's logits equal the model's, its neuron Jacobians the tape's
+      Jacobian of its own float64 neurons;
+    * the bound holds: `|z| <= at_x`, `sum_k |dz/dx_k| <= per_radius` (the
+      Lipschitz part) and `|z32 - z64| <= (g_eval + g_exact) at_x` for the
+      float32 twin's neurons (the model's own layer calls).
+
+    A violated inequality is reported as its relative excess (0 when it holds).
+    """
+    twin = lin.at_dtype("float64")
+    errors = {}
+    out = model(x, training=False).numpy().astype(np.float64)
+    errors["float64 output"] = _close(
+        twin.apply_output_link(twin(x)).numpy().reshape(out.shape), out)
+    jac = twin.jacobian(x)
+    z, ref = _batch_jacobian(lambda t: twin.primal(t).neurons.z, x.astype(np.float64))
+    errors["float64 neuron jacobians"] = _close(jac, ref)
+    fwd = twin.forward(x)
+    rb = twin.compiled.rounding(fwd.trace)
+    at_x, per_r = rb.at_x.numpy(), rb.per_radius.numpy()
+    bound = (rb.g_eval.numpy() + rb.g_exact.numpy()) * at_x
+    z32 = lin.forward(x).neurons.z.numpy().astype(np.float64)
+    valid = fwd.neurons.valid.numpy()
+    scale = max(float(np.max(at_x, initial=0.0)), 1e-12)
+    errors["magnitude bound"] = float(np.max(np.abs(z) - at_x, initial=0.0)) / scale
+    errors["lipschitz bound"] = float(np.max(np.abs(jac).sum(-1) - per_r, initial=0.0)) / scale
+    excess = np.where(valid, np.abs(z32 - z) - bound, 0.0)
+    errors["rounding bound"] = max(float(np.max(excess, initial=0.0)), 0.0) / scale
+    assert np.any(bound[valid] > 0) or not valid.any()  # the bound is not vacuous
+    return errors
 
 
 def _changes_in_training(layer, model, x) -> bool:

@@ -60,6 +60,8 @@ class LayerCall(Op):
         self.needs_mask = takes_mask(layer)
 
     def _call(self, inputs, mask=None):
+        if isinstance(self.layer, keras.layers.AveragePooling3D) and inputs[0].dtype == tf.float64:
+            return _avg_pool3d(self.layer, inputs[0])  # TensorFlow's CPU kernel lacks float64
         return call_layer(self.layer, inputs, mask if self.needs_mask else None)
 
     def forward(self, inputs, mask):
@@ -120,6 +122,28 @@ class LayerCall(Op):
         if kind == "resize":
             return 8 if getattr(layer, "interpolation", "nearest") == "bilinear" else 0
         return 0  # reshapes, paddings, croppings: exact
+
+
+def _avg_pool3d(layer, x):
+    """`AveragePooling3D` in float64: window sums by a ones-kernel conv3d, divided by
+    the number of non-padding elements of every window (as Keras counts them)."""
+    if layer.data_format == "channels_first":
+        x = tf.transpose(x, [0, 2, 3, 4, 1])
+    shape = tf.shape(x)
+    per_channel = tf.reshape(tf.transpose(x, [0, 4, 1, 2, 3]),
+                             tf.concat([[-1], shape[1:4], [1]], 0))
+    kernel = tf.ones([*layer.pool_size, 1, 1], x.dtype)
+    strides = [1, *layer.strides, 1]
+    padding = layer.padding.upper()
+    sums = tf.nn.conv3d(per_channel, kernel, strides, padding)
+    counts = tf.nn.conv3d(tf.ones_like(per_channel[:1]), kernel, strides, padding)
+    out = sums / counts
+    out_shape = tf.shape(out)
+    out = tf.reshape(out, tf.concat([[shape[0], shape[4]], out_shape[1:4]], 0))
+    out = tf.transpose(out, [0, 2, 3, 4, 1])
+    if layer.data_format == "channels_first":
+        out = tf.transpose(out, [0, 4, 1, 2, 3])
+    return out
 
 
 def _positive_kind(layer) -> str | None:

@@ -245,6 +245,26 @@ class Op:
                    if self.owns_neurons else None)
         return out, neurons
 
+    def absolute_growth(self, errors: list[tf.Tensor], record: Record, mask, eta: float):
+        """How absolute errors (underflow: subnormals, flush-to-zero) grow through the op.
+
+        Args:
+            errors: one `[B, *shape]` bound per input on its absolute error.
+            record, mask: as for `magnitude`.
+            eta: the absolute error of one rounding near zero in the op's dtype
+                (`keras_roll.rounding.underflow_unit`).
+
+        Returns:
+            `(output bound, [B, n] neuron bound or None)`: by default
+            `|A| (errors + eta) + n eta` (inputs may be flushed to zero, each of
+            the `n` roundings may underflow) and the neurons' share of `errors`.
+        """
+        n = self.roundings(errors)
+        out, _ = self.magnitudes([e + eta for e in errors], record, False, mask)
+        neurons = (self.neuron_magnitude(errors, record, False, mask)
+                   if self.owns_neurons else None)
+        return out + n * eta, neurons
+
     def rounding_growth(self, g_in, gamma, inputs: list[tf.Tensor]):
         """How the relative error bound `g` grows through the op.
 

@@ -138,29 +138,50 @@ class SimpleRNNOp(Op):
         """The recursion of the layer on magnitudes: `m_z,t = m_x,t |K| + |b| +
         m_h,t-1 |U|`, `m_h,t = |s| m_z,t + |c|` at unpadded steps, with `f = s z + c`
         the recorded piece of every unit and step (see `Activation.magnitude`)."""
-        m = bounds[0]
+        dtype = bounds[0].dtype
+        bias = None
+        if affine and self.cell.bias is not None:
+            bias = tf.abs(tf.cast(self.cell.bias, dtype))
+        offset = None
+        if affine:  # |f(z) - s z| on the recorded piece of every unit and step (0 for ReLU)
+            z_rec = tf.cast(record.z, dtype)
+            offset = tf.abs(tf.cast(self.act.fn(z_rec), dtype)
+                            - tf.cast(record.slope, dtype) * z_rec)
+        return self._recursion(bounds[0], record, bias, offset)
+
+    def absolute_growth(self, errors, record, mask, eta):
+        """The absolute (underflow) error recursion: every step's sums add `n eta`,
+        its inputs and state may be flushed (`+ eta`), its activation adds `eta`s."""
+        dtype = errors[0].dtype
+        recurrent = tf.abs(tf.cast(self.cell.recurrent_kernel, dtype))
+        n = self.roundings(errors)
+        bias = eta * (n + tf.reduce_sum(recurrent, axis=0))
+        slope = tf.abs(tf.cast(record.slope, dtype))
+        offset = eta * (slope + self.act.roundings(errors) + 1.0)
+        return self._recursion(errors[0] + eta, record, bias, offset)
+
+    def _recursion(self, m, record, bias, offset):
+        """Runs `m_z,t = m_t |K| + bias + m_h,t-1 |U|`, `m_h,t = |s_t| m_z,t + offset_t`."""
         cell, layer = self.cell, self.layer
         dtype = m.dtype
         kernel = tf.abs(tf.cast(cell.kernel, dtype))
         recurrent = tf.abs(tf.cast(cell.recurrent_kernel, dtype))
         xw = tf.matmul(m, kernel)
-        if affine and cell.bias is not None:
-            xw += tf.abs(tf.cast(cell.bias, dtype))
+        if bias is not None:
+            xw += bias
         keep = tf.cast(record.mask, tf.bool)  # in processing order (see `forward`)
         if layer.go_backwards:
             xw = tf.reverse(xw, [1])
         h0 = tf.zeros(tf.stack([tf.shape(m)[0], cell.units]), dtype)
-
         slope = tf.abs(tf.cast(record.slope, dtype))
-        z_rec = tf.cast(record.z, dtype)
-        # |f(z) - s z| on the recorded piece of every unit and step (0 for ReLU).
-        offset = tf.abs(tf.cast(self.act.fn(z_rec), dtype) - tf.cast(record.slope, dtype) * z_rec)
+        if offset is None:
+            offset = tf.zeros_like(slope)
 
         def step(carry, elems):
             h, _, _ = carry
             xw_t, k_t, s_t, c_t = elems
             z = xw_t + tf.matmul(h, recurrent)
-            new = s_t * z + c_t if affine else s_t * z
+            new = s_t * z + c_t
             k_t = k_t[:, None]
             out = tf.where(k_t, new, tf.zeros_like(new) if layer.zero_output_for_mask else h)
             return tf.where(k_t, new, h), z, out
