@@ -156,9 +156,10 @@ def fmt(value, digits: int = 3) -> str:
         return "nan"
     if math.isinf(v):
         return "inf" if v > 0 else "-inf"
-    if v != 0 and (abs(v) < 1e-2 or abs(v) >= 1e5):
+    if v != 0 and abs(v) < 1e-2:
         return f"{v:.{digits - 1}e}"
-    return f"{v:.{digits}g}"
+    text = f"{v:.{digits}g}"
+    return f"{v:,.0f}" if "e" in text else text
 
 
 def percent(value) -> str:

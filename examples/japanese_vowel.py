@@ -66,7 +66,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_integer("units", 512, "scoRNN hidden units.", flag_values=fv)
     flags.DEFINE_integer("num_negative_ones", None, "-1 entries of the scoRNN's diagonal D "
                          "(rho); unset: units // 10.", flag_values=fv)
-    flags.DEFINE_integer("epochs", 100, "Training epochs.", flag_values=fv)
+    flags.DEFINE_integer("epochs", 80, "Training epochs.", flag_values=fv)
     flags.DEFINE_integer("batch_size", 32, "Batch size.", flag_values=fv)
     flags.DEFINE_float("lr", 1e-3, "AMSGrad learning rate.", flag_values=fv)
     flags.DEFINE_float("val_fraction", 0.2, "Fraction of each speaker's training sequences "
