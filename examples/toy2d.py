@@ -40,8 +40,9 @@ from keras_roll.data import make_toy2d  # noqa: E402
 
 QUICK = {"n": 100, "epochs": 300}  # ~1 minute per model on 2 CPU cores
 MODELS = ("vanilla", "distance", "roll")
-TITLES = {"vanilla": "Vanilla loss", "distance": "Distance regularization (hinge on the l2 margin)",
-          "roll": "Relaxed regularization (ROLL)"}
+TITLES = {"vanilla": "Vanilla loss", "distance": "Distance regularizer (hinge on the l2 margin)",
+          "roll": "Relaxed regularizer (ROLL)"}
+SHORT = {"vanilla": "Vanilla", "distance": "Distance regularizer", "roll": "Relaxed ROLL"}
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
@@ -209,8 +210,8 @@ def run(fv) -> dict:
         path = out / f"figure1_{name}.png"
         keras_roll.plots.plot_linear_regions(
             model, x, y, bounds=((-1.2, 1.2), (-1.2, 1.2)), resolution=fv.resolution,
-            title=f"{TITLES[name]}: accuracy {100 * row['acc']:.1f} %, median l2 margin "
-                  f"{row['l2_p50']:.3g}", path=path)
+            title=f"{SHORT[name]}: accuracy {100 * row['acc']:.0f} %, median l2 margin "
+                  f"{row['l2_p50']:.2g}", path=path)
         figures.append(path)
     vanilla = next((r for r in rows if r["tag"] == "vanilla"), None)
     for r in rows:
