@@ -7,9 +7,7 @@
 * Keras internals (private attributes, `keras.src`) are read only in
   `keras_roll/keras_internals.py`.
 * Chunk sizes are computed in one place: `keras_roll/chunking.py` (no other
-  module floor-divides a memory budget), apart from the modules listed in
-  `CHUNKING_TO_MIGRATE`, which predate `keras_roll.chunking` and should move to
-  `plan_chunks`.
+  module floor-divides a memory budget).
 """
 
 from __future__ import annotations
@@ -21,13 +19,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "keras_roll"
 KERAS_BOUNDARY = "keras_roll/keras_internals.py"
 CHUNK_PLANNER = "keras_roll/chunking.py"
-CHUNKING_TO_MIGRATE = {  # evaluation code written beside the refactor; use plan_chunks
-    "keras_roll/distortion.py",
-    "keras_roll/attribution/gradients.py",
-    "keras_roll/attribution/integrated.py",
-}
-
-
 def _modules():
     for path in sorted(PACKAGE.rglob("*.py")):
         yield str(path.relative_to(ROOT)), ast.parse(path.read_text(), str(path))
@@ -113,7 +104,7 @@ def test_keras_src_is_imported_only_at_the_boundary():
 def test_chunk_sizes_are_computed_in_one_place():
     found = {rel for rel, tree in _modules() if budget_divisions(rel, tree)}
     assert CHUNK_PLANNER in found
-    assert found - CHUNKING_TO_MIGRATE == {CHUNK_PLANNER}, found
+    assert found == {CHUNK_PLANNER}, found
 
 
 def test_the_checks_see_violations():
