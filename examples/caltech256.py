@@ -769,8 +769,8 @@ def train(cfg: Config, strategy, data, folder: RunFolder, extra_callbacks=()):
         logs = state["history"][-1]
         print(f"epoch {epoch + 1}/{cfg.epochs}: step time "
               f"{logs.get('step_time_ms', float('nan')):.0f} ms (median; first step of the "
-              f"run {timer.first or 0:.1f} s incl. tracing), val_loss {logs.get('val_loss')}, "
-              f"best epoch {state['best_epoch']}")
+              f"run {timer.first or 0:.1f} s incl. tracing), val_loss "
+              f"{logs.get('val_loss', float('nan')):.4g}, best epoch {state['best_epoch']}")
     return summary_of(state, steps, replicas)
 
 

@@ -286,6 +286,16 @@ def test_multiworker_needs_tf_config(tmp_path, monkeypatch):
         _run(*TINY, "--strategy=multiworker", "--quick", f"--out={tmp_path}")
 
 
+def test_batch_not_divisible_by_replicas(tmp_path):
+    """The check comes first in `train`; the real two-replica case is in the slow test."""
+    from types import SimpleNamespace
+
+    cfg = ex.Config(_flags(*TINY, "--batch_size=9", "--strategy=mirrored"))
+    with pytest.raises(ex.UsageError, match=r"--batch_size=9 is the global batch and must be "
+                                            r"divisible by the 4 replicas.*--batch_size=8"):
+        ex.train(cfg, SimpleNamespace(num_replicas_in_sync=4), None, None)
+
+
 def test_refuses_checkpoint_without_run_config(tree, tmp_path):
     (tmp_path / "checkpoint").mkdir()
     (tmp_path / "checkpoint" / "state.json").write_text("{}")
