@@ -37,8 +37,9 @@ Norms = Norm | Sequence[Norm] | None
 Method = Literal["analytic", "bisect"]
 """Closed forms (exact, streamed) or the bisection cross-check."""
 
-Rigor = Literal["float64", "float32"]
-"""Certificates sound under rounding (float64 twin + rounding bound) or in the twin's dtype."""
+Rigor = Literal["float64", "strict", "float32"]
+"""Rounding guard of certificates: float64 twin + probabilistic bound ("float64"), float64
+twin + worst-case bound ("strict"), or the twin's own dtype without a guard ("float32")."""
 
 Verbose = bool | int | Literal["auto"]
 """Progress bar: "auto" (only for runs over a second), True or False."""

@@ -25,9 +25,10 @@ import numpy as np
 
 from keras_roll.arguments import parse_norm
 from keras_roll.bisection import binding_directions
+from keras_roll.rounding_noise import FAILURE_PROBABILITY, KAPPA, LAMBDA, SAMPLES
 
 __all__ = ["Certificate", "NormDict", "StabilityBounds", "concat_padded", "format_table",
-           "percentiles_of"]
+           "percentiles_of", "rigor_line"]
 
 INF = math.inf
 NORM_LABELS = {1: "l1", 2: "l2", INF: "linf"}
@@ -103,11 +104,15 @@ class Certificate:
         logits: `[B, *output_shape]` outputs of the twin (before any folded
             softmax / sigmoid; float64 under rigor 'float64').
         method: "analytic" or "bisect".
-        rigor: "float64" (radii shrunk by the rounding bound: sound for the model
-            evaluated in `evaluation`) or "float32" (no rounding guard).
+        rigor: the rounding guard: "float64" (the default: radii shrunk by a
+            probabilistic bound on the rounding of the model evaluated in
+            `evaluation`, `keras_roll.rounding_noise`: each neuron of each point
+            fails with probability below 1e-13), "strict" (a worst-case bound:
+            sound always, often 0 on wide float32 networks) or "float32" (no
+            rounding guard).
         evaluation: the precision the model evaluates itself in, which the
-            certificate covers under rigor 'float64' ('float32', 'float16
-            (mixed precision)', 'float32 (TensorFloat-32 ...)').
+            certificate covers under rigor 'float64' and 'strict' ('float32',
+            'float16 (mixed precision)', 'float32 (TensorFloat-32 ...)').
         mask: for models with a `Masking` layer, `[B, T]` bool, True at the
             unpadded steps: each ball is in those coordinates (padded steps
             held at the mask value); None otherwise.
@@ -253,9 +258,8 @@ class Certificate:
                          self.directional_index.reshape(-1)))
         head = f"Certified margins: {self.n} examples, method '{self.method}' ({PAPER})"
         print_fn(format_table(head, rows, percentiles))
-        if self.rigor == "float64":
-            print_fn(f"Rigor float64: radii shrunk by a bound on rounding; sound for the model "
-                     f"evaluated in {self.evaluation}.")
+        if self.rigor in ("float64", "strict"):
+            print_fn(rigor_line(self.rigor, self.evaluation))
         else:
             print_fn(f"Rigor float32: the float32 twin's radii, not guarded against rounding "
                      f"(the model evaluates in {self.evaluation}).")
@@ -290,7 +294,8 @@ class StabilityBounds:
         upper: `[B, *input_shape]` float64, `+eps(x, +e_k)` (>= 0, inf if unbounded).
         lower_index, upper_index: int64 binding neuron rows (-1 if none), same shape.
         method: "analytic" or "bisect".
-        rigor: "float64" (shrunk by the rounding bound) or "float32".
+        rigor: "float64" (shrunk by the probabilistic rounding guard), "strict"
+            (by the worst-case bound) or "float32" (no guard).
         nonfinite: `[B]` bool, examples with non-finite neurons or logits.
 
     Example:
@@ -327,6 +332,26 @@ class StabilityBounds:
         head = (f"Per-coordinate stability bounds: {n} examples x "
                 f"{int(np.prod(self.lower.shape[1:]))} coordinates, method '{self.method}'")
         print_fn(format_table(head, rows, percentiles))
+
+
+def rigor_line(rigor: str, evaluation: str) -> str:
+    """The summary line that says what a certificate's rounding guard guarantees.
+
+    Example:
+
+    ```python
+    rigor_line("float64", "float32")   # 'Rounding guard: probabilistic, ...'
+    ```
+    """
+    if rigor == "strict":
+        return (f"Rounding guard: worst case (rigor 'strict'): radii shrunk by a rigorous "
+                f"bound on rounding; sound for the model evaluated in {evaluation}.")
+    return (f"Rounding guard: probabilistic (rigor 'float64'): radii shrunk by "
+            f"{LAMBDA:g} x {KAPPA:g} estimated standard deviations of the rounding of the "
+            f"model evaluated in {evaluation} (Higham & Mary's model; {SAMPLES} Gaussian "
+            f"probes), or by the worst-case bound where smaller; a neuron of a point fails "
+            f"with probability < {FAILURE_PROBABILITY:.1e}. rigor='strict' for the worst "
+            f"case alone.")
 
 
 def percentiles_of(v, qs) -> list[float]:

@@ -170,9 +170,11 @@ class AxisBounds:
     def __call__(self, rates, below, above, valid, err_at_x=None, err_per_radius=None,
                  slack=0.0):
         args = (rates, below, above, valid)
-        if err_at_x is not None:
-            args += (tf.cast(err_at_x, below.dtype), tf.cast(err_per_radius, below.dtype),
-                     tf.constant(slack, below.dtype))
+        if err_at_x is not None:  # one guard, or a list of alternatives
+            def cast(t):
+                return tf.cast(t, below.dtype)
+            args += (tf.nest.map_structure(cast, err_at_x),
+                     tf.nest.map_structure(cast, err_per_radius), tf.constant(slack, below.dtype))
         if self.use_xla and int(np.prod(rates.shape)) >= self.xla_min_elements:
             try:
                 return _AXIS_BOUNDS_XLA(*args)

@@ -24,7 +24,10 @@ docs/design.md, section "The rounding bound":
     eps_p(x) = min_j max(0, dist_j - E_j) / (||g_j||_q (1 + slack) + F_j)
 
 where `E_j` bounds the rounding error of neuron `j` at `x` and `F_j` its
-growth per unit of `||x' - x||_inf` (and the error of `g_j`).
+growth per unit of `||x' - x||_inf` (and the error of `g_j`). Several guards
+of the same error (rigor "float64" passes its probabilistic and its worst-case
+bound) are given as lists: each neuron's radius is then the largest they
+allow (`guard_alternatives`).
 
 Example:
 
@@ -48,6 +51,7 @@ __all__ = [
     "NeuronArrays",
     "directional_margins",
     "dual_norm",
+    "guard_alternatives",
     "margins_from_norms",
     "min_and_index",
     "neuron_arrays",
@@ -122,9 +126,11 @@ def margins_from_norms(dist: Array, gnorm: Array, valid: Array | None = None,
         dist: `[..., N]` distances to the nearest breakpoint (`neuron_distances`).
         gnorm: `[..., N]` dual norms `||g_j||_q` (`dual_norm`).
         valid: optional `[..., N]` bool, False for neurons that do not exist.
-        err_at_x: optional `[..., N]` bound on the rounding error of every neuron at `x`.
+        err_at_x: optional `[..., N]` bound on the rounding error of every neuron at
+            `x`, or a list of such bounds (alternatives: `guard_alternatives`).
         err_per_radius: optional `[..., N]` growth of that bound per unit of
-            `||x' - x||_inf`, plus the error bound of `gnorm`.
+            `||x' - x||_inf`, plus the error bound of `gnorm` (a list with a
+            list `err_at_x`).
         slack: relative error bound of the computed `gnorm`.
 
     Returns:
@@ -139,15 +145,46 @@ def margins_from_norms(dist: Array, gnorm: Array, valid: Array | None = None,
     """
     dist = _tensor(dist)
     gnorm = ops.cast(_tensor(gnorm), dist.dtype)
-    if err_at_x is not None:
-        dist = ops.maximum(dist - ops.cast(_tensor(err_at_x), dist.dtype), 0.0)
-        gnorm = gnorm * (1.0 + slack) + ops.cast(_tensor(err_per_radius), dist.dtype)
+    if err_at_x is None:
+        return min_and_index(_ratio(dist, gnorm, valid))
+    ratio = None
+    for e, f in guard_alternatives(err_at_x, err_per_radius):
+        d = ops.maximum(dist - ops.cast(_tensor(e), dist.dtype), 0.0)
+        g = gnorm * (1.0 + slack) + ops.cast(_tensor(f), dist.dtype)
+        r = _ratio(d, g, valid)
+        ratio = r if ratio is None else ops.maximum(ratio, r)
+    return min_and_index(ratio)
+
+
+def _ratio(dist, gnorm, valid):
+    """`dist / gnorm` per neuron, inf where `gnorm == 0` or the neuron is not valid."""
     ok = gnorm > 0
     if valid is not None:
         ok = ops.logical_and(ok, ops.cast(_tensor(valid), "bool"))
     safe = ops.where(ok, gnorm, ops.ones_like(gnorm))
-    ratio = ops.where(ok, dist / safe, ops.full_like(dist, INF))
-    return min_and_index(ratio)
+    return ops.where(ok, dist / safe, ops.full_like(dist, INF))
+
+
+def guard_alternatives(err_at_x, err_per_radius) -> list[tuple]:
+    """`[(E, F), ...]`: one rounding guard, or several given as lists (or tuples).
+
+    Every alternative bounds the same error (e.g. the probabilistic and the
+    worst-case bound of rigor "float64"); a neuron is safe at radius `r` if
+    `dist - E(r) > ||g|| r` for *any* of them, so its limit is the largest of
+    the radii they give.
+
+    Example:
+
+    ```python
+    guard_alternatives([e_prob, e_strict], [f_prob, f_strict])   # two (E, F) pairs
+    ```
+    """
+    if isinstance(err_at_x, (list, tuple)):
+        if not isinstance(err_per_radius, (list, tuple)) or len(err_per_radius) != len(err_at_x):
+            raise ValueError("err_at_x and err_per_radius must be given as lists of the same "
+                             "length (one entry per guard alternative).")
+        return list(zip(err_at_x, err_per_radius))
+    return [(err_at_x, err_per_radius)]
 
 
 def directional_margins(rates: Array, below: Array, above: Array, valid: Array | None = None,
@@ -172,9 +209,10 @@ def directional_margins(rates: Array, below: Array, above: Array, valid: Array |
         rates: `[..., K, N]` directional derivatives (`Linearized.jvp(...).neurons`).
         below, above: `[..., N]` distances to the breakpoints below / above.
         valid: optional `[..., N]` bool.
-        err_at_x: optional `[..., N]` rounding error bound of every neuron at `x`.
+        err_at_x: optional `[..., N]` rounding error bound of every neuron at `x`
+            (or a list of alternatives, see `guard_alternatives`).
         err_per_radius: optional, broadcastable to `rates`: the growth of that
-            bound per unit of `t` (`F_j ||d_k||_inf`).
+            bound per unit of `t` (`F_j ||d_k||_inf`; a list with a list `err_at_x`).
         slack: relative error bound of the computed rates.
 
     Returns:
@@ -196,11 +234,15 @@ def directional_margins(rates: Array, below: Array, above: Array, valid: Array |
         inf = ops.full_like(below, INF)
         below, above = ops.where(v, below, inf), ops.where(v, above, inf)
     if err_at_x is not None:
-        err = ops.cast(_tensor(err_at_x), rates.dtype)
-        grow = ops.abs(rates) * slack + ops.cast(_tensor(err_per_radius), rates.dtype)
-        t_up = _crossing(ops.expand_dims(ops.maximum(above - err, 0.0), -2), rates + grow)
-        t_down = _crossing(ops.expand_dims(ops.maximum(below - err, 0.0), -2), grow - rates)
-        return min_and_index(ops.minimum(t_up, t_down))
+        t = None
+        for e, f in guard_alternatives(err_at_x, err_per_radius):
+            err = ops.cast(_tensor(e), rates.dtype)
+            grow = ops.abs(rates) * slack + ops.cast(_tensor(f), rates.dtype)
+            t_up = _crossing(ops.expand_dims(ops.maximum(above - err, 0.0), -2), rates + grow)
+            t_down = _crossing(ops.expand_dims(ops.maximum(below - err, 0.0), -2), grow - rates)
+            t_a = ops.minimum(t_up, t_down)
+            t = t_a if t is None else ops.maximum(t, t_a)
+        return min_and_index(t)
     num = ops.where(rates > 0, ops.expand_dims(above, -2), ops.expand_dims(below, -2))
     speed = ops.abs(rates)
     t = ops.where(speed > 0, num / ops.where(speed > 0, speed, ops.ones_like(speed)),

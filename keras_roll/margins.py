@@ -17,8 +17,9 @@ the work is split by job:
   feasibility evaluated on the real network (`method="bisect"`);
 * `keras_roll.certificates`: the result classes and their tables;
 * `keras_roll.arguments`: argument validation (shared with `count_regions`);
-* `keras_roll.rounding`: the bound on floating-point rounding that
-  `rigor="float64"` (the default) subtracts from every distance.
+* `keras_roll.rounding_noise` / `keras_roll.rounding`: the probabilistic
+  (`rigor="float64"`, the default) and worst-case (`rigor="strict"`) guards on
+  floating-point rounding subtracted from every distance.
 
 Inputs are arrays or tensors, or streams of batches (`tf.data.Dataset`,
 generators, `keras.utils.PyDataset`: `keras_roll.batches`), certified batch by
@@ -70,6 +71,7 @@ from keras_roll.margin_math import (
 )
 from keras_roll.progress import progress_bar
 from keras_roll.rounding import unit_roundoff
+from keras_roll.rounding_noise import KAPPA, LAMBDA, noise_bound
 from keras_roll.streaming import check_input_keep_float
 
 __all__ = [
@@ -106,7 +108,7 @@ def _check_arguments(method, bisect_tol, batch_size, memory_budget, verbose, rig
 
 
 class RoundingErrors(NamedTuple):
-    """What `rigor="float64"` subtracts, for one example slice (numpy, float64).
+    """What `rigor="float64"` / `"strict"` subtract, for one example slice (numpy, float64).
 
     Attributes:
         at_x: `[b, N]` bound on `|computed z_j - exact z_j|` at `x` (the model's
@@ -116,6 +118,10 @@ class RoundingErrors(NamedTuple):
         slack: relative error bound of the float64 gradient norms.
         overflow: `[b]` bool, the model's evaluation may overflow.
         exact_at_x: `[b, N]` the float64 twin's share of `at_x` (for patterns).
+        strict_at_x: under rigor "float64", the worst-case bound of rigor
+            "strict" (`at_x` is then the probabilistic one): a neuron is safe
+            where either guard keeps it on its piece; None otherwise.
+        strict_per_radius: its growth, likewise.
     """
 
     at_x: np.ndarray
@@ -123,10 +129,39 @@ class RoundingErrors(NamedTuple):
     slack: float
     overflow: np.ndarray
     exact_at_x: np.ndarray
+    strict_at_x: np.ndarray | None = None
+    strict_per_radius: np.ndarray | None = None
+
+    def terms(self, rows=slice(None), scale=None) -> tuple:
+        """`(E, F, slack)` for `margin_math` (lists of guard alternatives where there
+        are two), for the example rows `rows`; `F` times `scale` if given."""
+        pairs = [(self.at_x, self.per_radius)]
+        if self.strict_at_x is not None:
+            pairs.append((self.strict_at_x, self.strict_per_radius))
+        out_e, out_f = [], []
+        for e, f in pairs:
+            f = f[rows]
+            out_e.append(e[rows])
+            out_f.append(f if scale is None else f[:, None, :] * scale)
+        if len(pairs) == 1:
+            return out_e[0], out_f[0], self.slack
+        return out_e, out_f, self.slack
 
 
-def rounding_errors(twin, fwd) -> RoundingErrors:
+def rounding_errors(twin, fwd, rigor: Rigor = "float64", l1=None,
+                    memory_budget: int | None = None) -> RoundingErrors:
     """The `RoundingErrors` of a float64 forward pass `fwd` of `twin` (see `certify`).
+
+    Args:
+        twin: the float64 `Linearized`.
+        fwd: its `ForwardPass` on a batch.
+        rigor: "float64": the probabilistic guard of `keras_roll.rounding_noise`
+            (`LAMBDA KAPPA` estimated standard deviations of the model's own
+            rounding, plus a rigorous bound on the float64 twin's); "strict":
+            the worst-case bound of `keras_roll.rounding`.
+        l1: optional `[b, N]` l1 norms of the neuron gradients (`GradNorms.l1`);
+            they tighten the growth term of rigor "float64".
+        memory_budget: bytes per chunk of the noise pass.
 
     Example:
 
@@ -135,12 +170,32 @@ def rounding_errors(twin, fwd) -> RoundingErrors:
     err = rounding_errors(twin, twin.forward(x))
     ```
     """
-    rb = twin.compiled.rounding(fwd.trace)
-    at_x, per_r = rb.at_x.numpy(), rb.per_radius.numpy()
-    g_eval, g_exact = rb.g_eval.numpy(), rb.g_exact.numpy()
     d = int(np.prod(fwd.trace.input.shape[1:]))
     # A sum of D squares (or absolute values), its square root and a division.
     slack = 4.0 * (d + 16) * unit_roundoff("float64")
+    if check_rigor(rigor) == "strict":
+        return _worst_case_errors(twin, fwd, slack)
+    if rigor != "float64":
+        raise ValueError(f"rounding_errors computes rigor 'float64' or 'strict', got {rigor!r}.")
+    nb = noise_bound(twin, fwd, l1=l1, memory_budget=memory_budget, slack=slack)
+    # The estimates inflated by KAPPA (chi-square lower tail) and LAMBDA (Hoeffding),
+    # and by 1e-3 for the rounding of the pass itself; the twin's rigorous bounds
+    # doubled for their second-order terms and the rounding of the bounds.
+    factor = LAMBDA * KAPPA * (1.0 + 2.0**-10)
+    exact_at_x = 2.0 * nb.exact_at_x * BOUND_SAFETY
+    strict = _worst_case_errors(twin, fwd, slack)  # better for small fan-ins (or float16)
+    return RoundingErrors((factor * nb.sigma_at_x + 2.0 * nb.exact_at_x) * BOUND_SAFETY,
+                          (factor * nb.sigma_per_radius + 2.0 * nb.exact_per_radius)
+                          * BOUND_SAFETY, slack, nb.overflow | strict.overflow,
+                          np.minimum(exact_at_x, strict.exact_at_x), strict.at_x,
+                          strict.per_radius)
+
+
+def _worst_case_errors(twin, fwd, slack) -> RoundingErrors:
+    """Rigor "strict": the worst-case bound (`keras_roll.rounding`)."""
+    rb = twin.compiled.rounding(fwd.trace)
+    at_x, per_r = rb.at_x.numpy(), rb.per_radius.numpy()
+    g_eval, g_exact = rb.g_eval.numpy(), rb.g_exact.numpy()
     # |error| <= (1 + g)(g m + a): the second-order term of relative and absolute errors.
     grow = (1.0 + g_eval + g_exact) * BOUND_SAFETY
     absolute = rb.abs_eval.numpy() + rb.abs_exact.numpy()
@@ -152,7 +207,10 @@ def rounding_errors(twin, fwd) -> RoundingErrors:
 def _errors_and_norms(twin, x, batch_size, budget, rigor):
     """`(example_slice, forward_pass, GradNorms, RoundingErrors or None)` per slice."""
     for sl, fwd, gn in iter_gradient_norms(twin, x, batch_size, budget):
-        yield sl, fwd, gn, rounding_errors(twin, fwd) if rigor == "float64" else None
+        err = None
+        if rigor != "float32":
+            err = rounding_errors(twin, fwd, rigor, l1=gn.l1, memory_budget=budget)
+        yield sl, fwd, gn, err
 
 
 def _nonfinite(fwd, valid, err: RoundingErrors | None) -> np.ndarray:
@@ -216,14 +274,24 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
 
     **Rounding.** With `rigor="float64"` (the default) the neurons and their
     gradients are computed in float64 from the model's float32 weights, and
-    every distance is shrunk by a bound on the rounding error of the model's
+    every distance is shrunk by a guard on the rounding error of the model's
     own evaluation (float32; float16 / bfloat16 under mixed precision; TF32
-    on GPUs that use it) and of the float64 computation, so that the model
-    evaluated at any point of the ball, in its own dtype, has the activation
-    pattern of `x` (docs/design.md, section "The rounding bound", states the
-    bound and what it assumes). `rigor="float32"` computes in the twin's dtype
-    with no such guard (about half the cost; a certified ball can then be
-    broken by rounding for neurons within ~1e-6 of a breakpoint).
+    on GPUs that use it) and a rigorous bound on the float64 computation's,
+    so that the model evaluated at any point of the ball, in its own dtype,
+    has the activation pattern of `x`. The guard on the model's evaluation is
+    *probabilistic* (`keras_roll.rounding_noise`): in Higham & Mary's model
+    of rounding (independent, mean-zero relative errors bounded by `u`), at
+    any point of the ball each neuron stays on its piece except with
+    probability below 6.3e-14 (`LAMBDA = 8` estimated standard deviations of
+    its error, times `KAPPA = 4` for the estimate from 32 Gaussian probes),
+    or for sure where the worst-case bound is the smaller one. It certifies
+    normally trained float32 networks that the worst case certifies 0 for.
+    `rigor="strict"` uses the worst-case bound alone (Higham, Sec. 3.1): sound
+    whatever the rounding errors, but about `width` times too pessimistic per
+    layer, so wide float32 networks often get 0. `rigor="float32"` computes
+    in the twin's dtype with no guard (a certified ball can then be broken by
+    rounding for neurons within ~1e-6 of a breakpoint). docs/design.md,
+    section "The rounding bound", states the bounds and what they assume.
 
     **Masked sequences.** For a model with a `Masking` layer the ball is in the
     unpadded coordinates: the certificate holds while padded steps stay at
@@ -236,10 +304,11 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
 
     `method="bisect"` replaces the closed forms by the paper's binary search on
     pattern feasibility, run on the twin's forward pass (in float64 under
-    `rigor="float64"`, without the rounding bound): the directional margin along
-    `d` is the largest `t` such that `x + t d` has the activation pattern of
-    `x` (every valid neuron on the same linear piece, every max window with the
-    same winner), found by doubling then bisection to the relative tolerance
+    `rigor="float64"` / `"strict"`, without the rounding guard): the
+    directional margin along `d` is the largest `t` such that `x + t d` has the
+    activation pattern of `x` (every valid neuron on the same linear piece,
+    every max window with the same winner), found by doubling then bisection
+    to the relative tolerance
     `bisect_tol`; the lp margin is the minimum of directional margins along the
     dual-norm steepest direction of every neuron toward its nearest breakpoint.
     It needs the dense per-example Jacobian and about N * len(norms) forward
@@ -264,7 +333,8 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
         memory_budget: bytes of tangents per chunk (default the model's).
         verbose: "auto" (a progress bar for runs longer than a second), True or False.
         bisect_tol: relative tolerance of the bisection.
-        rigor: "float64" (default, sound under rounding) or "float32".
+        rigor: "float64" (default: probabilistic rounding guard), "strict"
+            (worst-case guard) or "float32" (none).
 
     Returns:
         A `Certificate` (numpy arrays). Examples with a non-finite neuron or
@@ -341,7 +411,7 @@ def _certify_batch(lin, twin, x, norms, directions, method, batch_size, budget, 
             below, above, valid, _ = neuron_arrays(fwd)
             dist = np.minimum(below, above)
             for p in norms:
-                terms = () if err is None else (err.at_x, err.per_radius, err.slack)
+                terms = () if err is None else err.terms()
                 eps, j = margins_from_norms(dist, gn.dual(p), valid, *terms)
                 margins[p][sl], index[p][sl] = to_numpy(eps), to_numpy(j)
             if dirs is not None:
@@ -417,7 +487,8 @@ def lp_margins(model: ModelOrTwin, x, p: Norm = 2, batch_size: int | None = None
         p: 1, 2 or np.inf.
         batch_size: examples per chunk.
         memory_budget: bytes of tangents per chunk.
-        rigor: "float64" (sound under rounding) or "float32" (faster).
+        rigor: "float64" (default: probabilistic rounding guard), "strict"
+            (worst-case guard) or "float32" (none, faster).
 
     Example:
 
@@ -438,7 +509,7 @@ def lp_margins(model: ModelOrTwin, x, p: Norm = 2, batch_size: int | None = None
             continue
         for sl, fwd, gn, err in _errors_and_norms(twin, xb, batch_size, memory_budget, rigor):
             below, above, valid, _ = neuron_arrays(fwd)
-            terms = () if err is None else (err.at_x, err.per_radius, err.slack)
+            terms = () if err is None else err.terms()
             eps, _ = margins_from_norms(np.minimum(below, above), gn.dual(p), valid, *terms)
             out[sl] = to_numpy(eps)
             bad = _nonfinite(fwd, valid, err)
@@ -478,8 +549,7 @@ def _directional_analytic(lin, xb, fwd, dirs_b, budget, err: RoundingErrors | No
             rates = lin.jvp(xb[i:i + bb], dirs_b[i:i + bb, j:j + kk]).neurons
             terms = ()
             if err is not None:  # the error grows by F_j per unit of ||t d||_inf
-                grow = err.per_radius[i:i + bb, None, :] * dinf[i:i + bb, j:j + kk, None]
-                terms = (err.at_x[i:i + bb], grow, err.slack)
+                terms = err.terms(slice(i, i + bb), dinf[i:i + bb, j:j + kk, None])
             e, m = directional_margins(np.asarray(rates.numpy(), np.float64),
                                        below[i:i + bb], above[i:i + bb], valid[i:i + bb],
                                        *terms)
@@ -497,8 +567,10 @@ def stability_bounds(model: ModelOrTwin, x, batch_size: int | None = None,
     pattern changes: the directional margins along every axis (the paper's
     Figure 3). The axes are streamed through the frozen-pattern twin in chunks
     and reduced to margins chunk by chunk, so only `[b, k, N]` is ever held.
-    Under `rigor="float64"` (the default) they are computed in float64 and
-    shrunk by the rounding bound of `certify`.
+    Under `rigor="float64"` (the default) or `"strict"` they are computed in
+    float64 and shrunk by the rounding guard of `certify` (the probabilistic
+    guard's growth term compounds `|A|` through the layers here: no gradient
+    norms are known before the axes are streamed).
 
     Args:
         model: a Keras model or a `Linearized`.
@@ -509,7 +581,8 @@ def stability_bounds(model: ModelOrTwin, x, batch_size: int | None = None,
             along every `+-e_k`: 2 D rays per example, a slow cross-check).
         verbose: "auto", True or False.
         bisect_tol: relative tolerance of the bisection.
-        rigor: "float64" (sound under rounding) or "float32".
+        rigor: "float64" (default: probabilistic rounding guard), "strict"
+            (worst-case guard) or "float32" (none).
 
     Returns:
         A `StabilityBounds` with `lower`, `upper` shaped like `x` (NaN, with a
@@ -557,10 +630,12 @@ def _stability_batch(twin, x, batch_size, budget, method, bisect_tol, rigor, bar
             if start == 0:
                 n = fwd.neurons
                 ref = (n.below, n.above, n.valid)
-                err = rounding_errors(twin, fwd) if rigor == "float64" else None
+                err = None if rigor == "float32" else rounding_errors(
+                    twin, fwd, rigor, memory_budget=budget)
                 if err is not None:
-                    ref = ref + (tf.constant(err.at_x), tf.constant(err.per_radius[:, None, :]),
-                                 err.slack)
+                    e, f, slack = err.terms(scale=np.ones((1, 1, 1)))
+                    ref = ref + (tf.nest.map_structure(tf.constant, e),
+                                 tf.nest.map_structure(tf.constant, f), slack)
                 bad[sl] = _nonfinite(fwd, n.valid.numpy(), err)
             up, ui, dn, di = axis_bounds(jvp.neurons, *ref)
             stop = min(start + k, d)

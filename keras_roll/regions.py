@@ -36,8 +36,9 @@ from keras_roll.batches import is_stream, iter_input_batches, stream_length
 from keras_roll.chunking import plan_chunks
 from keras_roll.gradient_norms import iter_gradient_norms
 from keras_roll.margin_math import neuron_arrays
-from keras_roll.margins import rounding_errors
+from keras_roll.margins import BOUND_SAFETY, rounding_errors
 from keras_roll.progress import progress_bar
+from keras_roll.rounding_noise import noise_bound
 from keras_roll.streaming import check_input_keep_float
 
 __all__ = ["RegionCount", "count_regions"]
@@ -120,10 +121,12 @@ def count_regions(model: ModelOrTwin, x, batch_size: int | None = None,
     bound. A point lies on a boundary when some valid neuron sits on a
     breakpoint with a nonzero gradient; a warning says how many do.
 
-    With `rigor="float64"` (the default) patterns and Jacobians are those of
-    exact arithmetic on the model's weights: computed in float64, and a neuron
-    within the float64 rounding bound of a breakpoint (`keras_roll.rounding`)
-    counts as on it. `rigor="float32"` uses the twin's own dtype and exact zeros.
+    With `rigor="float64"` (the default) or `"strict"` patterns and Jacobians
+    are those of exact arithmetic on the model's weights: computed in float64,
+    and a neuron within a rigorous bound on the float64 twin's rounding of its
+    breakpoint counts as on it (from the actual magnitudes under "float64",
+    `keras_roll.rounding_noise`; the worst-case bound of `keras_roll.rounding`
+    under "strict"). `rigor="float32"` uses the twin's own dtype and exact zeros.
 
     Args:
         model: a Keras model (a model made by `keras_roll.wrap` is unwrapped) or
@@ -136,7 +139,7 @@ def count_regions(model: ModelOrTwin, x, batch_size: int | None = None,
         projections: number of random directions the Jacobians are compared on.
         seed: seed of the random projections.
         verbose: "auto", True or False (a progress bar over the points).
-        rigor: "float64" or "float32".
+        rigor: "float64", "strict" or "float32".
 
     Returns:
         A `RegionCount` (numpy arrays).
@@ -228,16 +231,13 @@ def _patterns_of_batch(twin, x, keys, batch_size, budget, itemsize, rigor, bar, 
     for sl in plan.example_slices():
         fwd = twin.forward(tf.cast(x[sl], twin.dtype))
         below, above, valid, piece = neuron_arrays(fwd)
-        err = rounding_errors(twin, fwd) if rigor == "float64" else None
-        bad = _nonfinite_rows(fwd, valid)
-        if err is not None:
-            bad |= err.overflow
+        tol, overflow = _twin_tolerance(twin, fwd, rigor, budget)
+        bad = _nonfinite_rows(fwd, valid) | overflow
         if bad.any():
             raise ValueError(
                 f"{int(bad.sum())} point(s) (e.g. point {seen + sl.start + int(np.argmax(bad))}) "
                 f"have non-finite neurons or logits, or overflow when the model evaluates "
                 f"itself, so their activation pattern is undefined; check the inputs' scale.")
-        tol = np.zeros_like(below) if err is None else err.exact_at_x
         tolerances.append(tol)
         code = np.where(valid, piece, -1).astype(np.int16)
         for r, row in enumerate(code):
@@ -260,6 +260,24 @@ def _patterns_of_batch(twin, x, keys, batch_size, budget, itemsize, rigor, bar, 
             on = valid & (np.minimum(below, above) <= tolerance[cand[sl]]) & (gn.linf > 0)
             boundary[cand[sl]] = np.any(on, axis=1)
     return pattern_ids, boundary, new
+
+
+def _twin_tolerance(twin, fwd, rigor, budget):
+    """`([b, N] bound on the float64 twin's error of every neuron, [b] overflow flags)`.
+
+    Patterns are those of exact arithmetic: only the twin's own error matters
+    (rigor "float64": the rigorous term of `keras_roll.rounding_noise` alone,
+    no noise samples; "strict": the worst-case pass; "float32": exact zeros).
+    """
+    b = int(fwd.trace.input.shape[0])
+    n = int(fwd.neurons.z.shape[-1])
+    if rigor == "float32":
+        return np.zeros((b, n)), np.zeros(b, bool)
+    if rigor == "strict":
+        err = rounding_errors(twin, fwd, "strict")
+        return err.exact_at_x, err.overflow
+    nb = noise_bound(twin, fwd, memory_budget=budget, samples=0)
+    return 2.0 * nb.exact_at_x * BOUND_SAFETY, nb.overflow
 
 
 def _nonfinite_rows(fwd, valid) -> np.ndarray:

@@ -168,6 +168,33 @@ class EvaluationPrecision(NamedTuple):
 
         return fn
 
+    def noise_unit(self, op, n: int, matmul_like: bool | None = None) -> float:
+        """`c` such that `c m` is the Hoeffding scale of one evaluation of `op`.
+
+        In the probabilistic model of rounding (Higham & Mary, SIAM J. Sci.
+        Comput. 41(5), 2019: independent, mean-zero relative errors bounded by
+        `u`), an output of `op` computed with `n` roundings in unit roundoff
+        `u` from inputs of magnitude `m` (`Op.magnitude`: `|A| |a| + |b|`) has
+        an error that is a sum of independent terms with `sum c_i^2 <= n u^2
+        m^2` (every partial sum is at most `m`); rounding the inputs and
+        weights to float16 / bfloat16 adds `2 u^2 m^2` (as 2 more roundings),
+        TF32 operands `2 u_tf32^2 m^2` before float32 sums. Returns
+        `sqrt(sum c_i^2) / m` (see `keras_roll.rounding_noise`).
+
+        Example:
+
+        ```python
+        evaluation_precision(lin.program).noise_unit(op, 785)   # sqrt(785) 2^-24
+        ```
+        """
+        dtype = self.dtype_of(op)
+        u = unit_roundoff(dtype)
+        matmul_like = op.matmul_like if matmul_like is None else matmul_like
+        if self.tf32 and dtype == "float32" and matmul_like:
+            return math.sqrt(n * u * u + 2 * TF32_UNIT_ROUNDOFF**2) * (1 + TF32_UNIT_ROUNDOFF)
+        narrow = u > unit_roundoff("float32")
+        return math.sqrt(n + (2 if narrow else 0)) * u
+
     def describe(self) -> str:
         """E.g. 'float32', 'float16 (mixed precision)', 'float32 (TF32 matmuls)'."""
         if self.default in ("float16", "bfloat16"):

@@ -71,7 +71,7 @@ def test_layers_forced_into_training_mode_are_refused(make, name):
 # --------------------------------------------------------------------------- item 3
 
 
-@pytest.mark.parametrize("rigor", ["float64", "float32"])
+@pytest.mark.parametrize("rigor", ["float64", "strict", "float32"])
 def test_overflowing_input_gets_nan_margins_and_a_warning(mlp_case, rigor):
     """Item 3: a finite input of 3e38 overflows float32; its margins are NaN."""
     model, x = mlp_case
@@ -79,7 +79,7 @@ def test_overflowing_input_gets_nan_margins_and_a_warning(mlp_case, rigor):
     big[2] = 3e38
     with pytest.warns(UserWarning, match="non-finite"):
         cert = keras_roll.certify(model, big, verbose=False, rigor=rigor)
-    assert np.isnan(model(big).numpy()[2]).any() or rigor == "float64"
+    assert np.isnan(model(big).numpy()[2]).any() or rigor != "float32"
     assert cert.nonfinite.tolist() == [i == 2 for i in range(len(x))]
     for p in (1, 2, np.inf):
         assert np.isnan(cert.margins[p][2]) and cert.binding[p][2] is None
@@ -339,8 +339,12 @@ def test_nothing_to_certify_and_fractional_budgets_are_refused(mlp_case):
                lambda: keras_roll.linearize(model, memory_budget=0.5)):
         with pytest.raises(ValueError, match="0.5"):
             fn()
-    with pytest.raises(ValueError, match="rigor"):
-        keras_roll.certify(model, x, rigor="float16")
+    for bad in ("float16", "Float64", None, 64):  # the message names all three rigors
+        with pytest.raises(ValueError, match="rigor=.*'float64'.*'strict'.*'float32'"):
+            keras_roll.certify(model, x, rigor=bad)
+    for fn in (keras_roll.stability_bounds, keras_roll.count_regions, keras_roll.lp_margins):
+        with pytest.raises(ValueError, match="'strict'"):
+            fn(model, x, rigor="exact")
 
 
 class _Records(logging.Handler):
