@@ -27,13 +27,16 @@ roundings are independent, mean zero and bounded by `u`):
   `sqrt(V_j(r)) <= sigma0_j + r sigma1_j` (Minkowski) with
   `sigma_i = sqrt(sum J^2 e_i^2)`.
 * **Estimation.** `NoiseTransform`, one tangent-like pass of the
-  interpreter, injects `e_lk g_lk` at every rounded op output (independent
-  standard normal `g`, per example and sample) and propagates it with the
+  interpreter (float32 tangents), injects `e_lk g_lk` at every rounded op
+  output (independent standard normal `g` per sample and element; the
+  examples of a batch share them, which their separate estimates allow, so
+  that certificates do not depend on batching) and propagates it with the
   pattern frozen: each neuron's tangent is then exactly `N(0, V_j)`, so the
   mean of `K` squares is `V_j chi2_K / K`. With `K = SAMPLES = 32`,
   `P(chi2_32 / 32 < 1 / KAPPA^2 = 1/16) = 1.9e-14`: `KAPPA sigma^_j` exceeds
   `sigma_j` except with that probability (Gaussian probes, unlike random
-  signs, make this lower tail exact whatever `J` is).
+  signs, make this lower tail exact whatever `J` is: with signs, two equal
+  terms cancel in half the samples).
 * **Guard.** `E_j(r) = LAMBDA KAPPA (sigma^0_j + r sigma^1_j)` with
   `LAMBDA = 8` (`2 exp(-32) = 2.5e-14`), so each neuron of each point of the
   ball fails with probability below `FAILURE_PROBABILITY = 6.3e-14` (union of
@@ -65,7 +68,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.chunking import plan_chunks
-from keras_roll.interpreter import Trace, Transform, propagate
+from keras_roll.interpreter import Trace, Transform, cast_records, propagate
 from keras_roll.rounding import EvaluationPrecision, gamma, underflow_unit, unit_roundoff
 from keras_roll.rules.base import Op, Tangent, flatten_directions, flatten_examples
 from keras_roll.rules.recurrent import SimpleRNNOp
@@ -77,8 +80,6 @@ __all__ = [
     "SAMPLES",
     "NoiseBound",
     "NoiseTransform",
-    "counter_normal",
-    "example_keys",
     "noise_bound",
 ]
 
@@ -86,8 +87,9 @@ SAMPLES = 32  # Gaussian probes per example and track
 KAPPA = 4.0  # P(chi2_32 / 32 < 1 / 16) = 1.9e-14
 LAMBDA = 8.0  # Hoeffding: 2 exp(-LAMBDA^2 / 2) = 2.5e-14
 FAILURE_PROBABILITY = 6.3e-14  # per neuron and point: 2 estimates + Hoeffding
-SEED = 20190601  # the noise is a fixed function of each example: reproducible certificates
+SEED = 20190601  # fixed probes: reproducible certificates
 
+NOISE_SCALE = 2.0**24  # noise tangents carry errors x 2^24 (exact): float32 stays normal
 _U64 = unit_roundoff("float64")
 _ETA64 = underflow_unit("float64")
 
@@ -142,25 +144,30 @@ class NoiseTransform(Transform):
         samples: noise samples `k` of this pass (0: no tangents, bounds only).
         track: 0 injects `e0` (the magnitudes at `x`), 1 injects `e1` (their
             growth per unit radius); a scalar int32 tensor.
-        start: the index of the first sample (a scalar int32 tensor).
-        keys: `[B]` uint32 keys of the examples (`example_keys`): the noise of
-            a sample is a function of (key, op, track, sample, element) alone,
-            so certificates do not depend on batching or chunking.
+        start: the index of the first sample of this pass (a scalar int32 tensor).
+        total: the samples of all passes (the noise of sample `s` is row `s`
+            of one `[total, *shape]` draw per op and track, shared by the
+            examples: each example's estimate only needs its own samples to be
+            independent, and certificates do not depend on batching or
+            chunking).
         l1: optional `[B, N]` l1 norms of the twin's neuron gradients: they
             bound `||grad||_1` at neurons that are the input of their op.
-        dtype: the dtype of the pass (that of the trace).
+        dtype: the dtype of the values and bounds (that of the trace).
         slack: relative error bound of `l1`.
+        tangent_dtype: the dtype of the noise tangents (float32: an estimate
+            needs no more; errors are carried times `NOISE_SCALE`).
     """
 
-    def __init__(self, precision: EvaluationPrecision, samples: int, track, start, keys, l1,
-                 dtype, slack: float = 0.0):
+    def __init__(self, precision: EvaluationPrecision, samples: int, track, start,
+                 total: int, l1, dtype, slack: float = 0.0, tangent_dtype="float32"):
         self.precision = precision
         self.samples = int(samples)
         self.track = track
         self.start = start
-        self.keys = keys
+        self.total = int(total)
         self.l1 = l1
         self.dtype = tf.as_dtype(dtype)
+        self.tangent_dtype = tf.as_dtype(tangent_dtype)
         self.slack = float(slack)
         self.index = 0
         self.cursor = tf.constant(0, tf.int32)
@@ -178,11 +185,14 @@ class NoiseTransform(Transform):
         big = tf.reduce_any(flatten_examples(m0) > _limit(dtype), axis=1)
         self.overflow = big if self.overflow is None else tf.logical_or(self.overflow, big)
 
-    def _draw(self, shape):
-        """Standard normal `[B, k, *rest]` (`shape`), one stream per op and track."""
+    def _draw(self, rest):
+        """Standard normal `[k, *rest]`: rows `start .. start + k - 1` of one draw per op
+        and track."""
         self.index += 1
-        return counter_normal(shape, self.keys, 2 * self.index + self.track, self.start,
-                              self.dtype)
+        seed = tf.stack([tf.constant(SEED, tf.int32), 2 * self.index + self.track])
+        shape = tf.concat([[self.total], rest], 0)
+        draw = tf.random.stateless_normal(shape, seed, dtype=self.tangent_dtype)
+        return draw[self.start:self.start + self.samples]
 
     def _scale(self, op, n, m0, m1, matmul_like=None):
         """`e0` or `e1` (by track) of `n` roundings of outputs of magnitude `m0 + r m1`."""
@@ -202,7 +212,7 @@ class NoiseTransform(Transform):
         if neuron_t is None:
             self.sumsq.append(tf.zeros_like(w0n, tf.float64))
         else:
-            t = tf.cast(neuron_t, tf.float64)
+            t = tf.cast(neuron_t, tf.float64) * (1.0 / NOISE_SCALE)
             self.sumsq.append(tf.reduce_sum(t * t, axis=1))
         self.exact0.append(tf.cast(w0n, tf.float64))
         self.exact1.append(tf.cast(w1n, tf.float64))
@@ -216,18 +226,22 @@ class NoiseTransform(Transform):
         for e in inputs:
             if e.noise is None:
                 shape = tf.concat([[self.samples], tf.shape(e.value)[1:]], 0)
-                out.append(Tangent(tf.zeros(shape, self.dtype), shared=True))
+                out.append(Tangent(tf.zeros(shape, self.tangent_dtype), shared=True))
             else:
                 out.append(e.noise)
         return out
+
+    def _tangent_scale(self, scale):
+        """A float64 noise scale in the tangents' dtype, times `NOISE_SCALE` (a power of 2
+        that keeps float32 tangents of errors ~1e-7 x the values far from underflow)."""
+        return tf.cast(scale * NOISE_SCALE, self.tangent_dtype)
 
     def _inject(self, tangent, scale):
         """`tangent + scale g`, `g` standard normal `[B, k, *shape]`."""
         if self.samples == 0 or scale is None:
             return tangent
         batch = tf.shape(scale)[0]
-        shape = tf.concat([[batch, self.samples], tf.shape(scale)[1:]], 0)
-        noise = scale[:, None] * self._draw(shape)
+        noise = self._tangent_scale(scale)[:, None] * self._draw(tf.shape(scale)[1:])[None]
         return Tangent(noise if tangent is None else tangent.per_example(batch) + noise)
 
     # ------------------------------------------------------------------ ops
@@ -265,8 +279,10 @@ class NoiseTransform(Transform):
             w1 = w1 + g64 * pr_out
             scale = self._scale(op, n, m0, pr_out)
         tangents = self._noise_inputs(inputs)
-        noise, neuron_t = (None, None) if tangents is None else op.tangent(tangents, record,
-                                                                           mask)
+        noise, neuron_t = None, None
+        if tangents is not None:
+            noise, neuron_t = op.tangent(tangents, cast_records(record, self.tangent_dtype),
+                                         cast_records(mask, self.tangent_dtype))
         if op.owns_neurons:
             w0n = op.neuron_magnitude([e.w0 for e in inputs], record, False, mask)
             w1n = op.neuron_magnitude([e.w1 for e in inputs], record, False, mask)
@@ -347,22 +363,25 @@ class NoiseTransform(Transform):
             e_h = (self._scale(op, n_act, time_major(act_mag), time_major(slope) * pz, False)
                    if n_act else None)
             k = self.samples
-            def draw():  # [T, B, k, units]
-                return tf.transpose(self._draw(tf.stack([batch, k, steps, units])),
-                                    [2, 0, 1, 3])
+            def draw():  # [T, 1, k, units]
+                return tf.transpose(self._draw(tf.stack([steps, units])), [1, 0, 2])[:, None]
 
             draw_z = draw()
             draw_h = draw() if n_act else None
             dx = edge.noise
+            tdt = self.tangent_dtype
             if dx is None:
-                tw = tf.zeros(tf.stack([steps, batch, k, units]), dt)
+                tw = tf.zeros(tf.stack([steps, batch, k, units]), tdt)
             else:
                 dxv = dx.per_example(batch)  # [B, k, T, F]
-                tw = tf.matmul(dxv, kernel)
+                tw = tf.matmul(dxv, tf.cast(kernel, tdt))
                 if layer.go_backwards:
                     tw = tf.reverse(tw, [2])
                 tw = tf.transpose(tw, [2, 0, 1, 3])
-            slope_t = time_major(tf.cast(record.slope, dt))[:, :, None]
+            slope_t = time_major(tf.cast(record.slope, tdt))[:, :, None]
+            recurrent_t = tf.cast(recurrent, tdt)
+            e_z = self._tangent_scale(e_z)
+            e_h = None if e_h is None else self._tangent_scale(e_h)
             keep_t = time_major(keep)[:, :, None, None]
             inject_h = e_h is not None
 
@@ -372,7 +391,7 @@ class NoiseTransform(Transform):
                     tw_t, ez, gz, s_t, k_t, eh, gh = el
                 else:
                     tw_t, ez, gz, s_t, k_t = el
-                dz = tw_t + tf.matmul(dh, recurrent) + ez[:, None] * gz
+                dz = tw_t + tf.matmul(dh, recurrent_t) + ez[:, None] * gz
                 new = s_t * dz
                 if inject_h:
                     new += eh[:, None] * gh
@@ -381,7 +400,7 @@ class NoiseTransform(Transform):
             el = (tw, e_z, draw_z, slope_t, keep_t)
             if inject_h:
                 el += (e_h, draw_h)
-            dh0 = tf.zeros(tf.stack([batch, k, units]), dt)
+            dh0 = tf.zeros(tf.stack([batch, k, units]), tdt)
             dhs, dzs = tf.scan(noise_step, el, initializer=(dh0, dh0))
             if layer.zero_output_for_mask:
                 dhs = tf.where(keep_t, dhs, tf.zeros_like(dhs))
@@ -396,73 +415,13 @@ class NoiseTransform(Transform):
 # --------------------------------------------------------------------------- the pass
 
 
-_GOLDEN = 0x9E3779B9
-
-
-def _mix(h):
-    """A 32-bit integer hash (C. Wellons' lowbias32): every input bit flips about
-    half of the output bits."""
-    h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(16, tf.uint32)))
-    h = h * tf.constant(0x7FEB352D, tf.uint32)
-    h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(15, tf.uint32)))
-    h = h * tf.constant(0x846CA68B, tf.uint32)
-    return tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(16, tf.uint32)))
-
-
-def _uint32(t):
-    return tf.cast(t, tf.uint32)
-
-
-def example_keys(x) -> tf.Tensor:
-    """`[B]` uint32 keys of the examples: hashes of their float32 bits and positions.
-
-    The noise pass draws from them, so an example gets the same noise (and the
-    same certificate) in any batch, chunk or order.
-
-    Example:
-
-    ```python
-    example_keys(x[:3])        # the first three keys of example_keys(x)
-    ```
-    """
-    flat = tf.reshape(tf.cast(x, tf.float32), tf.stack([tf.shape(x)[0], -1]))
-    bits = tf.bitcast(flat, tf.uint32)
-    where = _mix(_uint32(tf.range(tf.shape(flat)[1])) * tf.constant(_GOLDEN, tf.uint32)
-                 + tf.constant(SEED, tf.uint32))
-    total = tf.reduce_sum(tf.cast(_mix(tf.bitwise.bitwise_xor(bits, where[None])), tf.int64),
-                          axis=1)
-    return _mix(_uint32(tf.math.floormod(total, tf.constant(2**32, tf.int64))))
-
-
-def counter_normal(shape, keys, stream, start, dtype) -> tf.Tensor:
-    """Standard normal `[B, k, *rest]` drawn from hashes of (key, stream, sample, element).
-
-    Example `b`, sample `start + s` and element `i` of `stream` get
-    `sqrt(-2 ln u1) cos(2 pi u2)` (Box-Muller) from two 32-bit hashes `u1`, `u2`.
-    """
-    shape = tf.convert_to_tensor(shape, tf.int32)
-    k, size = shape[1], tf.reduce_prod(shape[2:])
-    head = _mix(keys + _mix(_uint32(stream) * tf.constant(_GOLDEN, tf.uint32)))  # [B]
-    sample = _uint32(start + tf.range(k)) * tf.constant(0x85EBCA6B, tf.uint32)
-    head = _mix(head[:, None] + sample[None, :])[..., None]  # [B, k, 1]
-    element = _uint32(tf.range(size))[None, None] * tf.constant(2, tf.uint32)
-    h1 = _mix(tf.bitwise.bitwise_xor(head, _mix(element)))
-    h2 = _mix(tf.bitwise.bitwise_xor(head, _mix(element + tf.constant(1, tf.uint32))))
-    scale = tf.constant(2.0**-32, tf.float64)
-    u1 = (tf.cast(h1, tf.float64) + 0.5) * scale  # in (0, 1)
-    u2 = tf.cast(h2, tf.float64) * scale
-    g = tf.sqrt(-2.0 * tf.math.log(u1)) * tf.cos((2.0 * math.pi) * u2)
-    return tf.reshape(tf.cast(g, dtype), shape)
-
-
-def _noise_pass(interpreter, trace: Trace, l1, track, start, samples: int,
+def _noise_pass(interpreter, trace: Trace, l1, track, start, samples: int, total: int,
                 precision: EvaluationPrecision, slack: float):
     """One noise pass over `trace`: `(sumsq, exact0, exact1, overflow)`, `[B, N]` / `[B]`."""
     x = trace.input
     dtype = x.dtype
     batch = tf.shape(x)[0]
-    transform = NoiseTransform(precision, samples, track, start, example_keys(x), l1, dtype,
-                               slack)
+    transform = NoiseTransform(precision, samples, track, start, total, l1, dtype, slack)
     start = _Edge(x, tf.ones_like(x), tf.zeros_like(x), tf.zeros_like(x), None)
     propagate(interpreter.program, transform, start, trace)
     overflow = transform.overflow
@@ -534,8 +493,8 @@ def noise_bound(twin, fwd, l1=None, memory_budget: int | None = None,
             for start in (plan.direction_starts() if samples else (0,)):
                 k = min(plan.per_chunk, samples - start) if samples else 0
                 sq, w0, w1, overflow = fn(tr, l1_part, tf.constant(track, tf.int32),
-                                          tf.constant(start, tf.int32), k, precision,
-                                          float(slack))
+                                          tf.constant(start, tf.int32), k, samples,
+                                          precision, float(slack))
                 sq = sq.numpy()
                 sums[track] = sq if sums[track] is None else sums[track] + sq
                 if exact is None:
