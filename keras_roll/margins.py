@@ -183,12 +183,19 @@ def rounding_errors(twin, fwd, rigor: Rigor = "float64", l1=None,
     # rigorous bounds doubled for their second-order terms and the bounds' rounding.
     factor = LAMBDA * KAPPA * (1.0 + 2.0**-6)
     exact_at_x = 2.0 * nb.exact_at_x * BOUND_SAFETY
-    strict = _worst_case_errors(twin, fwd, slack)  # better for small fan-ins (or float16)
+    # The worst-case bound as a second guard: the smaller one for small fan-ins and
+    # under float16. Its magnitudes compound |W| and may overflow where the model's do
+    # not: it then allows nothing (inf), and only the actual magnitudes flag overflow.
+    strict = _worst_case_errors(twin, fwd, slack)
+
+    def finite(t):
+        return np.where(np.isfinite(t), t, np.inf)
+
     return RoundingErrors((factor * nb.sigma_at_x + 2.0 * nb.exact_at_x) * BOUND_SAFETY,
                           (factor * nb.sigma_per_radius + 2.0 * nb.exact_per_radius)
-                          * BOUND_SAFETY, slack, nb.overflow | strict.overflow,
-                          np.minimum(exact_at_x, strict.exact_at_x), strict.at_x,
-                          strict.per_radius)
+                          * BOUND_SAFETY, slack, nb.overflow,
+                          np.fmin(exact_at_x, strict.exact_at_x), finite(strict.at_x),
+                          finite(strict.per_radius))
 
 
 def _worst_case_errors(twin, fwd, slack) -> RoundingErrors:

@@ -156,6 +156,15 @@ class NoiseTransform(Transform):
         slack: relative error bound of `l1`.
         tangent_dtype: the dtype of the noise tangents (float32: an estimate
             needs no more; errors are carried times `NOISE_SCALE`).
+
+    Example:
+
+    ```python
+    t = NoiseTransform(twin.evaluation_precision, 32, tf.constant(0), tf.constant(0), 32,
+                       None, "float64")
+    propagate(twin.program, t, _Edge(x, tf.ones_like(x), 0 * x, 0 * x, None), fwd.trace)
+    v = tf.concat(t.sumsq, 1) / 32          # [B, N] estimates of sum J^2 e0^2
+    ```
     """
 
     def __init__(self, precision: EvaluationPrecision, samples: int, track, start,
