@@ -348,6 +348,12 @@ def output_mask(layer, inputs, in_masks):
     return layer.compute_mask(arg, prev)
 
 
+def cast_records(trace: Trace, dtype) -> Trace:
+    """`trace` with its floating tensors (slopes, one-hot choices, masks) cast to `dtype`."""
+    return tf.nest.map_structure(
+        lambda t: tf.cast(t, dtype) if tf.is_tensor(t) and t.dtype.is_floating else t, trace)
+
+
 def concat_neurons(neurons: list[Neurons], x) -> Neurons:
     """The `[B, N]` neurons of all ops side by side (well defined without any)."""
     if not neurons:
