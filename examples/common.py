@@ -83,11 +83,6 @@ def parse_flags(define, argv=()) -> flags.FlagValues:
     return fv
 
 
-def explicit(fv: flags.FlagValues, name: str) -> bool:
-    """Whether `--name` was given (on the command line or in a flagfile)."""
-    return fv[name].present > 0
-
-
 def apply_quick(fv: flags.FlagValues, caps: dict) -> None:
     """Under `--quick`, caps each flag of `caps` at its value (0 counts as "all", so it
     becomes the cap). Smaller values, from a flagfile or the command line, stay.

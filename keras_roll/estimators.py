@@ -61,6 +61,7 @@ __all__ = [
     "ExactAxes",
     "RandomProbes",
     "SampledAxes",
+    "check_tangent_dtype",
     "estimator_for",
     "mix_replica",
     "padding_mask",
@@ -261,9 +262,39 @@ def _sum_squares_over_directions(jvp, start):
     return tf.reduce_sum(tf.square(jvp.neurons), axis=1)
 
 
-def sum_squares_per_unit(jvp) -> tf.Tensor:
-    """`[B, N]` sums over directions, unit by unit (no `[B, k, N]` concat)."""
-    return tf.concat([tf.reduce_sum(tf.square(t), axis=1) for t in jvp.neurons], axis=-1)
+def sum_squares_per_unit(jvp, dtype=None) -> tf.Tensor:
+    """`[B, N]` sums over directions, unit by unit (no `[B, k, N]` concat).
+
+    `dtype`: the dtype the squares are summed in (16-bit tangents are cast to it
+    first, so that squares neither overflow float16 nor lose bfloat16 digits).
+    """
+    def square(t):
+        return tf.square(t if dtype is None or t.dtype == dtype else tf.cast(t, dtype))
+
+    return tf.concat([tf.reduce_sum(square(t), axis=1) for t in jvp.neurons], axis=-1)
+
+
+def check_tangent_dtype(tangent_dtype, twin_dtype: str) -> str | None:
+    """`tangent_dtype` standardized: None (the twin's dtype) or a float dtype name.
+
+    Example:
+
+    ```python
+    check_tangent_dtype("bfloat16", "float32")   # "bfloat16"
+    check_tangent_dtype("float32", "float32")    # None: the twin's own dtype
+    ```
+    """
+    if tangent_dtype is None:
+        return None
+    try:
+        name = keras.backend.standardize_dtype(tangent_dtype)
+    except (TypeError, ValueError):
+        name = None
+    if name not in ("float16", "bfloat16", "float32", "float64"):
+        raise ValueError(f"tangent_dtype must be None (the twin's dtype), 'float16' or "
+                         f"'bfloat16' (16-bit ROLL tangents, e.g. under mixed precision), "
+                         f"'float32' or 'float64'; got tangent_dtype={tangent_dtype!r}.")
+    return None if name == twin_dtype else name
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -274,11 +305,15 @@ class ExactAxes(Record):
         example_shape: `[rank]` int32 per-example input shape.
         total: D, the number of axes (an int, or a tensor for dynamic shapes).
         entry: the program step the tangents enter at (`tangent_entry`).
+        tangent_dtype: None, or the dtype of the tangent pass (see `SampledAxes`).
+        dtype: the twin's dtype (squares are summed in it).
     """
 
     example_shape: tf.Tensor
     total: int | tf.Tensor
     entry: int = 0
+    tangent_dtype: str | None = None
+    dtype: str | None = None
 
     shared = True
 
@@ -287,9 +322,17 @@ class ExactAxes(Record):
         return None
 
     def sum_squares(self, lin, trace, start, k):
+        dtype = self.dtype
+
+        def reduce(jvp, start):
+            t = jvp.neurons
+            return tf.reduce_sum(tf.square(t if t.dtype == dtype else tf.cast(t, dtype)),
+                                 axis=1)
+
         return lin.axes_tangent(trace, start, k, self.example_shape,
-                                reduce=_sum_squares_over_directions, per_neuron=True,
-                                entry=self.entry)
+                                reduce=_sum_squares_over_directions if self.tangent_dtype is None
+                                else reduce, per_neuron=True, entry=self.entry,
+                                dtype=self.tangent_dtype)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -312,6 +355,8 @@ class SampledAxes(Record):
             Axes are then drawn among those only (-1, a zero direction, where
             an example has fewer than `samples`).
         entry: the program step the tangents enter at (`tangent_entry`).
+        tangent_dtype: None, or the dtype of the tangent pass (16-bit under
+            mixed precision); squares are summed in `dtype`.
     """
 
     axes: tf.Tensor
@@ -325,6 +370,7 @@ class SampledAxes(Record):
     dtype: str
     counts: tf.Tensor | None = None
     entry: int = 0
+    tangent_dtype: str | None = None
 
     def scale(self, dtype):
         """`per_group / samples`: D / k, or (D / C) / k per channel; with padding,
@@ -340,15 +386,15 @@ class SampledAxes(Record):
         if isinstance(start, int) and start == 0 and isinstance(k, int) and k == total:
             chunk = self.axes  # a single chunk: every sampled axis
         else:
-            cols = tf.range(start, start + k)
+            cols = start + tf.range(k)  # a static shape for a static k
             chunk = tf.gather(self.axes, tf.minimum(cols, total - 1), axis=-1)
             chunk = tf.where(cols < total, chunk, -1)  # one_hot(-1) = 0
         depth = tf.reduce_prod(self.example_shape) if tf.is_tensor(self.depth) else self.depth
         v = tf.one_hot(chunk, depth, dtype=self.dtype)
         v = tf.reshape(v, tf.concat([self.lead, [k], self.example_shape], 0))
         jvp = lin.tangent_from_trace(trace, v, self.shared, concat=False, axes=chunk,
-                                     start=self.entry)
-        return sum_squares_per_unit(jvp)
+                                     start=self.entry, dtype=self.tangent_dtype)
+        return sum_squares_per_unit(jvp, self.dtype)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -366,6 +412,7 @@ class RandomProbes(Record):
         kind: "gaussian" or "rademacher".
         dtype: the twin's dtype.
         entry: the program step the tangents enter at (`tangent_entry`).
+        tangent_dtype: None, or the dtype of the tangent pass (see `SampledAxes`).
     """
 
     seed: tf.Tensor
@@ -375,6 +422,7 @@ class RandomProbes(Record):
     kind: str
     dtype: str
     entry: int = 0
+    tangent_dtype: str | None = None
 
     shared = False
 
@@ -395,15 +443,16 @@ class RandomProbes(Record):
         else:
             bits = tf.random.stateless_uniform(dims, s, minval=0, maxval=2, dtype=tf.int32)
             v = tf.cast(2 * bits - 1, dtype)
-        live = tf.cast(tf.range(start, start + k) < self.samples, dtype)
+        live = tf.cast(start + tf.range(k) < self.samples, dtype)
         v = v * live[None, :, None]
         v = tf.reshape(v, tf.concat([tf.stack([self.batch, k]), self.example_shape], 0))
-        return sum_squares_per_unit(lin.tangent_from_trace(trace, v, False, concat=False,
-                                                           start=self.entry))
+        jvp = lin.tangent_from_trace(trace, v, False, concat=False, start=self.entry,
+                                     dtype=self.tangent_dtype)
+        return sum_squares_per_unit(jvp, self.dtype)
 
 
-def estimator_for(lin, x, config: RollConfig, seed,
-                  trace=None) -> ExactAxes | SampledAxes | RandomProbes:
+def estimator_for(lin, x, config: RollConfig, seed, trace=None,
+                  tangent_dtype: str | None = None) -> ExactAxes | SampledAxes | RandomProbes:
     """The estimator `config` asks for on the batch `x` (checked, in the twin's dtype).
 
     Args:
@@ -415,6 +464,8 @@ def estimator_for(lin, x, config: RollConfig, seed,
         trace: the `Trace` of `x`'s forward pass: with it, sampled axes (not
             shared) avoid the padded steps of a leading Masking layer
             (`padding_mask`).
+        tangent_dtype: None (the twin's dtype) or the dtype of the tangent
+            pass, e.g. "float16" under mixed precision (`check_tangent_dtype`).
 
     Example:
 
@@ -423,6 +474,7 @@ def estimator_for(lin, x, config: RollConfig, seed,
     ```
     """
     dtype = lin.dtype
+    tdtype = check_tangent_dtype(tangent_dtype, dtype)
     entry = tangent_entry(lin.program, config.wrt)
     static = x.shape[1:]
     if static.is_fully_defined():
@@ -434,12 +486,12 @@ def estimator_for(lin, x, config: RollConfig, seed,
         d, channels = tf.reduce_prod(example_shape), example_shape[-1]
     samples = config.samples
     if samples is None:  # exact: every input axis, shared one-hot directions
-        return ExactAxes(example_shape, d, entry)
+        return ExactAxes(example_shape, d, entry, tdtype, dtype)
     batch = tf.shape(x)[0]
     seed_t = seed_tensor(seed)
     if config.estimator != "axes":
         return RandomProbes(seed_t, batch, example_shape, samples, config.estimator, dtype,
-                            entry)
+                            entry, tdtype)
     # One set of axes per example ([B, ...]) or, with share_axes, for the batch.
     share = config.share_axes
     keep = None if share or trace is None else padding_mask(lin.program, trace, entry)
@@ -470,4 +522,4 @@ def estimator_for(lin, x, config: RollConfig, seed,
         total = samples
     idx = tf.stop_gradient(tf.reshape(idx, tf.concat([lead, [-1]], 0)))
     return SampledAxes(idx, lead, example_shape, d, total, samples, per_group, share, dtype,
-                       counts, entry)
+                       counts, entry, tdtype)

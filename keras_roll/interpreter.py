@@ -226,19 +226,75 @@ class PrimalTransform(Transform):
 
 
 class TangentTransform(Transform):
-    """The frozen-pattern tangent pass: `Tangent`s in, neuron tangents collected."""
+    """The frozen-pattern tangent pass: `Tangent`s in, neuron tangents collected.
 
-    def __init__(self):
+    Args:
+        folds: `{id(step): next step}` of linear steps whose output only a
+            per-channel scale reads (a convolution or Dense and the
+            BatchNormalization after it, `batch_norm_folds`): the scale is
+            folded into the kernel (`Linear.tangent_scaled`) and the scale's
+            step passes its tangent on, which spares a product over the whole
+            tangent and, in a backward pass, its gradient and a reduction.
+    """
+
+    def __init__(self, folds: dict | None = None):
         self.neuron_tangents: list[tf.Tensor] = []
+        self.folds = folds or {}
+        self._folded: set[int] = set()
+        self._step = None
 
     def enter_step(self, step, inputs, record):
+        self._step = step
         return record.mask
 
     def apply(self, op, inputs, mask, record):
+        step = self._step
+        if id(step) in self._folded:  # its scale is in the previous step's kernel
+            return inputs[0]
+        after = self.folds.get(id(step))
+        if after is not None:
+            out = _folded_tangent(op, inputs, after.ops[0])
+            if out is not None:
+                self._folded.add(id(after))
+                return out
         out, neuron_tangent = op.tangent(inputs, record, mask)
         if neuron_tangent is not None:
             self.neuron_tangents.append(neuron_tangent)
         return out
+
+
+def _folded_tangent(op, inputs: list[Tangent], scale_op):
+    """`op`'s tangent with `scale_op`'s per-channel scale in its kernel, or None."""
+    t = inputs[0]
+    rank = t.value.shape.rank
+    if rank is None:
+        return None
+    scale = scale_op.channel_scale(t.value.dtype, rank if t.shared else rank - 1)
+    if scale is None:
+        return None
+    return op.tangent_scaled(inputs, scale)
+
+
+def batch_norm_folds(program: Program) -> dict[int, Step]:
+    """`{id(step): next step}` for every single-op linear step that can scale its kernel
+    (`Linear.can_scale`: Dense, convolutions) whose output is read by one step
+    only, a single per-channel scaling op (`Linear.channel_scale`:
+    BatchNormalization) of that output alone."""
+    readers: dict[int, list[int]] = {}
+    for index, step in enumerate(program.steps):
+        for key in step.inputs:
+            readers.setdefault(key, []).append(index)
+    folds = {}
+    for step in program.steps:
+        if len(step.ops) != 1 or not getattr(step.ops[0], "can_scale", False):
+            continue
+        if step.output == program.output_key or len(readers.get(step.output, [])) != 1:
+            continue
+        after = program.steps[readers[step.output][0]]
+        if after.inputs == [step.output] and len(after.ops) == 1 \
+                and getattr(after.ops[0], "scales_channels", False):
+            folds[id(step)] = after
+    return folds
 
 
 class UnitCollector(Transform):
@@ -267,6 +323,7 @@ class Interpreter:
     def __init__(self, program: Program, dtype: str):
         self.program = program
         self.dtype = dtype
+        self.folds = batch_norm_folds(program)
 
     def primal(self, x, dtype: str | None = None) -> ForwardPass:
         """The forward pass on `x` (cast to `dtype`, default the interpreter's)."""
@@ -278,7 +335,7 @@ class Interpreter:
                            Trace(x, tuple(transform.steps)), transform.tangent_size)
 
     def tangent(self, trace: Trace, v, shared: bool, concat: bool = True, axes=None,
-                start: int = 0) -> JVP:
+                start: int = 0, dtype: str | None = None) -> JVP:
         """Derivatives along directions `v` with the pattern of `trace` frozen.
 
         Args:
@@ -292,34 +349,43 @@ class Interpreter:
                 layer can gather weight rows (see `rules.base.Tangent`).
             start: the step the tangents enter at (see `propagate`): `v` is
                 then a direction of the output of step `start - 1`.
+            dtype: the dtype of the pass (default the interpreter's), e.g.
+                "float16" for the ROLL tangents of a mixed-precision model: the
+                floating records of `trace` are cast to it once, and every op
+                casts its weights to its tangents' dtype.
         """
-        v = tf.cast(v, self.dtype)
+        dtype = dtype or self.dtype
+        if dtype != self.dtype:
+            trace = cast_records(trace, dtype)
+        v = tf.cast(v, dtype)
         batch = tf.shape(trace.input)[0] if shared else tf.shape(v)[0]
         k = tf.shape(v)[0] if shared else tf.shape(v)[1]
-        transform = TangentTransform()
+        transform = TangentTransform(self.folds)
         out = propagate(self.program, transform, Tangent(v, shared=shared, axes=axes), trace,
                         start)
         out = out.per_example(batch)
         logits = tf.reshape(out, tf.stack([batch, k, tf.reduce_prod(tf.shape(out)[2:])]))
-        blocks = transform.neuron_tangents or [tf.zeros(tf.stack([batch, k, 0]), self.dtype)]
+        blocks = transform.neuron_tangents or [tf.zeros(tf.stack([batch, k, 0]), dtype)]
         return JVP(tf.concat(blocks, axis=-1) if concat else blocks, logits)
 
     def axes_tangent(self, trace: Trace, start, k: int, example_shape, reduce=None,
-                     per_neuron: bool = False, entry: int = 0):
+                     per_neuron: bool = False, entry: int = 0, dtype: str | None = None):
         """Derivatives along input axes `start .. start + k - 1` (zero past the last).
 
         With `reduce`, returns `reduce(jvp, start)`; with `per_neuron=True` the
         reduction runs on each op's `[b, k, n]` block separately and the results
         are concatenated along the last axis (no `[b, k, N]` copy: much faster
         for reductions over the direction axis). `entry` is `tangent`'s `start`:
-        the axes are then those of the output of step `entry - 1`.
+        the axes are then those of the output of step `entry - 1`; `dtype` is
+        `tangent`'s.
         """
         d = tf.reduce_prod(example_shape)
-        axes = tf.range(start, start + k)
-        eye = tf.one_hot(axes, d, dtype=self.dtype)
+        axes = start + tf.range(k)
+        eye = tf.one_hot(axes, d, dtype=dtype or self.dtype)
         dirs = tf.reshape(eye, tf.concat([[k], example_shape], 0))
         axes = tf.where(axes < d, axes, -1)
-        jvp = self.tangent(trace, dirs, True, concat=not per_neuron, axes=axes, start=entry)
+        jvp = self.tangent(trace, dirs, True, concat=not per_neuron, axes=axes, start=entry,
+                           dtype=dtype)
         if reduce is None:
             return jvp
         if not per_neuron:

@@ -36,7 +36,7 @@ import threading
 import keras
 import tensorflow as tf
 
-from keras_roll.estimators import tangent_entry
+from keras_roll.estimators import check_tangent_dtype, tangent_entry
 from keras_roll.keras_internals import first_local_batch, in_multi_worker_mode
 from keras_roll.roll import loss_from_config
 from keras_roll.roll_config import RollConfig
@@ -137,6 +137,14 @@ class RollRegularizer(keras.layers.Layer):
         wrt: None, or the name of a leading Rescaling / Normalization layer of
             `model`: ROLL's gradients are then taken with respect to its output
             (see `roll_loss`).
+        tangent_dtype: None (the twin's float32) or "float16" / "bfloat16": the
+            dtype of ROLL's tangent pass (see `roll_loss`), e.g. the compute
+            dtype of a mixed-precision model.
+
+    In training, with `gamma = 100` and tangents in several chunks, each chunk
+    differentiates itself in the forward pass (the step differentiates the
+    batch mean), so no chunk is recomputed in the backward pass
+    (`keras_roll.roll.loss_from_config(precompute_gradient=True)`).
 
     Example:
 
@@ -151,7 +159,8 @@ class RollRegularizer(keras.layers.Layer):
                  gamma: float = 100.0, samples: int | None = None, strata: str | None = None,
                  estimator: str = "axes", seed: int | None = None,
                  on_eval: bool | None = None, memory_budget: int | None = None,
-                 share_axes: bool = False, wrt: str | None = None, **kwargs):
+                 share_axes: bool = False, wrt: str | None = None,
+                 tangent_dtype: str | None = None, **kwargs):
         # float32 policy: no autocast inside call, so the twin reads float32 weights
         # even under mixed precision (the inner model keeps its own policies).
         kwargs.setdefault("dtype", "float32")
@@ -167,6 +176,9 @@ class RollRegularizer(keras.layers.Layer):
             lin = linearize(model, memory_budget=config.memory_budget)
         config.check_input_shape(lin.input_shape)
         tangent_entry(lin.program, config.wrt)  # refuses a bad wrt= here, naming the choices
+        check_tangent_dtype(tangent_dtype, lin.dtype)
+        self.tangent_dtype = (None if tangent_dtype is None
+                              else keras.backend.standardize_dtype(tangent_dtype))
         self.inner_model = model
         self.roll_config = config
         self._lin = lin
@@ -179,6 +191,10 @@ class RollRegularizer(keras.layers.Layer):
                                         aggregation="only_first_replica",
                                         synchronization="on_read", name="roll_seed_step")
         self.roll_tracker = _RollMean(name="roll_loss")
+        # No XLA: chunk sizes depend on the batch (dynamic in fit), a chunked step is a
+        # while loop of tapes, and XLA compiles a ResNet's ROLL step for minutes. So
+        # compile(jit_compile="auto") of a wrapped model runs without it (on GPUs too).
+        self.supports_jit = False
         self.built = True
 
     @property
@@ -233,7 +249,9 @@ class RollRegularizer(keras.layers.Layer):
         x = self._lin.check_input(inputs)
         per_example, logits = loss_from_config(self._lin, x, self.roll_config,
                                                seed=self.step_seed(bool(training)),
-                                               return_logits=True)
+                                               return_logits=True,
+                                               precompute_gradient=bool(training),
+                                               tangent_dtype=self.tangent_dtype)
         if not training or self._lin.inference_equals_training:
             # The twin's forward pass is the model's inference function (and, without
             # BatchNorm / dropout / noise, its training one): reuse it.
@@ -254,6 +272,7 @@ class RollRegularizer(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(dataclasses.asdict(self.roll_config))
+        config["tangent_dtype"] = self.tangent_dtype
         config["model"] = keras.saving.serialize_keras_object(self.inner_model)
         return config
 
@@ -325,7 +344,7 @@ def wrap(model: keras.Model, lam: float = 2.0, C: float = 1.0, gamma: float = 10
          samples: int | None = None, strata: str | None = None, estimator: str = "axes",
          seed: int | None = None, on_eval: bool | None = None,
          memory_budget: int | None = None, share_axes: bool = False,
-         wrt: str | None = None) -> RollModel:
+         wrt: str | None = None, tangent_dtype: str | None = None) -> RollModel:
     """Returns a model that trains `model` with the ROLL regularizer (Eq. 9 / 10).
 
     The wrapped model (a `RollModel`) has the same inputs and outputs as
@@ -366,6 +385,10 @@ def wrap(model: keras.Model, lam: float = 2.0, C: float = 1.0, gamma: float = 10
             normalised units in which the paper states `lam`, `C` and
             `samples`, while `model` (and its certificates) keeps its raw
             input units. E.g. `wrt="normalize"` for `keras_roll.models.fc()`.
+        tangent_dtype: None (ROLL's tangents in the twin's float32) or
+            "float16" / "bfloat16": ROLL's tangent pass in that dtype, e.g. the
+            compute dtype of a mixed-precision model (faster on GPUs, half the
+            tangent memory; see `roll_loss`).
 
     Returns:
         A `RollModel` (a functional `keras.Model`).
@@ -389,7 +412,7 @@ def wrap(model: keras.Model, lam: float = 2.0, C: float = 1.0, gamma: float = 10
     layer = RollRegularizer(model, lam=lam, C=C, gamma=gamma, samples=samples, strata=strata,
                             estimator=estimator, seed=seed, on_eval=on_eval,
                             memory_budget=memory_budget, share_axes=share_axes, wrt=wrt,
-                            name="roll_regularizer")
+                            tangent_dtype=tangent_dtype, name="roll_regularizer")
     inp = keras.Input(shape=model.input_shape[1:], dtype=model.inputs[0].dtype)
     return RollModel(inp, layer(inp), name=f"{model.name}_roll")
 

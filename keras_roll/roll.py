@@ -58,6 +58,7 @@ from keras_roll.estimators import (
     ExactAxes,
     RandomProbes,
     SampledAxes,
+    check_tangent_dtype,
     estimator_for,
     tangent_entry,
 )
@@ -99,7 +100,7 @@ def __getattr__(name):
 def neuron_grad_sq(model_or_lin: ModelOrTwin, x: Array, samples: int | None = None,
                    strata: str | None = None, seed: Seed = None, estimator: str = "axes",
                    share_axes: bool = False, forward: ForwardPass | None = None,
-                   wrt: str | None = None) -> tf.Tensor:
+                   wrt: str | None = None, tangent_dtype: str | None = None) -> tf.Tensor:
     """Squared l2 norms of every neuron's input gradient, `[B, N]`.
 
     Exact (`samples=None`, Eq. 9) or the unbiased estimate of Eq. 10. The
@@ -109,7 +110,8 @@ def neuron_grad_sq(model_or_lin: ModelOrTwin, x: Array, samples: int | None = No
     Args:
         model_or_lin: a Keras model or a `Linearized`.
         x: `[B, *input_shape]` inputs.
-        samples, strata, seed, estimator, share_axes, wrt: see `roll_loss`.
+        samples, strata, seed, estimator, share_axes, wrt, tangent_dtype: see
+            `roll_loss`.
         forward: a `ForwardPass` of `x` to reuse (from `lin.primal(x)`).
 
     Returns:
@@ -128,17 +130,17 @@ def neuron_grad_sq(model_or_lin: ModelOrTwin, x: Array, samples: int | None = No
     config.check_input_shape(tuple(x.shape[1:]))
     tangent_entry(lin.program, config.wrt)
     fwd = forward if forward is not None else lin.primal(x)
-    return grad_sq(lin, fwd, x, config, seed)
+    return grad_sq(lin, fwd, x, config, seed, tangent_dtype)
 
 
 def grad_sq(lin: Linearized, fwd: ForwardPass, x: tf.Tensor, config: RollConfig,
-            seed: Seed = None) -> tf.Tensor:
+            seed: Seed = None, tangent_dtype: str | None = None) -> tf.Tensor:
     """`[B, N]` squared gradient norms (scaled estimate) for a checked batch `x`.
 
     The internal entry point of `neuron_grad_sq` and `roll_loss`: `config`
     is already validated and `fwd` is the forward pass of `x`.
     """
-    est = estimator_for(lin, x, config, seed, trace=fwd.trace)
+    est = estimator_for(lin, x, config, seed, trace=fwd.trace, tangent_dtype=tangent_dtype)
     sq = _sum_squares(lin, fwd, x, est, config.memory_budget or lin.memory_budget)
     scale = est.scale(lin.dtype)
     if scale is not None:
@@ -150,7 +152,7 @@ def grad_sq(lin: Linearized, fwd: ForwardPass, x: tf.Tensor, config: RollConfig,
 def roll_loss(model_or_lin: ModelOrTwin, x: Array, C: float = 1.0, gamma: float = 100.0,
               samples: int | None = None, strata: str | None = None, seed: Seed = None,
               estimator: str = "axes", share_axes: bool = False, return_logits: bool = False,
-              wrt: str | None = None):
+              wrt: str | None = None, tangent_dtype: str | None = None):
     """The per-example ROLL regularizer of Eq. 9 (without `lam`), `[B]`.
 
     For every example, the mean over the top `gamma` % of its valid neurons
@@ -193,6 +195,13 @@ def roll_loss(model_or_lin: ModelOrTwin, x: Array, C: float = 1.0, gamma: float 
             then those of that layer's output, so the loss equals the loss of
             the model without that layer fed its outputs (the paper's
             normalised units; see the README, "ROLL's units").
+        tangent_dtype: None (the twin's dtype, float32 even under mixed
+            precision: exact to float32 rounding) or "float16" / "bfloat16":
+            the tangent pass (directions, weights, every op's tangent) runs in
+            that dtype and the squares are summed in the twin's dtype. Under
+            mixed precision this halves the tangents' memory and runs the
+            convolutions at 16-bit speed, at the cost of a relative error of
+            the gradient norms of order 1e-3 (float16) to 1e-2 (bfloat16).
 
     Returns:
         A `[B]` tensor (float32 even under mixed precision), or `(loss, logits)`.
@@ -215,12 +224,26 @@ def roll_loss(model_or_lin: ModelOrTwin, x: Array, C: float = 1.0, gamma: float 
                         estimator=estimator, share_axes=share_axes, wrt=wrt)
     config.check_input_shape(tuple(x.shape[1:]))
     tangent_entry(lin.program, config.wrt)  # a bad wrt= fails here, eagerly
-    return loss_from_config(lin, x, config, seed, return_logits)
+    check_tangent_dtype(tangent_dtype, lin.dtype)
+    return loss_from_config(lin, x, config, seed, return_logits, tangent_dtype=tangent_dtype)
 
 
 def loss_from_config(lin: Linearized, x: tf.Tensor, config: RollConfig, seed: Seed = None,
-                     return_logits: bool = False):
+                     return_logits: bool = False, precompute_gradient: bool = False,
+                     tangent_dtype: str | None = None):
     """`roll_loss` for a checked batch `x` and a validated `config`.
+
+    Args:
+        lin, x, config, seed, return_logits: see `roll_loss`.
+        precompute_gradient: True when the caller differentiates a uniform
+            weighting of the per-example losses (the batch mean of a training
+            step, as `RollRegularizer` does). With `gamma = 100` and tangents in
+            several chunks, each chunk then computes its weight gradient in the
+            forward pass, instead of being recomputed in the backward pass (one
+            tangent pass less); a backward pass with non-uniform weights still
+            recomputes, so the gradient is right either way. Costly if nothing
+            is differentiated.
+        tangent_dtype: see `roll_loss`.
 
     Example:
 
@@ -233,10 +256,38 @@ def loss_from_config(lin: Linearized, x: tf.Tensor, config: RollConfig, seed: Se
     if x.shape[0] == 0:  # an empty batch has an empty loss
         loss = tf.zeros([0], lin.dtype)
         return (loss, fwd.logits) if return_logits else loss
-    sq = grad_sq(lin, fwd, x, config, seed)
-    loss = _nan_where_nonfinite(fwd, _select_and_average(fwd, sq, config.C, config.gamma))
+    if precompute_gradient and config.gamma >= 100:
+        loss = _full_gamma_loss(lin, fwd, x, config, seed, tangent_dtype)
+    else:
+        sq = grad_sq(lin, fwd, x, config, seed, tangent_dtype)
+        loss = _select_and_average(fwd, sq, config.C, config.gamma)
+    loss = _nan_where_nonfinite(fwd, loss)
     if return_logits:
         return loss, fwd.logits
+    return loss
+
+
+def _full_gamma_loss(lin: Linearized, fwd: ForwardPass, x, config: RollConfig, seed,
+                     tangent_dtype=None):
+    """Eq. 9 with gamma = 100 as `sum_j w_j sq_j + C * mean hinge` with constant weights
+    `w_j = valid_j * scale / n_valid`, so that chunked tangents can differentiate their
+    weighted sum in the forward pass (`_chunked_weighted_sum`): the loss is the same
+    function as `_select_and_average(fwd, sq, C, 100)`."""
+    est = estimator_for(lin, x, config, seed, trace=fwd.trace, tangent_dtype=tangent_dtype)
+    neurons = fwd.neurons
+    dtype = neurons.z.dtype
+    valid = neurons.valid
+    n_valid = tf.cast(tf.maximum(tf.reduce_sum(tf.cast(valid, tf.int32), axis=1), 1), dtype)
+    scale = est.scale(lin.dtype)
+    per_example = 1.0 / n_valid if scale is None else \
+        tf.reshape(tf.cast(scale, dtype), [-1]) / n_valid
+    weights = tf.where(valid, per_example[:, None], tf.zeros([], dtype))
+    budget = config.memory_budget or lin.memory_budget
+    loss = _sum_squares(lin, fwd, x, est, budget, weights=tf.stop_gradient(weights))
+    if config.C:
+        hinge = tf.nn.relu(1.0 - tf.minimum(neurons.below, neurons.above))
+        hinge = tf.where(valid, hinge, tf.zeros_like(hinge))
+        loss += tf.cast(config.C, dtype) * tf.reduce_sum(hinge, axis=1) / n_valid
     return loss
 
 
@@ -306,32 +357,52 @@ def _static_plan(lin: Linearized, fwd: ForwardPass, x, estimator: Estimator,
     if None in (size, batch, n_neurons, d) or not isinstance(total, int):
         return None
     return _plan(lin, int(batch), total, int(size), int(n_neurons), int(d), estimator.shared,
-                 budget)
+                 budget, _itemsize(lin, estimator))
+
+
+def _itemsize(lin, estimator) -> int:
+    """Bytes of one tangent element: the estimator's tangent dtype, else the twin's."""
+    return np.dtype(getattr(estimator, "tangent_dtype", None) or lin.dtype).itemsize
 
 
 def _plan(lin, batch: int, total: int, tangent_size: int, n_neurons: int, d: int,
-          shared: bool, budget: int) -> ChunkPlan:
-    itemsize = np.dtype(lin.dtype).itemsize
+          shared: bool, budget: int, itemsize: int | None = None) -> ChunkPlan:
+    itemsize = itemsize or np.dtype(lin.dtype).itemsize
     per_item = (tangent_size + n_neurons + (0 if shared else d)) * itemsize
     return plan_chunks(batch, total, per_item, budget, batch_size=max(batch, 1))
 
 
-def _sum_squares(lin: Linearized, fwd: ForwardPass, x, estimator: Estimator, memory_budget):
-    """`[B, N]` sum over directions of the squared neuron derivatives (unscaled)."""
+def _sum_squares(lin: Linearized, fwd: ForwardPass, x, estimator: Estimator, memory_budget,
+                 weights=None):
+    """`[B, N]` sum over directions of the squared neuron derivatives (unscaled).
+
+    With `weights` (`[B, N]`, constant), `[B]`: the weighted sum over neurons of
+    those sums, whose chunked form differentiates each chunk in the forward pass
+    (`_chunked_weighted_sum`).
+    """
     trace = fwd.trace
     z = fwd.neurons.z
     dtype = z.dtype
     budget = int(memory_budget or lin.memory_budget)
+
+    def whole(total):
+        sq = estimator.sum_squares(lin, trace, 0, total)
+        return sq if weights is None else tf.reduce_sum(sq * weights, axis=1)
+
+    def chunked(k, n):
+        if weights is None:
+            return _chunked_sum_squares(lin, estimator, trace, tf.shape(z), dtype, k, n)
+        return _chunked_weighted_sum(lin, estimator, trace, weights, k, n)
+
     plan = _static_plan(lin, fwd, x, estimator, budget)
     if plan is not None:  # eager, or fully static shapes: plan in Python
         if not plan.fits:
             raise MemoryError(_budget_message(lin, budget, plan.bytes_per_direction))
         if plan.direction_chunks == 1:
-            return estimator.sum_squares(lin, trace, 0, plan.directions)
-        return _chunked_sum_squares(lin, estimator, trace, tf.shape(z), dtype, plan.per_chunk,
-                                    plan.direction_chunks)
+            return whole(plan.directions)
+        return chunked(plan.per_chunk, plan.direction_chunks)
 
-    itemsize = np.dtype(lin.dtype).itemsize
+    itemsize = _itemsize(lin, estimator)
     per = tf.cast(fwd.tangent_size, tf.int64) + tf.cast(tf.shape(z)[1], tf.int64)
     if not estimator.shared:
         per += tf.cast(tf.reduce_prod(tf.shape(x)[1:]), tf.int64)
@@ -344,70 +415,240 @@ def _sum_squares(lin: Linearized, fwd: ForwardPass, x, estimator: Estimator, mem
     with tf.control_dependencies([check]):
         k, n = tf.cast(k, tf.int32), tf.cast(n, tf.int32)
     total_t = tf.cast(estimator.total, tf.int32)
-    return tf.cond(n <= 1, lambda: estimator.sum_squares(lin, trace, 0, total_t),
-                   lambda: _chunked_sum_squares(lin, estimator, trace, tf.shape(z), dtype, k, n))
+    return tf.cond(n <= 1, lambda: whole(total_t), lambda: chunked(k, n))
 
 
-def _chunked_sum_squares(lin, estimator: Estimator, trace, n_shape, dtype, k, n):
-    """Sum over `n` chunks of `k` directions, recomputed chunk by chunk in backprop.
+def _chunk_inputs(lin, estimator: Estimator, trace, extra=()):
+    """The explicit inputs of a chunked custom gradient and how to read them back.
 
     Everything a chunk reads enters the custom gradient as an explicit input:
     the trace, the model's variables as tensors (read once, mapped back with a
-    `keras.StatelessScope`), the estimator's tensors and the chunk counts. So the
+    `keras.StatelessScope`), the estimator's tensors and `extra` tensors. So the
     gradient captures nothing from outside and works inside `tf.cond`,
     `tf.function` (with the tape inside or outside) and `tf.distribute`.
+
+    Returns `(inputs, differentiable, chunk, split)`: `differentiable[i]` says
+    whether a gradient may flow into `inputs[i]` (`_gradient_may_flow`: the frozen
+    slopes of a ReLU, one-hot choices and masks need none, which spares the
+    backward pass of every chunk a product and a reduction per unit);
+    `chunk(inputs, start, k)` is the estimator's `[B, N]` sum of squares of
+    directions `start .. start + k - 1`; `split(inputs)` gives back the groups.
     """
     flat = tf.nest.flatten(trace)
     variables = list(lin.model.variables)
     values = [tf.convert_to_tensor(v.value) for v in variables]
     aux = tf.nest.flatten(estimator)
-    sizes = [len(flat), len(values), len(aux)]
-    counts = [tf.convert_to_tensor(t, tf.int32) for t in (k, n, n_shape)]
+    extra = [tf.convert_to_tensor(t) for t in extra]
+    sizes = [len(flat), len(values), len(aux), len(extra)]
+    inputs = [*flat, *values, *aux, *extra]
+    may_flow = _gradient_may_flow(inputs)
+    differentiable = [ok and i < sizes[0] + sizes[1] + sizes[2]
+                      for i, ok in enumerate(may_flow)]
 
-    def split(inputs):
-        a, b, c = sizes
-        return (inputs[:a], inputs[a:a + b], inputs[a + b:a + b + c], inputs[a + b + c:])
+    def split(ins):
+        a, b, c, _ = sizes
+        return ins[:a], ins[a:a + b], ins[a + b:a + b + c], ins[a + b + c:]
 
-    def chunk(inputs, c):
-        tr, vals, ax, (k_t, _, _) = split(inputs)
-        k_c = k if isinstance(k, int) else k_t
+    def chunk(ins, start, k):
+        tr, vals, ax, _ = split(ins)
         with keras.StatelessScope(state_mapping=list(zip(variables, vals))):
             est = tf.nest.pack_sequence_as(estimator, list(ax))
-            return est.sum_squares(lin, tf.nest.pack_sequence_as(trace, list(tr)), c * k_c, k_c)
+            return est.sum_squares(lin, tf.nest.pack_sequence_as(trace, list(tr)), start, k)
+
+    return inputs, differentiable, chunk, split
+
+
+def _chunked_sum_squares(lin, estimator: Estimator, trace, n_shape, dtype, k, n):
+    """Sum over `n` chunks of `k` directions, recomputed chunk by chunk in backprop.
+
+    See `_chunk_inputs` for what enters the custom gradient.
+    """
+    counts = [tf.convert_to_tensor(t, tf.int32) for t in (k, n, n_shape)]
+    flat_inputs, differentiable, chunk, split = _chunk_inputs(lin, estimator, trace, counts)
+
+    def chunk_at(inputs, c):
+        k_t, _, _ = split(inputs)[3]
+        k_c = k if isinstance(k, int) else k_t
+        return chunk(inputs, c * k_c, k_c)
 
     @tf.custom_gradient
     def run(*args):
         # Identities in the current graph (e.g. a tf.cond branch): the gradient
         # function must reference these, not the caller's tensors.
         inputs = [tf.identity(t) for t in args]
-        _, _, _, (_, n_t, shape_t) = split(inputs)
+        _, n_t, shape_t = split(inputs)[3]
         # Stopped copies: an eager tape must not record (and keep) the chunks.
         stopped = [tf.stop_gradient(t) for t in inputs]
         _, sq = tf.while_loop(lambda c, acc: c < n_t,
-                              lambda c, acc: (c + 1, acc + chunk(stopped, c)),
+                              lambda c, acc: (c + 1, acc + chunk_at(stopped, c)),
                               (tf.constant(0), tf.zeros(shape_t, dtype)))
 
         def grad(dsq):
-            diff = [i for i, t in enumerate(inputs) if t.dtype.is_floating]
-
-            def body(c, acc):
-                with tf.GradientTape() as tape:
-                    tape.watch([inputs[i] for i in diff])
-                    s = chunk(inputs, c)
-                gs = tape.gradient(s, [inputs[i] for i in diff], output_gradients=dsq,
-                                   unconnected_gradients=tf.UnconnectedGradients.ZERO)
-                return c + 1, [a + tf.convert_to_tensor(g) for a, g in zip(acc, gs)]
-
-            zeros = [tf.zeros_like(inputs[i]) for i in diff]
-            _, out = tf.while_loop(lambda c, acc: c < n_t, body, (tf.constant(0), zeros))
-            grads = [None] * len(inputs)
-            for i, g in zip(diff, out):
-                grads[i] = g
-            return grads
+            return _recompute_gradients(inputs, differentiable, n_t,
+                                        lambda ins, c: (chunk_at(ins, c), dsq))
 
         return sq, grad
 
-    return run(*flat, *values, *aux, *counts)
+    return run(*flat_inputs)
+
+
+def _chunked_weighted_sum(lin, estimator: Estimator, trace, weights, k, n):
+    """`[B]` `sum_j weights_bj * sq_bj` over `n` chunks of `k` directions, each chunk
+    differentiated in the forward pass.
+
+    The forward loop runs every chunk under a tape and accumulates the gradient
+    `G` of `sum_b q_b` with respect to the differentiable inputs. A backward pass
+    whose upstream gradient is the same `c` for every example (the batch mean of
+    a training step) returns `c G`: one tangent pass and its backward per chunk,
+    where `_chunked_sum_squares` needs two passes. Any other upstream gradient
+    recomputes the chunks with it (`_recompute_gradients`), so the gradient is
+    exact either way.
+    """
+    dtype = weights.dtype
+    counts = [tf.convert_to_tensor(t, tf.int32) for t in (k, n)]
+    flat_inputs, differentiable, chunk, split = _chunk_inputs(
+        lin, estimator, trace, [weights, *counts])
+
+    def weighted_at(inputs, c):
+        w, k_t, _ = split(inputs)[3]
+        k_c = k if isinstance(k, int) else k_t
+        return tf.reduce_sum(chunk(inputs, c * k_c, k_c) * w, axis=1)
+
+    @tf.custom_gradient
+    def run(*args):
+        inputs = [tf.identity(t) for t in args]
+        w, _, n_t = split(inputs)[3]
+        stopped = [tf.stop_gradient(t) for t in inputs]
+        diff = [i for i, d in enumerate(differentiable) if d]
+
+        def body(c, acc, grads):
+            with tf.GradientTape() as tape:
+                tape.watch([stopped[i] for i in diff])
+                q = weighted_at(stopped, c)
+                total = tf.reduce_sum(q)
+            gs = tape.gradient(total, [stopped[i] for i in diff],
+                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            return c + 1, acc + q, [a + tf.convert_to_tensor(g) for a, g in zip(grads, gs)]
+
+        zeros = [tf.zeros_like(inputs[i]) for i in diff]
+        batch = tf.shape(w)[0]
+        _, q, summed = tf.while_loop(lambda c, acc, grads: c < n_t, body,
+                                     (tf.constant(0), tf.zeros([batch], dtype), zeros))
+
+        def grad(dq):
+            c = tf.reduce_max(dq)
+            uniform = tf.reduce_min(dq) == c  # False for an empty batch
+
+            def scaled():
+                return [c * g for g in summed]
+
+            def recomputed():
+                out = _recompute_gradients(
+                    inputs, differentiable, n_t,
+                    lambda ins, cc: (chunk(ins, cc * _k(ins), _k(ins)), dq[:, None] * w))
+                return [out[i] for i in diff]
+
+            def _k(ins):
+                k_t = split(ins)[3][1]
+                return k if isinstance(k, int) else k_t
+
+            picked = tf.cond(uniform, scaled, recomputed)
+            grads = [None] * len(inputs)
+            for i, g in zip(diff, picked):
+                grads[i] = g
+            return grads
+
+        return q, grad
+
+    return run(*flat_inputs)
+
+
+def _recompute_gradients(inputs, differentiable, n_t, chunk_and_upstream):
+    """Gradients of `sum_c <chunk_c, upstream_c>` with respect to the differentiable
+    `inputs`, chunk by chunk under a tape (`chunk_and_upstream(inputs, c)` gives the
+    chunk's output and its upstream gradient); None for the other inputs."""
+    diff = [i for i, d in enumerate(differentiable) if d]
+
+    def body(c, acc):
+        with tf.GradientTape() as tape:
+            tape.watch([inputs[i] for i in diff])
+            s, upstream = chunk_and_upstream(inputs, c)
+        gs = tape.gradient(s, [inputs[i] for i in diff], output_gradients=upstream,
+                           unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return c + 1, [a + tf.convert_to_tensor(g) for a, g in zip(acc, gs)]
+
+    zeros = [tf.zeros_like(inputs[i]) for i in diff]
+    _, out = tf.while_loop(lambda c, acc: c < n_t, body, (tf.constant(0), zeros))
+    grads = [None] * len(inputs)
+    for i, g in zip(diff, out):
+        grads[i] = g
+    return grads
+
+
+def _gradient_may_flow(tensors) -> list[bool]:
+    """Whether a gradient may flow into each of `tensors` (conservative).
+
+    Eagerly, exactly when a tape watches it (`should_record_backprop`: without a
+    tape nothing will be differentiated). In a graph, unless every path back
+    from it ends in a constant or a non-differentiable op (a `Cast` of the
+    booleans `z > 0`, `OneHot`, `StopGradient`, ...): a gradient of the graph
+    may also be taken from outside (a tf.function under an eager tape), where
+    no tape inside the graph would tell.
+    """
+    floating = [t.dtype.is_floating for t in tensors]
+    if tf.executing_eagerly():
+        from tensorflow.python.eager import record  # noqa: PLC0415  (TF internal)
+
+        return [f and bool(record.should_record_backprop([t]))
+                for f, t in zip(floating, tensors)]
+    memo: dict = {}
+    return [f and _graph_connected(t, memo) for f, t in zip(floating, tensors)]
+
+
+_SOURCE_OPS = frozenset({"Placeholder", "ReadVariableOp", "VarHandleOp"})
+_CONSTANT_OPS = frozenset({"Const", "StopGradient", "PreventGradient", "ZerosLike",
+                           "OnesLike", "Shape", "Size", "Rank"})
+
+
+def _graph_connected(tensor, memo: dict) -> bool:
+    """False when no gradient can reach `tensor` from a graph input or variable."""
+    from tensorflow.python.framework import ops as tf_ops  # noqa: PLC0415  (TF internal)
+
+    def floating_or_resource(t):
+        return t.dtype.is_floating or t.dtype.is_complex or t.dtype == tf.resource
+
+    stack = [tensor]
+    while stack:
+        t = stack[-1]
+        key = t.ref()
+        if key in memo:
+            stack.pop()
+            continue
+        op = t.op
+        if not floating_or_resource(t) or op.type in _CONSTANT_OPS:
+            memo[key] = False
+            stack.pop()
+            continue
+        inputs = [i for i in op.inputs if floating_or_resource(i)]
+        try:
+            no_gradient = tf_ops.get_gradient_function(op) is None
+        except LookupError:
+            no_gradient = False  # unregistered: assume it passes gradients on
+        if no_gradient and op.type not in _SOURCE_OPS:
+            memo[key] = False
+            stack.pop()
+            continue
+        if not inputs:  # a graph input or variable; else a cast of booleans, a draw
+            memo[key] = op.type in _SOURCE_OPS
+            stack.pop()
+            continue
+        pending = [i for i in inputs if i.ref() not in memo]
+        if pending:
+            stack.extend(pending)
+            continue
+        memo[key] = any(memo[i.ref()] for i in inputs)
+        stack.pop()
+    return memo[tensor.ref()]
 
 
 def _static_tangent_size(lin, x):
@@ -437,7 +678,8 @@ def _budget_message(lin, budget, per):
 
 def memory_plan(model_or_lin: ModelOrTwin, x: Array, samples: int | None = None,
                 strata: str | None = None, estimator: str = "axes",
-                share_axes: bool = False, wrt: str | None = None) -> ChunkPlan:
+                share_axes: bool = False, wrt: str | None = None,
+                tangent_dtype: str | None = None) -> ChunkPlan:
     """The chunking `roll_loss` uses on `x` within `lin.memory_budget` (eager).
 
     Returns the `keras_roll.chunking.ChunkPlan` that `roll_loss` executes:
@@ -461,7 +703,8 @@ def memory_plan(model_or_lin: ModelOrTwin, x: Array, samples: int | None = None,
     tangent_entry(lin.program, config.wrt)
     layout = lin.layout(x.shape[1:])
     shared = config.exact or config.share_axes
+    itemsize = np.dtype(check_tangent_dtype(tangent_dtype, lin.dtype) or lin.dtype).itemsize
     return _plan(lin, int(x.shape[0]), config.directions(x.shape[1:]), layout.tangent_size,
-                 layout.num_neurons, layout.input_size, shared, lin.memory_budget)
+                 layout.num_neurons, layout.input_size, shared, lin.memory_budget, itemsize)
 
 

@@ -284,7 +284,7 @@ class Linearized:
         return self.interpreter.primal(x)
 
     def tangent_from_trace(self, trace: Trace, v, shared: bool, concat: bool = True,
-                           axes=None, start: int = 0) -> JVP:
+                           axes=None, start: int = 0, dtype: str | None = None) -> JVP:
         """Derivatives along `v` with the pattern of `trace` frozen (not compiled).
 
         Args:
@@ -298,6 +298,8 @@ class Linearized:
             start: the program step the tangents enter at (0: the model input);
                 `v` is then a direction of the output of step `start - 1`
                 (ROLL's `wrt=`, see `keras_roll.estimators.tangent_entry`).
+            dtype: the dtype of the tangent pass (default the twin's), e.g.
+                "float16" for ROLL under mixed precision (`Interpreter.tangent`).
 
         Example:
 
@@ -306,18 +308,20 @@ class Linearized:
         jvp = lin.tangent_from_trace(fwd.trace, v, shared=False)   # v: [B, K, ...]
         ```
         """
-        return self.interpreter.tangent(trace, v, shared, concat=concat, axes=axes, start=start)
+        return self.interpreter.tangent(trace, v, shared, concat=concat, axes=axes, start=start,
+                                        dtype=dtype)
 
     def axes_tangent(self, trace: Trace, start, k: int, example_shape, reduce=None,
-                     per_neuron: bool = False, entry: int = 0):
+                     per_neuron: bool = False, entry: int = 0, dtype: str | None = None):
         """Derivatives along input axes `start .. start + k - 1` (not compiled).
 
         See `Interpreter.axes_tangent`; `reduce(jvp, start)` and `per_neuron`
         reduce the chunk inside the caller's graph; `entry` is the step the
-        tangents enter at (`tangent_from_trace`'s `start`).
+        tangents enter at (`tangent_from_trace`'s `start`); `dtype` the dtype
+        of the pass (default the twin's).
         """
         return self.interpreter.axes_tangent(trace, start, k, example_shape, reduce=reduce,
-                                             per_neuron=per_neuron, entry=entry)
+                                             per_neuron=per_neuron, entry=entry, dtype=dtype)
 
     def rounding_bound(self, trace: Trace) -> RoundingBound:
         """Per-neuron rounding error bounds for the examples of `trace` (not compiled).

@@ -400,6 +400,28 @@ def test_default_rigor_holds_inside_a_simple_rnn():
     assert not np.any(own != ref[owner])
 
 
+@pytest.mark.parametrize("key", ["dense", "conv1d", "conv2d", "conv3d", "rnn", "scornn"])
+def test_default_guard_on_every_registered_layer_class(key):
+    """The conformance models hold every registered class: the noise pass runs on
+    them all, its guard covers the model's own error at the centre, per neuron, and
+    the default never certifies less than 'strict' (it takes both guards)."""
+    from tests import test_rule_conformance as conformance
+
+    model, x = conformance.MODELS[key]()
+    lin = keras_roll.linearize(model)
+    lin64 = lin.at_dtype("float64")
+    fwd = lin64.forward(x)
+    err = keras_roll.margins.rounding_errors(lin64, fwd)
+    valid = fwd.neurons.valid.numpy()
+    diff = np.abs(lin.forward(x).neurons.z.numpy() - fwd.neurons.z.numpy())
+    assert np.all((diff <= err.at_x) | ~valid)
+    assert np.max(np.where(valid, diff / err.at_x, 0)) > 1e-3  # not vacuous
+    cert = keras_roll.certify(model, x, verbose=False)
+    strict = keras_roll.certify(model, x, verbose=False, rigor="strict")
+    for p in NORMS:
+        assert np.all(cert.margins[p] >= strict.margins[p])
+
+
 # --------------------------------------------------------------------------- item 12
 
 

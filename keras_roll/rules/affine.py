@@ -86,17 +86,48 @@ class LayerCall(Op):
             return out
 
         out = apply_linear(fn, tangents)
-        if self.keeps_axes and tangents[0].axes is not None:
-            # A row-major reshape keeps every input axis's flat index.
-            out = Tangent(out.value, out.shared, axes=tangents[0].axes)
+        if tangents[0].axes is not None and len(tangents) == 1:
+            axes = self.map_axes(tangents[0])
+            if axes is not None:
+                out = Tangent(out.value, out.shared, axes=axes)
         return out, None
 
     @property
     def keeps_axes(self) -> bool:
+        """Whether the layer keeps every input axis's flat index (a row-major reshape)."""
         layer = self.layer
         if isinstance(layer, keras.layers.Flatten):
             return getattr(layer, "data_format", "channels_last") == "channels_last"
         return isinstance(layer, keras.layers.Reshape)
+
+    def map_axes(self, t: Tangent):
+        """The flat output axes of one-hot input directions `t.axes`, or None.
+
+        Reshapes keep them; a channels-last ZeroPadding moves them by its
+        leading pads (a one-hot direction stays one-hot, -1 stays -1), so that
+        a convolution after it still gathers kernel taps (`_conv_taps`).
+        """
+        if self.keeps_axes:
+            return t.axes
+        layer = self.layer
+        pads = _zero_padding(layer)
+        if pads is None:
+            return None
+        rank = len(pads)
+        dims = t.value.shape[-rank - 1:]
+        if t.value.shape.rank != rank + (2 if t.shared else 3) or None in dims:
+            return None
+        rest = tf.maximum(t.axes, 0)
+        coords = []
+        for n in reversed(dims):
+            coords.append(rest % n)
+            rest = rest // n
+        coords = coords[::-1]
+        out = tf.zeros_like(t.axes)
+        for d, n in enumerate(dims):
+            size = n + (sum(pads[d]) if d < rank else 0)
+            out = out * size + coords[d] + (pads[d][0] if d < rank else 0)
+        return tf.where(t.axes >= 0, out, -1)
 
     def magnitude(self, bounds, record, affine, mask=None):
         kind = _positive_kind(self.layer)
@@ -122,6 +153,20 @@ class LayerCall(Op):
         if kind == "resize":
             return 8 if getattr(layer, "interpolation", "nearest") == "bilinear" else 0
         return 0  # reshapes, paddings, croppings: exact
+
+
+def _zero_padding(layer):
+    """`((before, after), ...)` per spatial dimension of a channels-last ZeroPadding
+    layer, else None."""
+    L = keras.layers
+    if not isinstance(layer, (L.ZeroPadding1D, L.ZeroPadding2D, L.ZeroPadding3D)):
+        return None
+    if getattr(layer, "data_format", "channels_last") != "channels_last":
+        return None
+    pads = layer.padding
+    if isinstance(layer, L.ZeroPadding1D):
+        pads = (pads,)
+    return tuple((int(a), int(b)) for a, b in pads)
 
 
 def _avg_pool3d(layer, x):
@@ -196,11 +241,14 @@ def _cast(v, like):
     return tf.cast(v, like.dtype)
 
 
-def _with_bias(layer, linear, kernels, bias, bias_shape=None, rows=None, fan_in=None):
+def _with_bias(layer, linear, kernels, bias, bias_shape=None, rows=None, fan_in=None,
+               one_hot=None, channel_last_kernel=False):
     """ops: `[Linear(x -> linear(x, kernels()) + bias), *activation ops]`.
 
     `linear(x, ks)` applies the kernels `ks` (a list) to `x`; applied to
     `|x|` and `|ks|` it is `|A| |x|`, the op's rounding magnitude.
+    `channel_last_kernel`: one kernel whose last axis is the output channel of
+    a channels-last output, so a per-channel scale after the op folds into it.
     """
 
     def weights(x, absolute=False):
@@ -223,10 +271,15 @@ def _with_bias(layer, linear, kernels, bias, bias_shape=None, rows=None, fan_in=
             out = out + tf.abs(bias_value(out))
         return out
 
+    def scaled(xs, scale):  # one kernel whose last axis is the output channel
+        ks = weights(xs[0])
+        return linear(xs[0], [ks[0] * tf.cast(scale, ks[0].dtype)])
+
     lin = Linear(layer, lambda xs: linear(xs[0], weights(xs[0])), forward=forward,
                  rows=None if rows is None else (lambda idx: rows(idx)),
                  magnitude=magnitude, roundings=lambda inputs: fan_in() + 2,
-                 matmul_like=True)
+                 matmul_like=True, one_hot=one_hot,
+                 scaled=scaled if channel_last_kernel else None)
     return [lin, *activation_ops(layer, layer.activation)]
 
 
@@ -242,6 +295,7 @@ def _dense_rule(layer):
         (lambda: layer.bias) if layer.bias is not None else None,
         rows=lambda idx: tf.gather(layer.kernel, idx),
         fan_in=lambda: int(layer.kernel.shape[0]),
+        channel_last_kernel=True,
     )
 
 
@@ -261,7 +315,92 @@ def _conv_rule(layer):
     bias_shape = _channel_shape(layer.rank, layer.data_format, layer.filters)
     return _with_bias(layer, _conv_linear(layer), lambda: [layer.kernel],
                       (lambda: layer.bias) if layer.use_bias else None, bias_shape,
-                      fan_in=lambda: int(np.prod(layer.kernel.shape[:-1])))
+                      fan_in=lambda: int(np.prod(layer.kernel.shape[:-1])),
+                      one_hot=_conv_taps(layer),
+                      channel_last_kernel=layer.data_format == "channels_last"
+                      and getattr(layer, "groups", 1) == 1)
+
+
+def _conv_taps(layer):
+    """`one_hot(tangent)` for `Linear`: a convolution of one-hot directions, by gathering
+    kernel taps and placing them (channels_last, groups=1), else None.
+
+    Along input axis `(i_1 .. i_r, c)` the convolution's output at position `p`
+    is `kernel[t, c, :]` where `p_d * stride_d + t_d * dilation_d = i_d + pad_d`
+    for every spatial dimension `d`, zero elsewhere: at most
+    `ceil(((k_d - 1) dilation_d + 1) / stride_d)` positions per dimension. So the
+    output tangent is a `scatter_nd` of gathered taps (no multiply-adds; its
+    gradient is a gather and a scatter into the kernel), equal to the convolution
+    of the one-hot tangent (docs/design.md, "The frozen-pattern twin").
+    """
+    if layer.data_format != "channels_last" or getattr(layer, "groups", 1) != 1:
+        return None
+    rank = layer.rank
+    kernel_size, strides = tuple(layer.kernel_size), tuple(layer.strides)
+    dilation, padding = tuple(layer.dilation_rate), layer.padding
+
+    def one_hot(t, scale=None):
+        spatial = t.value.shape[-rank - 1:-1]
+        channels = t.value.shape[-1]
+        if t.value.shape.rank != rank + (2 if t.shared else 3) or None in spatial \
+                or channels is None:
+            return None
+        before, sizes = [], []
+        for n, k, s, d in zip(spatial, kernel_size, strides, dilation):
+            span = (k - 1) * d + 1
+            if padding == "valid":
+                out, pad = (n - span) // s + 1, 0
+            elif padding == "same":
+                out = -(-n // s)
+                pad = max((out - 1) * s + span - n, 0) // 2
+            else:  # causal (Conv1D): all padding before
+                out, pad = (n + (k - 1) * d - span) // s + 1, (k - 1) * d
+            if out < 1:
+                return None
+            before.append(pad)
+            sizes.append(out)
+        axes = tf.reshape(t.axes, [-1])  # [M] flat input axes, -1: a zero direction
+        live = axes >= 0
+        rest = tf.maximum(axes, 0)
+        coords = []
+        for n in reversed([*spatial, channels]):
+            coords.append(rest % n)
+            rest = rest // n
+        coords = coords[::-1]  # [i_1 .. i_r, c], each [M]
+        kernel = tf.cast(layer.kernel, t.value.dtype)
+        if scale is not None:
+            kernel *= tf.cast(scale, kernel.dtype)
+        taps, places = [], []
+        ok = tf.reshape(live, [-1] + [1] * rank)  # -> [M, n_1 .. n_r]
+        for dim in range(rank):
+            k, s, d = kernel_size[dim], strides[dim], dilation[dim]
+            m = tf.range(((k - 1) * d) // s + 1)  # candidate output positions
+            i = coords[dim][:, None] + before[dim]
+            p = i // s - m[None, :]  # [M, n_dim]
+            num = i - p * s
+            tap = num // d
+            fits = (num % d == 0) & (tap < k) & (p >= 0) & (p < sizes[dim])
+            view = [-1] + [1] * rank
+            view[dim + 1] = int(m.shape[0])
+            taps.append(tf.reshape(tf.clip_by_value(tap, 0, k - 1), view))
+            places.append(tf.reshape(tf.clip_by_value(p, 0, sizes[dim] - 1), view))
+            ok = ok & tf.reshape(fits, view)
+        ok_shape = tf.shape(ok)
+        channel = tf.broadcast_to(tf.reshape(coords[-1], [-1] + [1] * rank), ok_shape)
+        rows = tf.broadcast_to(tf.reshape(tf.range(tf.shape(axes)[0]), [-1] + [1] * rank),
+                               ok_shape)
+        gather_idx = tf.stack([tf.broadcast_to(x, ok_shape) for x in taps] + [channel], -1)
+        values = tf.gather_nd(kernel, gather_idx)  # [M, c_1 .. c_r, filters]
+        values *= tf.cast(ok, values.dtype)[..., None]
+        scatter_idx = tf.stack([rows] + [tf.broadcast_to(x, ok_shape) for x in places], -1)
+        filters = int(layer.kernel.shape[-1])
+        out = tf.scatter_nd(tf.reshape(scatter_idx, [-1, rank + 1]),
+                            tf.reshape(values, [-1, filters]),
+                            tf.concat([tf.shape(axes)[:1], [*sizes, filters]], 0))
+        lead = tf.shape(t.axes)
+        return tf.reshape(out, tf.concat([lead, [*sizes, filters]], 0))
+
+    return one_hot
 
 
 for _cls in (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D):
@@ -311,18 +450,27 @@ def _broadcast_shape(axes, rank, shape):
     return out
 
 
+def _work_dtype(dtype):
+    """float32 for a 16-bit dtype (statistics are combined before the cast), else `dtype`."""
+    dtype = tf.as_dtype(dtype)
+    return tf.float32 if dtype in (tf.float16, tf.bfloat16) else dtype
+
+
 def _batch_norm_parts(layer, x):
-    """`(inv, mean, beta)` of the inference map `(x - mean) * inv + beta`, shaped for `x`."""
+    """`(inv, mean, beta)` of the inference map `(x - mean) * inv + beta`, shaped for `x`
+    (combined in float32 for 16-bit tangents, then cast)."""
     axes = [layer.axis] if isinstance(layer.axis, int) else list(layer.axis)
     rank = len(x.shape)
     axes = [a % rank for a in axes]
     shape = _broadcast_shape(axes, rank, x.shape)
-    inv = tf.math.rsqrt(_cast(layer.moving_variance, x) + layer.epsilon)
+    work = _work_dtype(x.dtype)
+    inv = tf.math.rsqrt(tf.cast(layer.moving_variance, work) + layer.epsilon)
     if layer.gamma is not None:
-        inv *= _cast(layer.gamma, x)
+        inv *= tf.cast(layer.gamma, work)
     mean = _cast(layer.moving_mean, x)
     beta = _cast(layer.beta, x) if layer.beta is not None else tf.zeros_like(mean)
-    return (tf.reshape(inv, shape), tf.reshape(mean, shape), tf.reshape(beta, shape))
+    return (tf.reshape(tf.cast(inv, x.dtype), shape), tf.reshape(mean, shape),
+            tf.reshape(beta, shape))
 
 
 @register_rule(keras.layers.BatchNormalization)
@@ -339,9 +487,23 @@ def _batch_norm_rule(layer):
             return bounds[0] * tf.abs(inv)
         return (bounds[0] + tf.abs(mean)) * tf.abs(inv) + tf.abs(beta)
 
+    def channel_scale(dtype, rank):
+        """`gamma / sqrt(var + eps)` as a `[C]` vector when the layer scales the last
+        axis of its `[N, ...]` input of rank `rank`, else None."""
+        axes = [layer.axis] if isinstance(layer.axis, int) else list(layer.axis)
+        if [a % rank for a in axes] != [rank - 1]:
+            return None
+        work = _work_dtype(dtype)
+        inv = tf.math.rsqrt(tf.cast(layer.moving_variance, work) + layer.epsilon)
+        if layer.gamma is not None:
+            inv *= tf.cast(layer.gamma, work)
+        return tf.cast(inv, dtype)
+
     # rsqrt, scale, centre, shift, and the offset Keras folds: 8 roundings at most.
     return Linear(layer, linear, magnitude=magnitude, roundings=lambda inputs: 8,
-                  training_dependent=True)  # batch statistics in training
+                  training_dependent=True,  # batch statistics in training
+                  channel_scale=channel_scale)
+
 
 
 @register_rule(keras.layers.Rescaling)

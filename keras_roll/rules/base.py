@@ -292,6 +292,21 @@ class Linear(Op):
             batch (no bias).
         forward: `fn(list_of_tensors, mask) -> tensor`, the affine map; defaults
             to calling the layer in inference mode.
+        rows: `fn(idx) -> rows`, for a layer on flat inputs (Dense): the rows of
+            `A` of the input axes `idx`, gathered for one-hot directions.
+        one_hot: `fn(tangent, scale) -> tensor or None`: the linear part applied
+            to the one-hot directions of a `Tangent` with `axes` (e.g. a
+            convolution's kernel taps, gathered and placed), times `scale` (None
+            or a per-output-channel vector, see `scaled`), or None where it does
+            not apply; must equal `linear` on `tangent.value`.
+        scaled: `fn(list_of_tensors, scale) -> tensor`: the linear part followed
+            by a per-output-channel (last axis) `scale`, computed by scaling the
+            kernel, or None. With it, a BatchNormalization that alone reads the
+            op's output folds into it in tangent passes (`tangent_scaled`).
+        channel_scale: `fn(dtype, rank) -> [C] tensor or None`: for a per-channel
+            scale of the last axis of `[N, ...]` inputs of rank `rank`
+            (BatchNormalization in inference), the scale, so that the op can be
+            folded into the op before it.
 
     Example:
 
@@ -304,11 +319,14 @@ class Linear(Op):
 
     def __init__(self, layer, linear, forward=None, name=None, rows=None,
                  training_dependent=False, magnitude=None, roundings=None,
-                 matmul_like=False):
+                 matmul_like=False, one_hot=None, scaled=None, channel_scale=None):
         super().__init__(layer, name, training_dependent=training_dependent)
         self._linear = linear
         self._forward = forward
         self._rows = rows
+        self._one_hot = one_hot
+        self._scaled = scaled
+        self._channel_scale = channel_scale
         self._magnitude = magnitude
         self._roundings = roundings
         self.matmul_like = bool(matmul_like)
@@ -334,15 +352,48 @@ class Linear(Op):
         return call_layer(self.layer, inputs, mask), NO_RECORD
 
     def tangent(self, tangents, record, mask):
+        return self._tangent(tangents, None), None
+
+    def tangent_scaled(self, tangents, scale) -> Tangent | None:
+        """The tangent of the op followed by a per-output-channel `scale` (a
+        folded BatchNormalization), or None if the op cannot scale its kernel."""
+        if self._scaled is None:
+            return None
+        return self._tangent(tangents, scale)
+
+    @property
+    def can_scale(self) -> bool:
+        """Whether `tangent_scaled` can fold a per-output-channel scale into the op."""
+        return self._scaled is not None
+
+    @property
+    def scales_channels(self) -> bool:
+        """Whether the op may be a per-channel scale (`channel_scale`)."""
+        return self._channel_scale is not None
+
+    def channel_scale(self, dtype, rank: int):
+        """The `[C]` scale of a per-channel (last axis) scaling op on `[N, ...]` inputs
+        of rank `rank`, else None."""
+        return None if self._channel_scale is None else self._channel_scale(dtype, rank)
+
+    def _tangent(self, tangents, scale) -> Tangent:
         t = tangents[0]
         if self._rows is not None and t.axes is not None and len(tangents) == 1 \
                 and t.value.shape.rank == (2 if t.shared else 3):
             # One-hot directions into a layer on flat inputs: gather weight rows.
             idx = t.axes
             rows = tf.cast(self._rows(tf.maximum(idx, 0)), t.value.dtype)
+            if scale is not None:
+                rows *= scale
             live = tf.cast(idx >= 0, rows.dtype)[..., None]
-            return Tangent(rows * live, shared=t.shared), None
-        return apply_linear(self._linear, tangents), None
+            return Tangent(rows * live, shared=t.shared)
+        if self._one_hot is not None and t.axes is not None and len(tangents) == 1:
+            out = self._one_hot(t, scale)
+            if out is not None:
+                return Tangent(out, shared=t.shared)
+        if scale is None:
+            return apply_linear(self._linear, tangents)
+        return apply_linear(lambda xs: self._scaled(xs, scale), tangents)
 
 
 # --------------------------------------------------------------------------- generic bounds
