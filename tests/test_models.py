@@ -425,3 +425,24 @@ def test_resnet18_paper_size_compiles_and_samples_roll():
     assert lin.num_neurons((299, 299, 3)) == expected == 4_193_792
     loss = keras_roll.roll_loss(lin, x, samples=4, strata="channel", seed=1)
     assert loss.shape == (2,) and np.all(np.isfinite(loss.numpy()))
+
+
+@pytest.mark.parametrize("how", ["argument", "global"])
+def test_resnet18_mixed_precision_has_a_float32_head(how):
+    """Under mixed_float16 (as an argument or as the global policy) the body computes in
+    float16 and the classifier in float32, as Keras' mixed-precision guide advises."""
+    try:
+        if how == "global":
+            keras.mixed_precision.set_global_policy("mixed_float16")
+            model = resnet18(input_shape=(32, 32, 3), classes=5)
+        else:
+            model = resnet18(input_shape=(32, 32, 3), classes=5, dtype="mixed_float16")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert model.get_layer("conv1").compute_dtype == "float16"
+    assert model.get_layer("fc").compute_dtype == "float32"
+    x = np.random.default_rng(0).uniform(0, 1, (2, 32, 32, 3)).astype("float32")
+    out = model(x)
+    assert out.dtype == tf.float32
+    cert = keras_roll.certify(model, x, verbose=False, norms=(2,))
+    assert cert.margins[2].shape == (2,)

@@ -70,7 +70,9 @@ def resnet18(
         classifier_activation: ``"softmax"`` (folded into the loss by keras_roll),
             ``"sigmoid"`` or ``None`` for logits.
         dtype: dtype (policy) of the input and every layer (``"float64"``,
-            ``"mixed_float16"``, ...); ``None``: Keras' default.
+            ``"mixed_float16"``, ...); ``None``: Keras' default. Under a mixed
+            policy (given here or global) the classifier ``fc`` is float32, so
+            the logits are float32.
         name: the model's name.
 
     Returns:
@@ -131,7 +133,7 @@ def resnet18(
             in_filters = filters
     h = keras.layers.GlobalAveragePooling2D(dtype=dtype, name="avgpool")(h)  # 512 features
     outputs = keras.layers.Dense(
-        classes, activation=classifier_activation, dtype=dtype, name="fc"
+        classes, activation=classifier_activation, dtype=_head_dtype(dtype), name="fc"
     )(h)
     model = keras.Model(inputs, outputs, name=name)
     if weights is not None:
@@ -139,6 +141,16 @@ def resnet18(
 
         load_torchvision_resnet18(model, weights)
     return model
+
+
+def _head_dtype(dtype):
+    """The classifier's dtype: float32 under a mixed-precision policy (given or global),
+    as Keras' mixed-precision guide advises, so that logits and the softmax are float32."""
+    policy = keras.dtype_policies.get(dtype) if dtype is not None \
+        else keras.mixed_precision.global_policy()
+    if policy.compute_dtype != policy.variable_dtype:
+        return "float32"
+    return dtype
 
 
 class _Layers:
