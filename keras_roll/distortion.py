@@ -23,9 +23,9 @@ import numbers
 
 import numpy as np
 
+from keras_roll.arguments import check_memory_budget
 from keras_roll.attribution.gradients import (
     LogitGradients,
-    check_budget,
     check_count,
     check_inputs,
     check_labels,
@@ -178,7 +178,7 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
     if mode not in _MODES:
         raise ValueError(f"mode must be 'expected' or 'max', got {mode!r}.")
     check_verbose(verbose)
-    budget = check_budget(memory_budget)
+    budget = check_memory_budget(memory_budget)
     samples = check_count(samples, "samples")
     population = check_count(population, "population")
     generations = check_count(generations, "generations", minimum=0)

@@ -30,7 +30,6 @@ from keras_roll.twin import Linearized, linearize
 __all__ = [
     "LogitGradients",
     "Reference",
-    "check_budget",
     "check_count",
     "check_inputs",
     "check_labels",
@@ -383,14 +382,6 @@ def check_count(value, name: str, minimum: int = 1) -> int:
             or value < minimum):
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
     return int(value)
-
-
-def check_budget(memory_budget):
-    if memory_budget is not None and (not isinstance(memory_budget, numbers.Real)
-                                      or isinstance(memory_budget, bool) or memory_budget <= 0):
-        raise ValueError(f"memory_budget must be a positive number of bytes or None, got "
-                         f"{memory_budget!r}.")
-    return None if memory_budget is None else int(memory_budget)
 
 
 def progress(total, verbose, desc, unit="ex"):

@@ -22,9 +22,9 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
+from keras_roll.arguments import check_memory_budget
 from keras_roll.attribution.gradients import (
     LogitGradients,
-    check_budget,
     check_count,
     check_inputs,
     check_labels,
@@ -123,7 +123,7 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
     ```
     """
     check_verbose(verbose)
-    budget = check_budget(memory_budget)
+    budget = check_memory_budget(memory_budget)
     if steps is not None:
         steps = check_count(steps, "steps")
     max_regions = check_count(max_regions, "max_regions")

@@ -12,9 +12,9 @@ import dataclasses
 
 import numpy as np
 
+from keras_roll.arguments import check_memory_budget
 from keras_roll.attribution.gradients import (
     LogitGradients,
-    check_budget,
     check_inputs,
     check_labels,
     check_verbose,
@@ -98,7 +98,7 @@ def saliency(model, x, y=None, postprocess: bool = False, channel_axis="auto",
     print("holds for every input within l2 distance", sal.radius[2][0])
     ```
     """
-    budget = check_budget(memory_budget)
+    budget = check_memory_budget(memory_budget)
     engine = LogitGradients.of(model)
     lin = engine.lin
     x = check_inputs(lin, x, "x")
@@ -186,7 +186,7 @@ def stable_radius(model, x, norms=(2, np.inf), memory_budget: int | None = None,
     ```
     """
     check_verbose(verbose)
-    budget = check_budget(memory_budget)
+    budget = check_memory_budget(memory_budget)
     engine = LogitGradients.of(model)
     x = check_inputs(engine.lin, x, "x")
     return certify(engine.lin, x, norms=norms, memory_budget=budget, verbose=verbose).margins
