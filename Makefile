@@ -5,7 +5,8 @@
 #   make test-all   full test suite
 #   make lint       ruff
 #   make demo       python -m examples.demo
-#   make bench      benchmarks (certify throughput, ROLL step time, distortion search)
+#   make bench      benchmarks (certify throughput, ROLL step time, distortion search,
+#                   ResNet-18 ROLL steps at 32x32; the full one: python -m benchmarks.resnet)
 #   make clean      remove build outputs and caches (keeps .venv; `make distclean` drops it)
 #
 # Variables: PYTHON (interpreter used to create the venv), VENV, EXTRAS, PYTEST_ARGS.
@@ -58,6 +59,7 @@ bench: venv
 	$(PY) -m benchmarks.certify
 	$(PY) -m benchmarks.step_time
 	$(PY) -m benchmarks.distortion
+	$(PY) -m benchmarks.resnet --quick
 
 clean:
 	rm -rf build dist .pytest_cache .ruff_cache *.egg-info
