@@ -46,7 +46,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 from absl import app, flags
-from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 from tensorflow.core.framework import summary_pb2
 
 import keras_roll
@@ -309,43 +308,6 @@ def make_strategy(name: str):
 
 def is_multiworker(strategy) -> bool:
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-
-
-def patch_keras_for_multiworker(model, strategy) -> None:
-    """Works around two Keras 3 bugs that break `fit` under MultiWorkerMirroredStrategy.
-
-    Keras 3 (checked with 3.15 on TensorFlow 2.21; keras-team/keras#20585,
-    tensorflow/tensorflow#72388) (1) averages the first data
-    batch over the replicas with `strategy.reduce` before building the model, which a
-    multi-worker strategy cannot do for an `(x, y)` tuple, and (2) averages the scalar
-    step logs over workers with `axis=0` ("Invalid reduction dimension 0 for input with
-    0 dimensions"). Here (1) builds from the first local replica's batch (only its
-    shapes are used) and (2) averages with `axis=None`. Applied only to the vanilla
-    model under `--strategy=multiworker` (`keras_roll.RollModel` works around both).
-    """
-    if not getattr(keras_tf_trainer.reduce_per_replica, "_keras_roll_patch", False):
-        original = keras_tf_trainer.reduce_per_replica
-
-        def reduce_per_replica(values, strategy, reduction):
-            if reduction in ("auto", "mean") and is_multiworker(strategy):
-                return tf.nest.map_structure(
-                    lambda v: strategy.reduce("MEAN", v, axis=None), values)
-            return original(values, strategy, reduction)
-
-        reduce_per_replica._keras_roll_patch = True
-        keras_tf_trainer.reduce_per_replica = reduce_per_replica
-
-    build = model._maybe_symbolic_build
-
-    def symbolic_build(iterator=None, data_batch=None):
-        if iterator is not None and data_batch is None:
-            for _, _, it in iterator:
-                data_batch = tf.nest.map_structure(
-                    lambda v: strategy.experimental_local_results(v)[0], next(it))
-                break
-        return build(data_batch=data_batch)
-
-    model._maybe_symbolic_build = symbolic_build
 
 
 def worker_role(strategy) -> tuple[bool, str]:
@@ -716,6 +678,11 @@ def train(cfg: Config, strategy, data, folder: RunFolder, extra_callbacks=()):
             if cfg.roll:
                 train_model = keras_roll.wrap(model, wrt=cfg.roll_wrt or None,
                                               **cfg.roll_kwargs())
+            elif is_multiworker(strategy):
+                # keras_roll.RollModel works around Keras 3.15's multi-worker fit
+                # (keras-team/keras#20585); without a regularizer it is the plain model.
+                train_model = keras_roll.RollModel(model.inputs, model.outputs,
+                                                   name=model.name)
             else:
                 train_model = model
             # "After epoch e": the steps from e * steps on take the next rate.
@@ -735,8 +702,6 @@ def train(cfg: Config, strategy, data, folder: RunFolder, extra_callbacks=()):
                 print(f"Resuming {folder.out} at epoch {state['epoch'] + 1}, step "
                       f"{state['step']} of {steps} (global step {state['global_step']}; "
                       f"optimizer step {int(optimizer.iterations.numpy())}).")
-        if is_multiworker(strategy) and not isinstance(train_model, keras_roll.RollModel):
-            patch_keras_for_multiworker(train_model, strategy)  # RollModel has the fix
     finally:
         keras.mixed_precision.set_global_policy("float32")
     if state is None:
