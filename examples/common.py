@@ -33,7 +33,7 @@ from pathlib import Path
 
 import keras
 import numpy as np
-from absl import flags
+from absl import app, flags
 
 import keras_roll
 from keras_roll.certificates import percentiles_of
@@ -81,6 +81,32 @@ def parse_flags(define, argv=()) -> flags.FlagValues:
     define(fv)
     fv(["example", *argv])
     return fv
+
+
+def run_app(define, run) -> None:
+    """The `__main__` of an example: `define()` its flags, then `absl.app.run` a main
+    that refuses stray arguments and calls `run(flags.FLAGS)`; a missing data set
+    (`FileNotFoundError`) exits with its message, not a traceback.
+
+    Example:
+
+    ```python
+    if __name__ == "__main__":
+        common.run_app(define_flags, run)
+    ```
+    """
+
+    def main(argv):
+        if len(argv) > 1:
+            raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+        try:
+            run(flags.FLAGS)
+        except FileNotFoundError as e:
+            sys.exit(f"error: {e}")
+        sys.stdout.flush()
+
+    define()
+    app.run(main)
 
 
 def apply_quick(fv: flags.FlagValues, caps: dict) -> None:

@@ -28,10 +28,9 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import sys  # noqa: E402
 import time  # noqa: E402
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
 from examples import common, japanese_vowel, toy2d  # noqa: E402
 
@@ -102,13 +101,5 @@ def run(fv) -> dict:
     return {"toy2d": toy, "japanese_vowel": jv, "out": out}
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    run(flags.FLAGS)
-    sys.stdout.flush()
-
-
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    common.run_app(define_flags, run)

@@ -33,7 +33,7 @@ from pathlib import Path  # noqa: E402
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import keras_roll  # noqa: E402
@@ -275,15 +275,5 @@ def run(fv) -> dict:
             "figures": figures, "out": out}
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    try:
-        run(flags.FLAGS)
-    except FileNotFoundError as e:
-        sys.exit(f"error: {e}")
-
-
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    common.run_app(define_flags, run)

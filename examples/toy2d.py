@@ -32,7 +32,7 @@ from pathlib import Path  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
 import keras_roll  # noqa: E402
 from examples import common  # noqa: E402
@@ -233,12 +233,5 @@ def run(fv) -> dict:
     return {"table": md, "rows": rows, "figures": figures, "out": out}
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    run(flags.FLAGS)
-
-
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    common.run_app(define_flags, run)
