@@ -523,3 +523,7 @@ def estimator_for(lin, x, config: RollConfig, seed, trace=None,
     idx = tf.stop_gradient(tf.reshape(idx, tf.concat([lead, [-1]], 0)))
     return SampledAxes(idx, lead, example_shape, d, total, samples, per_group, share, dtype,
                        counts, entry, tdtype)
+
+
+# Any of the three estimators (a `Record` of tensors; see `estimator_for`).
+Estimator = ExactAxes | SampledAxes | RandomProbes
