@@ -480,6 +480,27 @@ def margin_stats(model, x, y, prefix: str = "", regions: bool = True, verbose=Fa
     return row, cert
 
 
+def result_row(cfg: dict, best, history, seconds: float, settings: dict) -> dict:
+    """The stored row of a model trained with `cfg` (`tag`, `lam`, `C`, `gamma`,
+    `samples`) whose `fit_best` returned `best`, `history` and `seconds`.
+
+    Example:
+
+    ```python
+    row = result_row(cfg, best, history, seconds, settings(fv))
+    ```
+    """
+    return {
+        "tag": cfg["tag"], "lam": cfg["lam"], "C": cfg["C"], "gamma": cfg["gamma"],
+        "samples": cfg["samples"],
+        "estimator": "-" if cfg["lam"] is None else (
+            "exact" if cfg["samples"] is None else f"{cfg['samples']} axes"),
+        "best_epoch": best.epoch, "val_loss": best.best,
+        "val_roll_loss": best.logs.get("val_roll_loss"),
+        "train_time_s": seconds, "settings": settings, "history": history,
+    }
+
+
 def evaluate_and_store(model, row: dict, val, test, runs: Path) -> dict:
     """Adds the validation (`val_*`) and test statistics of `margin_stats` to `row`,
     writes `runs/<tag>.json` and the test margins to `runs/<tag>.npz`; returns the row.

@@ -187,15 +187,7 @@ def train_one(cfg: dict, data, fv, out: Path) -> dict:
         sequence_dataset(xv, yv, lv, fv.batch_size), fv.epochs,
         weights_path=runs / f"{cfg['tag']}.weights.h5")
     print(f"   best validation loss {best.best:.4f} at epoch {best.epoch}", flush=True)
-    row = {
-        "tag": cfg["tag"], "lam": cfg["lam"], "C": cfg["C"], "gamma": cfg["gamma"],
-        "samples": cfg["samples"],
-        "estimator": "-" if cfg["lam"] is None else (
-            "exact" if cfg["samples"] is None else f"{cfg['samples']} axes"),
-        "best_epoch": best.epoch, "val_loss": best.best,
-        "val_roll_loss": best.logs.get("val_roll_loss"),
-        "train_time_s": seconds, "settings": settings(fv), "history": history,
-    }
+    row = common.result_row(cfg, best, history, seconds, settings(fv))
     return common.evaluate_and_store(model, row, (xv, yv), (xte, yte), runs)
 
 
