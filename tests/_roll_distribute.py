@@ -46,27 +46,17 @@ import numpy as np  # noqa: E402
 import keras_roll  # noqa: E402
 from keras_roll import roll  # noqa: E402
 from keras_roll.roll_config import RollConfig  # noqa: E402
+from tests import model_zoo  # noqa: E402
 
 GLOBAL_BATCH = 16
 LR, LAM = 0.5, 2.0
 
 
-def build(seed=0):
-    keras.utils.set_random_seed(seed)
-    inp = keras.Input((5,))
-    h = keras.layers.Dense(8, name="d0")(inp)
-    h = keras.layers.ReLU(name="r0")(h)
-    h = keras.layers.Dense(6, name="d1")(h)
-    h = keras.layers.LeakyReLU(0.1, name="r1")(h)
-    out = keras.layers.Dense(3, activation="softmax", name="logits")(h)
-    return keras.Model(inp, out)
+build = model_zoo.roll_mlp
 
 
 def data():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(GLOBAL_BATCH, 5)).astype("float32")
-    y = rng.integers(0, 3, size=GLOBAL_BATCH).astype("int32")
-    return x, y
+    return model_zoo.roll_batch(GLOBAL_BATCH)
 
 
 def max_diff(a, b):

@@ -47,7 +47,7 @@ def cnn(seed=0):
     h = keras.layers.ReLU(name="relu1")(h)
     out = keras.layers.Dense(3, name="logits")(h)
     model = keras.Model(inp, out, name="cnn")
-    _randomize_batch_norm(model)
+    randomize_batch_norm(model)
     return model
 
 
@@ -97,8 +97,9 @@ def nested(seed=0):
     return keras.Model(inp, out, name="nested")
 
 
-def _randomize_batch_norm(model):
-    rng = np.random.default_rng(0)
+def randomize_batch_norm(model, seed=0):
+    """Non-trivial BatchNormalization statistics and affine weights (returns `model`)."""
+    rng = np.random.default_rng(seed)
     for layer in model.layers:
         if isinstance(layer, keras.layers.BatchNormalization):
             n = layer.moving_mean.shape[0]
@@ -106,6 +107,7 @@ def _randomize_batch_norm(model):
             layer.moving_variance.assign(rng.uniform(0.5, 2.0, n))
             layer.gamma.assign(rng.uniform(0.5, 1.5, n))
             layer.beta.assign(rng.normal(0, 0.2, n))
+    return model
 
 
 def padded_sequences(batch=4, steps=5, channels=3, seed=0):
@@ -156,3 +158,24 @@ def kitchen_sink(seed=0):
     h = keras.layers.ReLU(name="relu_dense")(h)
     out = keras.layers.Dense(3, name="logits")(h)
     return keras.Model(inp, out, name="kitchen_sink")
+
+
+def roll_mlp(seed=0):
+    """5-8-6-3 MLP (ReLU, LeakyReLU, softmax) of the distributed ROLL helpers
+    (`tests/_roll_distribute.py`, `tests/_roll_multiworker.py`)."""
+    keras.utils.set_random_seed(seed)
+    inp = keras.Input((5,))
+    h = keras.layers.Dense(8, name="d0")(inp)
+    h = keras.layers.ReLU(name="r0")(h)
+    h = keras.layers.Dense(6, name="d1")(h)
+    h = keras.layers.LeakyReLU(0.1, name="r1")(h)
+    out = keras.layers.Dense(3, activation="softmax", name="logits")(h)
+    return keras.Model(inp, out)
+
+
+def roll_batch(n):
+    """`(x, y)`: `n` standard normal inputs for `roll_mlp` and labels in 0..2 (seed 0)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 5)).astype("float32")
+    y = rng.integers(0, 3, size=n).astype("int32")
+    return x, y

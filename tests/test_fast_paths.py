@@ -25,6 +25,7 @@ from keras_roll import chunked_gradients, estimators, roll
 from keras_roll.interpreter import Interpreter
 from keras_roll.roll_config import RollConfig
 from keras_roll.rules.base import NO_RECORD, Tangent
+from tests.model_zoo import randomize_batch_norm
 
 L = keras.layers
 
@@ -129,16 +130,7 @@ def _conv_bn_model(seed=0):
     h = L.Dense(6, name="fc")(h)
     h = L.BatchNormalization(name="bn_d")(h)  # folds into fc
     h = L.ReLU()(h)
-    model = keras.Model(inp, L.Dense(3, name="logits")(h))
-    rng = np.random.default_rng(seed)
-    for layer in model.layers:
-        if isinstance(layer, L.BatchNormalization):
-            n = layer.gamma.shape[0]
-            layer.gamma.assign(rng.uniform(0.5, 2.0, n))
-            layer.beta.assign(rng.normal(0, 0.3, n))
-            layer.moving_mean.assign(rng.normal(0, 0.3, n))
-            layer.moving_variance.assign(rng.uniform(0.3, 3.0, n))
-    return model
+    return randomize_batch_norm(keras.Model(inp, L.Dense(3, name="logits")(h)), seed)
 
 
 def test_batch_norm_folds_into_the_kernel_before_it():

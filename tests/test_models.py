@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import keras_roll
 from keras_roll.models import fc, load_torchvision_resnet18, resnet18
+from tests.model_zoo import randomize_batch_norm
 
 RELU = keras.layers.ReLU
 
@@ -324,23 +325,12 @@ def test_converter_fc_handling_and_errors(tmp_path):
 # ------------------------------------------------------------------- the compiled twin
 
 
-def _randomize_batch_norm(model, seed):
-    rng = np.random.default_rng(seed)
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.BatchNormalization):
-            c = layer.gamma.shape[0]
-            layer.gamma.assign(rng.uniform(0.5, 1.5, c))
-            layer.beta.assign(rng.normal(0, 0.2, c))
-            layer.moving_mean.assign(rng.normal(0, 0.2, c))
-            layer.moving_variance.assign(rng.uniform(0.5, 2.0, c))
-
-
 @pytest.fixture(scope="module")
 def small_resnet():
     """The paper's ResNet-18 (average-pool stem) at 32 x 32 with 5 classes, random BN."""
     keras.utils.set_random_seed(0)
     model = resnet18((32, 32, 3), classes=5)
-    _randomize_batch_norm(model, seed=1)
+    randomize_batch_norm(model, seed=1)
     return model
 
 
@@ -390,7 +380,7 @@ def test_resnet18_twin_matches_forward_mode_autodiff(small_resnet):
 def test_resnet18_max_pool_stem_twin_matches_forward_mode_autodiff():
     keras.utils.set_random_seed(0)
     model = resnet18((32, 32, 3), classes=5, stem_pool="max")
-    _randomize_batch_norm(model, seed=1)
+    randomize_batch_norm(model, seed=1)
     _check_twin_against_forward_mode_autodiff(model)
 
 

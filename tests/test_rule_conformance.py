@@ -36,25 +36,13 @@ import tensorflow as tf
 import keras_roll
 from keras_roll import keras_internals
 from keras_roll.rules import registered_classes
+from tests.model_zoo import randomize_batch_norm
 
 L = keras.layers
 VISIBLE_ACTIVATIONS = (L.ReLU, L.LeakyReLU, L.PReLU, L.Activation)
 MERGE_LAYERS = (L.Add, L.Subtract, L.Average, L.Concatenate)
 
 # --------------------------------------------------------------------------- models
-
-
-def _randomize(model, seed=0):
-    """Non-trivial BatchNorm statistics and Normalization-free weights."""
-    rng = np.random.default_rng(seed)
-    for layer in model.layers:
-        if isinstance(layer, L.BatchNormalization):
-            n = layer.moving_mean.shape[0]
-            layer.moving_mean.assign(rng.normal(0, 0.3, n))
-            layer.moving_variance.assign(rng.uniform(0.5, 2.0, n))
-            layer.gamma.assign(rng.uniform(0.5, 1.5, n))
-            layer.beta.assign(rng.normal(0, 0.2, n))
-    return model
 
 
 def dense_model():
@@ -89,7 +77,7 @@ def dense_model():
     h = L.Dense(3, name="logits")(h)
     out = L.Softmax(name="softmax")(h)
     x = np.random.default_rng(1).normal(size=(4, 5)).astype("float32")
-    return _randomize(keras.Model(inp, out, name="dense_model")), x
+    return randomize_batch_norm(keras.Model(inp, out, name="dense_model")), x
 
 
 def conv1d_model():
