@@ -197,7 +197,7 @@ def time_steps(size: int) -> None:
     for name, t in times.items():
         d = directions[name]
         if d:
-            plan = keras_roll.roll.memory_plan(lin, x, samples=d // channels, strata="channel",
+            plan = keras_roll.roll.loss.memory_plan(lin, x, samples=d // channels, strata="channel",
                                                wrt="normalize")
             chunks, per_dir = f"{plan.chunks}", f"{(t - van) / (d * van):13.3f}"
         else:

@@ -5,7 +5,7 @@ No flags are defined here, so the examples can import it.
 
 * `vanilla_step`: cross-entropy only;
 * `roll_step`: exact ROLL through the perturbation (forward-mode) pass of
-  `keras_roll.roll`, or sampled ROLL (`samples=k` axes per example, `share_axes`);
+  `keras_roll.roll.loss`, or sampled ROLL (`samples=k` axes per example, `share_axes`);
 * `autodiff_step`: the same exact loss through `tf.GradientTape.batch_jacobian`
   (reverse mode per neuron, vectorized by pfor): the paper's "back-propagation";
 * `make_steps`: every variant `benchmarks/step_time.py` times.
@@ -25,8 +25,8 @@ import keras
 import tensorflow as tf
 
 import keras_roll
-from keras_roll import roll
-from keras_roll.twin import DEFAULT_MEMORY_BUDGET
+from keras_roll.compile.twin import DEFAULT_MEMORY_BUDGET
+from keras_roll.roll import loss as roll
 
 D, H, DEPTH, L = 784, 300, 4, 10
 LAM, C, LR = 1.0, 1.0, 0.01

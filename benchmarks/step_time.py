@@ -4,7 +4,7 @@ Times, in one run, tf.function-compiled train steps (cross-entropy + lam * ROLL,
 then an SGD update) for
 
 * vanilla: cross-entropy only;
-* exact ROLL through the perturbation (forward-mode) pass of `keras_roll.roll`,
+* exact ROLL through the perturbation (forward-mode) pass of `keras_roll.roll.loss`,
   in one chunk (budget 1 GiB), with the default budget (64 MiB: 11 chunks,
   recomputed in the backward pass) and with a 16 MiB budget (44 cache-sized
   chunks: on this CPU the recomputation costs less than the memory traffic of
@@ -58,7 +58,7 @@ from benchmarks.roll_steps import (  # noqa: E402
     exact_step_flops,
     make_steps,
 )
-from keras_roll import roll  # noqa: E402
+from keras_roll.roll import loss as roll  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("quick", False, "A short run: fewer repetitions.")

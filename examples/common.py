@@ -36,7 +36,7 @@ import numpy as np
 from absl import app, flags
 
 import keras_roll
-from keras_roll.certificates import percentiles_of
+from keras_roll.certification.certificates import percentiles_of
 
 PERCENTILES = (25, 50, 75, 100)
 NORMS = {"l1": 1, "l2": 2}

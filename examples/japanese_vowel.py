@@ -151,7 +151,7 @@ def configs(fv) -> list[dict]:
         for lam in common.float_list(fv, "lam"):
             for c in common.float_list(fv, "C"):
                 for g in common.float_list(fv, "gamma"):
-                    keras_roll.roll.RollConfig(lam=lam, C=c, gamma=g, samples=fv.samples)
+                    keras_roll.roll.loss.RollConfig(lam=lam, C=c, gamma=g, samples=fv.samples)
                     est = "exact" if fv.samples is None else f"s{fv.samples}"
                     out.append({"tag": f"roll_lam{lam:g}_C{c:g}_gamma{g:g}_{est}", "lam": lam,
                                 "C": c, "gamma": g, "samples": fv.samples})

@@ -139,7 +139,7 @@ def configs(fv) -> list[dict]:
         if (lam, c, g) in seen:
             continue
         seen.add((lam, c, g))
-        keras_roll.roll.RollConfig(lam=lam, C=c, gamma=g, samples=fv.samples)  # validates
+        keras_roll.roll.loss.RollConfig(lam=lam, C=c, gamma=g, samples=fv.samples)  # validates
         out.append({"tag": _tag(lam, c, g, fv.samples), "lam": lam, "C": c, "gamma": g,
                     "samples": fv.samples})
     if not out:

@@ -82,7 +82,7 @@ def l2_margin(lin: keras_roll.Linearized, x) -> tf.Tensor:
     """
     x = lin.check_input(x)
     fwd = lin.primal(x)
-    sq = keras_roll.roll.neuron_grad_sq(lin, x, forward=fwd)  # exact, [B, N]
+    sq = keras_roll.roll.loss.neuron_grad_sq(lin, x, forward=fwd)  # exact, [B, N]
     n = fwd.neurons
     dist = tf.minimum(n.below, n.above)
     usable = n.valid & (sq > 0)

@@ -17,18 +17,9 @@ wrapped.fit(x_train, y_train)
 ```
 """
 
-from keras_roll import attribution, callbacks, layers, models, plots, rules
-from keras_roll.attribution import (
-    IntegratedGradients,
-    Saliency,
-    integrated_gradients,
-    saliency,
-    stable_radius,
-)
-from keras_roll.callbacks import MarginMonitor
-from keras_roll.distortion import Distortion, gradient_distortion
-from keras_roll.errors import UnsupportedModelError
-from keras_roll.margins import (
+from keras_roll import evaluate as attribution
+from keras_roll import layers, models, plots
+from keras_roll.certification.margins import (
     Certificate,
     StabilityBounds,
     certify,
@@ -36,11 +27,23 @@ from keras_roll.margins import (
     lp_margins,
     stability_bounds,
 )
-from keras_roll.regions import RegionCount, count_regions
-from keras_roll.regularizer import RollModel, RollRegularizer, unwrap, wrap
-from keras_roll.roll import roll_loss
-from keras_roll.rules import register_rule
-from keras_roll.twin import Linearized, linearize
+from keras_roll.certification.regions import RegionCount, count_regions
+from keras_roll.compile import rules
+from keras_roll.compile.rules import register_rule
+from keras_roll.compile.twin import Linearized, linearize
+from keras_roll.errors import UnsupportedModelError
+from keras_roll.evaluate import (
+    IntegratedGradients,
+    Saliency,
+    integrated_gradients,
+    saliency,
+    stable_radius,
+)
+from keras_roll.evaluate.distortion import Distortion, gradient_distortion
+from keras_roll.roll import callbacks
+from keras_roll.roll.callbacks import MarginMonitor
+from keras_roll.roll.loss import roll_loss
+from keras_roll.roll.regularizer import RollModel, RollRegularizer, unwrap, wrap
 
 __version__ = "0.1.0"
 

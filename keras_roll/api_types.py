@@ -18,7 +18,7 @@ import tensorflow as tf
 from numpy.typing import ArrayLike
 
 if TYPE_CHECKING:
-    from keras_roll.twin import Linearized
+    from keras_roll.compile.twin import Linearized
 
 __all__ = ["Array", "Method", "ModelOrTwin", "Norm", "Norms", "Rigor", "Seed", "Verbose"]
 

@@ -21,7 +21,7 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.twin import Linearized, linearize
+from keras_roll.compile.twin import Linearized, linearize
 
 __all__ = [
     "METHODS",

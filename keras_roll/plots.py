@@ -21,11 +21,11 @@ import os
 
 import numpy as np
 
-from keras_roll.attribution.gradients import LogitGradients, check_inputs
-from keras_roll.attribution.integrated import integrated_gradients
-from keras_roll.attribution.saliency import postprocess_saliency, saliency
-from keras_roll.distortion import gradient_distortion
-from keras_roll.margins import certify
+from keras_roll.certification.margins import certify
+from keras_roll.evaluate.distortion import gradient_distortion
+from keras_roll.evaluate.gradients import LogitGradients, check_inputs
+from keras_roll.evaluate.integrated import integrated_gradients
+from keras_roll.evaluate.saliency import postprocess_saliency, saliency
 
 __all__ = [
     "plot_attribution_grid",

@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_roll  # noqa: E402
-from keras_roll import roll  # noqa: E402
+from keras_roll.roll import loss as roll  # noqa: E402
 from tests import model_zoo  # noqa: E402
 
 GLOBAL_BATCH = 16

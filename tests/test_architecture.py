@@ -5,8 +5,8 @@
   `_attr` (a function, a method or a `self._attr` assignment; dunders aside).
   A module that needs another's helper gets a public name for it.
 * Keras internals (private attributes, `keras.src`) are read only in
-  `keras_roll/keras_internals.py`.
-* Chunk sizes are computed in one place: `keras_roll/chunking.py` (no other
+  `keras_roll/compile/keras_internals.py`.
+* Chunk sizes are computed in one place: `keras_roll/compile/chunking.py` (no other
   module floor-divides a memory budget).
 """
 
@@ -17,8 +17,8 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "keras_roll"
-KERAS_BOUNDARY = "keras_roll/keras_internals.py"
-CHUNK_PLANNER = "keras_roll/chunking.py"
+KERAS_BOUNDARY = "keras_roll/compile/keras_internals.py"
+CHUNK_PLANNER = "keras_roll/compile/chunking.py"
 def _modules():
     for path in sorted(PACKAGE.rglob("*.py")):
         yield str(path.relative_to(ROOT)), ast.parse(path.read_text(), str(path))
@@ -110,7 +110,7 @@ def test_chunk_sizes_are_computed_in_one_place():
 def test_the_checks_see_violations():
     """The detectors above flag the patterns they are meant to flag."""
     code = ast.parse(
-        "from keras_roll.margins import _progress\n"
+        "from keras_roll.certification.margins import _progress\n"
         "lin._jvp(trace)\n"
         "getattr(layer, '_call_has_mask_arg', False)\n"
         "self._ok()\n"

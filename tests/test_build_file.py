@@ -3,6 +3,8 @@
 import ast
 import pathlib
 
+from tests import build_file
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -38,3 +40,11 @@ def test_every_test_file_has_a_sized_py_test():
     assert set(tests) - files == set(), "BUILD names test files that do not exist"
     for src, kw in tests.items():
         assert kw.get("size") in {"small", "medium", "large", "enormous"}, src
+
+
+def test_generated_libraries_match_the_imports():
+    """The keras_roll libraries are the ones `tests/build_file.py` derives from the imports."""
+    section = build_file.current_section((ROOT / "BUILD").read_text())
+    assert section is not None, "BUILD lost its generated section markers"
+    assert section == build_file.libraries(), (
+        "BUILD's keras_roll libraries are out of date: run `python -m tests.build_file --write`")

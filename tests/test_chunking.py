@@ -1,4 +1,5 @@
-"""keras_roll.chunking against brute force: budgets respected, chunks balanced and covering."""
+"""keras_roll.compile.chunking against brute force: budgets respected, chunks balanced,
+covering."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_roll.chunking import balanced_split, plan_chunks, plan_directions
+from keras_roll.compile.chunking import balanced_split, plan_chunks, plan_directions
 
 CASES = list(itertools.product(
     [1, 3, 64, 1000],          # examples

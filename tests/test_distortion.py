@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
-from keras_roll.distortion import gradient_distortion, sampling_box
+from keras_roll.evaluate.distortion import gradient_distortion, sampling_box
 
 
 def _model(dtype="float64", in_dim=10, width=16, out=4, seed=0, link="softmax"):

@@ -84,7 +84,9 @@ def test_overflowing_input_gets_nan_margins_and_a_warning(mlp_case, rigor):
     for p in (1, 2, np.inf):
         assert np.isnan(cert.margins[p][2]) and cert.binding[p][2] is None
         ref = keras_roll.certify(model, np.delete(x, 2, 0), verbose=False, rigor=rigor)
-        np.testing.assert_array_equal(np.delete(cert.margins[p], 2), ref.margins[p])
+        # float32 matmuls may round differently for another batch size (oneDNN blocking).
+        rtol = 1e-5 if rigor == "float32" else 0.0
+        np.testing.assert_allclose(np.delete(cert.margins[p], 2), ref.margins[p], rtol=rtol)
     with pytest.warns(UserWarning, match="non-finite"):
         sb = keras_roll.stability_bounds(model, big, verbose=False, rigor=rigor)
     assert np.isnan(sb.upper[2]).all() and np.isfinite(sb.upper[0]).any()
@@ -254,11 +256,13 @@ def test_margin_monitor_reads_datasets_and_generators(mlp_case):
                   (x[i:i + 2] for i in range(0, len(x), 2))):
         monitor = keras_roll.MarginMonitor(x_val)
         monitor.set_model(model)
-        np.testing.assert_allclose(monitor.margins(), want, rtol=1e-12)
-        np.testing.assert_allclose(monitor.margins(), want, rtol=1e-12)  # read twice
+        # float32 twin: batches of 4 or 2 may round differently from one batch of 8.
+        np.testing.assert_allclose(monitor.margins(), want, rtol=1e-5)
+        np.testing.assert_allclose(monitor.margins(), want, rtol=1e-5)  # read twice
         logs = {}
         monitor.on_epoch_end(0, logs)
-        assert logs["margin_l2_p50"] == np.percentile(want, 50, method="nearest")
+        assert logs["margin_l2_p50"] == pytest.approx(np.percentile(want, 50, method="nearest"),
+                                                      rel=1e-5)
 
 
 # --------------------------------------------------------------------------- item 9

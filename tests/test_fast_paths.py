@@ -21,10 +21,11 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
-from keras_roll import chunked_gradients, estimators, roll
-from keras_roll.interpreter import Interpreter
-from keras_roll.roll_config import RollConfig
-from keras_roll.rules.base import NO_RECORD, Tangent
+from keras_roll.compile.interpreter import Interpreter
+from keras_roll.compile.rules.base import NO_RECORD, Tangent
+from keras_roll.roll import chunked_gradients, estimators
+from keras_roll.roll import loss as roll
+from keras_roll.roll.config import RollConfig
 from tests.model_zoo import randomize_batch_norm
 
 L = keras.layers

@@ -108,7 +108,7 @@ def test_register_rule_for_a_custom_affine_layer():
             return 3.0 * x + 1.0
 
     try:
-        keras_roll.register_rule(Scale, lambda layer: keras_roll.rules.Linear(
+        keras_roll.register_rule(Scale, lambda layer: keras_roll.compile.rules.Linear(
             layer, lambda xs: 3.0 * xs[0]))
         with pytest.raises(ValueError, match="already registered"):
             keras_roll.register_rule(Scale, lambda layer: None)
@@ -121,7 +121,7 @@ def test_register_rule_for_a_custom_affine_layer():
         np.testing.assert_allclose(jac, np.broadcast_to(3.0 * kernel.T, (2, 3, 4)), rtol=1e-6)
         np.testing.assert_allclose(lin(x).numpy(), model(x).numpy(), rtol=1e-6)
     finally:
-        keras_roll.rules.unregister_rule(Scale)
+        keras_roll.compile.rules.unregister_rule(Scale)
 
 
 def test_shared_layer_gets_one_step_per_call():

@@ -1,4 +1,4 @@
-"""Tests of keras_roll.margins against independent references: plane geometry on
+"""Tests of keras_roll.certification.margins against independent references: plane geometry on
 hand-built 2-D networks, tf.GradientTape Jacobians of Keras-visible
 pre-activations, pattern sampling inside the certified balls, and the bisection
 search on the real network."""
@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
-from keras_roll.margins import (
+from keras_roll.certification.margins import (
     certify,
     directional_margins,
     dual_norm,

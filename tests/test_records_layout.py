@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
-from keras_roll.layout import NeuronLayout
-from keras_roll.records import Record
-from keras_roll.rules import ActivationRecord, MaxRecord
+from keras_roll.compile.layout import NeuronLayout
+from keras_roll.compile.records import Record
+from keras_roll.compile.rules import ActivationRecord, MaxRecord
 from tests import model_zoo as zoo
 
 

@@ -1,4 +1,4 @@
-"""Tests of keras_roll.regions.count_regions (Lee et al., ICLR 2019, Lemma 7) on a
+"""Tests of keras_roll.certification.regions.count_regions (Lee et al., ICLR 2019, Lemma 7) on a
 hand-made point set with known regions and against GradientTape references."""
 
 import warnings
@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
-from keras_roll.regions import count_regions
+from keras_roll.certification.regions import count_regions
 from tests import model_zoo as zoo
 
 # Hidden units of the hand-built network (z_j = w_j . x + b_j, ReLU):

@@ -1,4 +1,4 @@
-"""Tests of the ROLL regularizer (keras_roll.roll) and MarginMonitor.
+"""Tests of the ROLL regularizer (keras_roll.roll.loss) and MarginMonitor.
 
 Every expected value comes from an independent reference: `tf.GradientTape`
 Jacobians of the pre-activations of Keras sub-models (numpy for the max-pooling
@@ -20,10 +20,10 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
-from keras_roll import roll
-from keras_roll.callbacks import MarginMonitor
-from keras_roll.estimators import estimator_for
-from keras_roll.regularizer import evaluating
+from keras_roll.roll import loss as roll
+from keras_roll.roll.callbacks import MarginMonitor
+from keras_roll.roll.estimators import estimator_for
+from keras_roll.roll.regularizer import evaluating
 from tests import model_zoo as zoo
 
 # --------------------------------------------------------------------------- models

@@ -20,8 +20,8 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
-from keras_roll import roll
-from keras_roll.estimators import tangent_entry
+from keras_roll.roll import loss as roll
+from keras_roll.roll.estimators import tangent_entry
 from tests.test_roll import _jacobian, mlp_groups, reference_loss, relu_group
 
 # --------------------------------------------------------------------------- models

@@ -1,7 +1,7 @@
 """Rule conformance: every registered layer class, in a small model, against tf.GradientTape.
 
 In the manner of Keras's `run_layer_test`: one parametrized test per class in
-`keras_roll.rules.registered_classes()`. Each class appears in one of a few
+`keras_roll.compile.rules.registered_classes()`. Each class appears in one of a few
 shared models (`BUILDERS` maps the class to its model); a class with a rule but
 no model fails the test, so a new rule comes with its conformance model. For
 each model (built and checked once) the references are independent of the
@@ -16,7 +16,7 @@ twin's tangent rules:
 * the rows of every ReLU / LeakyReLU / PReLU / Activation layer equal the
   tape's Jacobian of the layer's Keras-visible input;
 * in float64 (`lin.at_dtype("float64")`) the outputs and neuron Jacobians
-  agree too, and the rounding bound of `keras_roll.rounding` holds: magnitudes
+  agree too, and the rounding bound of `keras_roll.rounding.worst_case` holds: magnitudes
   bound the neurons and their Jacobian rows, and the float32 neurons lie
   within the bound of the float64 ones;
 
@@ -34,8 +34,8 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
-from keras_roll import keras_internals
-from keras_roll.rules import registered_classes
+from keras_roll.compile import keras_internals
+from keras_roll.compile.rules import registered_classes
 from tests.model_zoo import randomize_batch_norm
 
 L = keras.layers
@@ -176,7 +176,7 @@ def rnn_model():
 
 
 def scornn_model():
-    """keras_roll.layers.ScoRNN (registered by keras_roll.rules.scornn)."""
+    """keras_roll.layers.ScoRNN (registered by keras_roll.compile.rules.scornn)."""
     keras.utils.set_random_seed(6)
     inp = keras.Input((4, 3))
     h = L.Masking(0.0)(inp)
@@ -272,7 +272,7 @@ def conformance(key):
 
 
 def _float64_errors(model, x, lin):
-    """The float64 twin and the rounding bound of `keras_roll.rounding`, per model.
+    """The float64 twin and the rounding bound of `keras_roll.rounding.worst_case`, per model.
 
     * the float64 twin's logits equal the model's, its neuron Jacobians the tape's
       Jacobian of its own float64 neurons;

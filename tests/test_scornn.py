@@ -19,9 +19,9 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
-from keras_roll import roll
 from keras_roll.layers import CayleyInitializer, ScoRNN
 from keras_roll.models.rnn import scornn_classifier
+from keras_roll.roll import loss as roll
 from tests import model_zoo as zoo
 
 LEAKY = keras.activations.leaky_relu
@@ -272,7 +272,7 @@ def test_non_piecewise_linear_or_stateful_variants_are_refused_at_linearization(
     layer = ScoRNN(3, return_state=True, name="stated")
     layer(keras.Input((4, 2)))
     with pytest.raises(keras_roll.UnsupportedModelError, match="return_state=True"):
-        keras_roll.rules.compile_layer(layer)
+        keras_roll.compile.rules.compile_layer(layer)
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import keras_roll
-from keras_roll.bisection import steepest_directions
+from keras_roll.certification.bisection import steepest_directions
 
 NORMS = (1, 2, np.inf)
 OFFSETS = (3e-4, 1e-4, 3e-5, 1e-5, 3e-6, 1e-6, 3e-7, 1e-7)
@@ -310,7 +310,7 @@ def test_rounding_bound_covers_the_models_own_error(near_zero_cnn, rigor):
     model, x = near_zero_cnn
     lin64 = keras_roll.linearize(model).at_dtype("float64")
     fwd = lin64.forward(x)
-    err = keras_roll.margins.rounding_errors(lin64, fwd, rigor)
+    err = keras_roll.certification.margins.rounding_errors(lin64, fwd, rigor)
     assert (err.strict_at_x is not None) == (rigor == "float64")
     layout = lin64.layout(x.shape[1:])
     sub = keras.Model(model.input, [model.get_layer(n).input for n in ("relu0", "relu1")])
@@ -411,7 +411,7 @@ def test_default_guard_on_every_registered_layer_class(key):
     lin = keras_roll.linearize(model)
     lin64 = lin.at_dtype("float64")
     fwd = lin64.forward(x)
-    err = keras_roll.margins.rounding_errors(lin64, fwd)
+    err = keras_roll.certification.margins.rounding_errors(lin64, fwd)
     valid = fwd.neurons.valid.numpy()
     diff = np.abs(lin.forward(x).neurons.z.numpy() - fwd.neurons.z.numpy())
     assert np.all((diff <= err.at_x) | ~valid)
@@ -465,7 +465,9 @@ def test_boundary_point_of_a_float32_model_under_both_rigors(near_zero_mlp):
         t = np.linalg.norm(cert.boundary_point(2) - x, axis=1)
         live = r > 0
         assert live.sum() >= len(x) // 3
-        assert np.all(t[live] >= r[live] * (1 - 1e-4))
+        # float32: the radius comes from float32 neurons, the boundary from float64 ones.
+        tol = 1e-3 if rigor == "float32" else 1e-4
+        assert np.all(t[live] >= r[live] * (1 - tol))
         inside = lin.forward(x + 0.99 * r[:, None] * u).neurons.piece.numpy()
         beyond = lin.forward(x + 1.01 * t[:, None] * u).neurons.piece.numpy()
         assert np.all(np.all(inside == ref, axis=1)[live])
@@ -555,7 +557,7 @@ def test_noise_pass_estimates_sum_of_squared_jacobians_times_local_errors():
     """The noise pass's `sigma^2` against `sum_lk J^2 e^2` from tf.GradientTape Jacobians
     (both tracks: at x, and the growth per radius with known gradient norms). With
     4096 Gaussian samples the estimate's relative standard deviation is 2.2 %."""
-    from keras_roll.rounding_noise import noise_bound
+    from keras_roll.rounding.noise import noise_bound
 
     model = _tiny_mlp()
     x = np.random.default_rng(7).normal(size=(5, 4)).astype("float32")
@@ -644,7 +646,7 @@ def _explicit_rnn_variances(model, x, l1):
 def test_noise_pass_of_a_simple_rnn_against_tape_jacobians():
     """Inside a SimpleRNN every step's sum and activation round: the pass injects noise
     inside the recursion, checked against the explicit unrolled network."""
-    from keras_roll.rounding_noise import noise_bound
+    from keras_roll.rounding.noise import noise_bound
 
     model = _tiny_rnn()
     x = np.random.default_rng(8).normal(size=(3, 4, 3)).astype("float32")

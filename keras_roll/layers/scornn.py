@@ -23,7 +23,7 @@ vector: `h_t = act(x_t K + h_{t-1} W + b)`.
 
 With a ReLU-family activation the layer is piecewise linear, and keras_roll
 linearizes it with the same frozen-pattern twin as `SimpleRNN`
-(`keras_roll/rules/scornn.py`).
+(`keras_roll/compile/rules/scornn.py`).
 """
 
 from __future__ import annotations

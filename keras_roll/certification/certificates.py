@@ -1,0 +1,380 @@
+"""The results of `certify` and `stability_bounds` and their paper-style tables.
+
+`Certificate` (lp and directional margins, binding neurons) and
+`StabilityBounds` (per-coordinate intervals, the paper's Figure 3) hold numpy
+arrays (analysis results are numpy; functions used inside training return
+tensors: docs/design.md, section "Return types"); `summary()` prints
+percentiles as in the tables of Lee et al. (ICLR 2019). Their dicts by norm
+(`NormDict`) accept 1, 2, np.inf, 'l1', 'l2', 'linf' and 'inf' as keys. See
+docs/design.md, section "Data flow of certify".
+
+Example:
+
+```python
+cert = keras_roll.certify(model, x)
+cert.summary()        # P25 / P50 / P75 / P100 of each margin, binding layers
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from keras_roll.arguments import parse_norm
+from keras_roll.certification.bisection import binding_directions
+from keras_roll.rounding.noise import FAILURE_PROBABILITY, KAPPA, LAMBDA, SAMPLES
+
+__all__ = ["Certificate", "NormDict", "StabilityBounds", "concat_padded", "format_table",
+           "percentiles_of", "rigor_line"]
+
+INF = math.inf
+NORM_LABELS = {1: "l1", 2: "l2", INF: "linf"}
+PAPER = "Lee et al., ICLR 2019"
+
+
+class NormDict(dict):
+    """A dict keyed by norm that also finds 'l1', 'l2', 'linf', 'inf', 1.0, np.inf.
+
+    Example:
+
+    ```python
+    cert.margins["l2"] is cert.margins[2] is cert.margins[2.0]    # True
+    ```
+    """
+
+    def _key(self, key):
+        try:
+            return parse_norm(key)
+        except ValueError:
+            raise KeyError(f"{key!r}: the norms here are "
+                           f"{[NORM_LABELS[p] for p in self]}.") from None
+
+    def __getitem__(self, key):
+        k = self._key(key)
+        if not dict.__contains__(self, k):
+            raise KeyError(f"{key!r} was not certified; the norms here are "
+                           f"{[NORM_LABELS[p] for p in self]} (pass norms= to certify).")
+        return dict.__getitem__(self, k)
+
+    def __contains__(self, key):
+        try:
+            return dict.__contains__(self, parse_norm(key))
+        except ValueError:
+            return False
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+
+def concat_padded(arrays: list, fill) -> np.ndarray:
+    """Concatenates along axis 0, padding trailing axes to the largest shape with `fill`
+    (batches of a stream of variable-length sequences)."""
+    arrays = [np.asarray(a) for a in arrays]
+    if len({a.shape[1:] for a in arrays}) <= 1:
+        return np.concatenate(arrays, axis=0)
+    shape = tuple(max(a.shape[i] for a in arrays) for i in range(1, arrays[0].ndim))
+    out = []
+    for a in arrays:
+        dtype = np.result_type(a.dtype, np.asarray(fill).dtype)
+        padded = np.full((a.shape[0], *shape), fill, dtype)
+        padded[tuple(slice(0, n) for n in a.shape)] = a
+        out.append(padded)
+    return np.concatenate(out, axis=0)
+
+
+@dataclasses.dataclass(repr=False)
+class Certificate:
+    """Certified margins of a batch: numpy arrays, float64 margins.
+
+    Attributes:
+        margins: `{p: [B]}` float64, radius of the largest lp ball (p in 1, 2,
+            inf) around each example inside its linear region (Prop. 6), in
+            the model's input units; NaN for `nonfinite` examples. Keys: 1, 2,
+            np.inf or 'l1', 'l2', 'linf' (a `NormDict`).
+        binding: `{p: [B]}` list of the binding neuron `(layer name, unit index)`
+            per example, None where no neuron binds (margin inf) or NaN.
+        binding_index: `{p: [B] int64}`, the binding neuron's row in
+            `lin.neuron_names_for(x)`, -1 where none binds.
+        directional: `[B, K]` float64 margins along the given directions, in
+            units of `t` of `x + t d` (not normalised by `||d||`), or None.
+        directional_index: `[B, K]` int64 binding neuron rows, or None.
+        logits: `[B, *output_shape]` outputs of the twin (before any folded
+            softmax / sigmoid; float64 under rigor 'float64').
+        method: "analytic" or "bisect".
+        rigor: the rounding guard: "float64" (the default: radii shrunk by a
+            probabilistic bound on the rounding of the model evaluated in
+            `evaluation`, `keras_roll.rounding.noise`: each neuron of each point
+            fails with probability below 1e-13), "strict" (a worst-case bound:
+            sound always, often 0 on wide float32 networks) or "float32" (no
+            rounding guard).
+        evaluation: the precision the model evaluates itself in, which the
+            certificate covers under rigor 'float64' and 'strict' ('float32',
+            'float16 (mixed precision)', 'float32 (TensorFloat-32 ...)').
+        mask: for models with a `Masking` layer, `[B, T]` bool, True at the
+            unpadded steps: each ball is in those coordinates (padded steps
+            held at the mask value); None otherwise.
+        nonfinite: `[B]` bool, examples with a non-finite neuron or logit, or
+            whose evaluation may overflow (their margins are NaN).
+
+    Example:
+
+    ```python
+    cert = keras_roll.certify(model, x)
+    cert.margins["l2"][0], cert.binding[2][0]    # 0.031, ('dense_1', 17)
+    cert.boundary_point(2)[0]                    # where the ball meets its boundary
+    ```
+    """
+
+    margins: dict
+    binding: dict
+    binding_index: dict
+    directional: np.ndarray | None = None
+    directional_index: np.ndarray | None = None
+    logits: np.ndarray | None = None
+    method: str = "analytic"
+    rigor: str = "float32"
+    evaluation: str = "float32"
+    mask: np.ndarray | None = None
+    nonfinite: np.ndarray | None = None
+    _source: tuple | None = dataclasses.field(default=None, compare=False)
+
+    def __post_init__(self):
+        for name in ("margins", "binding", "binding_index"):
+            value = getattr(self, name)
+            if not isinstance(value, NormDict):
+                setattr(self, name, NormDict({parse_norm(k): v for k, v in value.items()}))
+        if self.nonfinite is None:
+            self.nonfinite = np.zeros(self.n, bool)
+
+    def attach_source(self, twin, inputs: list | None) -> None:
+        """Keeps the twin and the inputs (or None) that `binding_direction` recomputes from."""
+        self._source = (twin, inputs)
+
+    def binding_direction(self, p, x=None) -> np.ndarray:
+        """Unit vectors along which each lp ball touches its binding hyperplane.
+
+        The dual-norm maximiser of `g_j . u` over `||u||_p <= 1` for the binding
+        neuron `j`, signed toward its nearest breakpoint: `g / ||g||_2` for l2,
+        `sign(g)` for l_inf, `sign(g_i) e_i` with `i = argmax |g_i|` for l1. The
+        gradient is recomputed by one reverse pass of the twin.
+
+        Args:
+            p: the norm (1, 2, np.inf, 'l1', 'l2', 'linf').
+            x: the certified inputs; needed only when the certificate did not
+                keep them (a stream of more than 512 MiB).
+
+        Returns:
+            `[B, *input_shape]` float64; NaN rows where no neuron binds.
+
+        Example:
+
+        ```python
+        u = cert.binding_direction("linf")          # entries in {-1, 0, 1}
+        ```
+        """
+        p = parse_norm(p)
+        index = self.binding_index[p]
+        twin, xs = self._inputs(x)
+        return binding_directions(twin, xs, index, p)[0]
+
+    def boundary_point(self, p, x=None) -> np.ndarray:
+        """The point where each lp ball meets its region's boundary.
+
+        `x + t u` with `u = binding_direction(p)` and `t = dist_j / ||g_j||_q`,
+        on the binding hyperplane (computed in float64). `t` equals the margin
+        under rigor 'float32' and exceeds it by the rounding bound (a relative
+        ~1e-6 or less) under 'float64'. The activation pattern changes just
+        beyond it.
+
+        Returns:
+            `[B, *input_shape]` float64; NaN rows where no neuron binds.
+
+        Example:
+
+        ```python
+        x_adv = cert.boundary_point(2)        # nearest l2 point of another region
+        ```
+        """
+        p = parse_norm(p)
+        twin, xs = self._inputs(x)
+        u, t = binding_directions(twin, xs, self.binding_index[p], p)
+        base = np.concatenate([np.asarray(b, np.float64) for b in xs]) if xs else \
+            np.zeros_like(u)
+        return base + t.reshape((-1,) + (1,) * (u.ndim - 1)) * u
+
+    def _inputs(self, x):
+        if self._source is None:
+            raise ValueError("This Certificate was not made by keras_roll.certify, so it "
+                             "cannot recompute gradients.")
+        twin, kept = self._source
+        if x is not None:
+            kept = [np.asarray(x)]
+        if kept is None:
+            raise ValueError("certify did not keep the inputs of this (large) stream; pass "
+                             "them: cert.binding_direction(p, x=...).")
+        if sum(int(np.shape(b)[0]) for b in kept) != self.n:
+            raise ValueError(f"x has {sum(int(np.shape(b)[0]) for b in kept)} examples, the "
+                             f"certificate {self.n}.")
+        return twin, kept
+
+    @property
+    def n(self) -> int:
+        """Number of certified examples."""
+        for v in self.margins.values():
+            return int(v.shape[0])
+        return 0 if self.logits is None else int(self.logits.shape[0])
+
+    @property
+    def norms(self) -> tuple:
+        return tuple(self.margins)
+
+    def __repr__(self) -> str:
+        parts = [f"n={self.n}", f"method={self.method!r}", f"rigor={self.rigor!r}"]
+        for p, v in self.margins.items():
+            med = percentiles_of(v, (50,))[0] if v.size else float("nan")
+            parts.append(f"median_{NORM_LABELS[p]}={med:.4g}")
+        if self.directional is not None:
+            parts.append(f"directions={self.directional.shape[1]}")
+        return f"Certificate({', '.join(parts)})"
+
+    def summary(self, print_fn=print, percentiles=(25, 50, 75, 100)) -> None:
+        """Prints the paper-style table: percentiles of every certified margin.
+
+        Example:
+
+        ```python
+        keras_roll.certify(model, x_test).summary()
+        ```
+        """
+        rows = []
+        for p, v in self.margins.items():
+            rows.append((f"{NORM_LABELS[p]} ball", v, self.binding_index[p]))
+        if self.directional is not None:
+            k = self.directional.shape[1]
+            rows.append((f"directional (K={k})", self.directional.reshape(-1),
+                         self.directional_index.reshape(-1)))
+        head = f"Certified margins: {self.n} examples, method '{self.method}' ({PAPER})"
+        print_fn(format_table(head, rows, percentiles))
+        if self.rigor in ("float64", "strict"):
+            print_fn(rigor_line(self.rigor, self.evaluation))
+        else:
+            print_fn(f"Rigor float32: the float32 twin's radii, not guarded against rounding "
+                     f"(the model evaluates in {self.evaluation}).")
+        if self.mask is not None:
+            print_fn("Masked sequences: each ball is in the unpadded coordinates (see .mask); "
+                     "it holds while padded steps stay at the mask value.")
+        if self.nonfinite is not None and self.nonfinite.any():
+            print_fn(f"{int(self.nonfinite.sum())} example(s) with non-finite neurons or "
+                     f"logits: margins NaN.")
+        if self.n and self.margins:
+            p = 2 if 2 in self.margins else next(iter(self.margins))
+            layers = [b[0] for b in self.binding[p] if b is not None]
+            if layers:
+                names, counts = np.unique(layers, return_counts=True)
+                order = np.argsort(-counts)[:3]
+                share = ", ".join(f"{names[i]} ({100 * counts[i] / self.n:.0f}%)"
+                                  for i in order)
+                print_fn(f"Binding layers ({NORM_LABELS[p]}): {share}")
+
+
+@dataclasses.dataclass(repr=False)
+class StabilityBounds:
+    """Per-coordinate stability intervals (the paper's Figure 3).
+
+    Coordinate k of example i can move anywhere in
+    `[x_ik + lower_ik, x_ik + upper_ik]`, all other coordinates fixed, without
+    leaving the linear region of `x_i`. All arrays are numpy.
+
+    Attributes:
+        lower: `[B, *input_shape]` float64, `-eps(x, -e_k)` (<= 0, -inf if
+            unbounded, NaN for `nonfinite` examples).
+        upper: `[B, *input_shape]` float64, `+eps(x, +e_k)` (>= 0, inf if unbounded).
+        lower_index, upper_index: int64 binding neuron rows (-1 if none), same shape.
+        method: "analytic" or "bisect".
+        rigor: "float64" (shrunk by the probabilistic rounding guard), "strict"
+            (by the worst-case bound) or "float32" (no guard).
+        nonfinite: `[B]` bool, examples with non-finite neurons or logits.
+
+    Example:
+
+    ```python
+    sb = keras_roll.stability_bounds(model, x[:1])
+    width = sb.upper - sb.lower                # how far each pixel may move alone
+    ```
+    """
+
+    lower: np.ndarray
+    upper: np.ndarray
+    lower_index: np.ndarray
+    upper_index: np.ndarray
+    method: str = "analytic"
+    rigor: str = "float32"
+    nonfinite: np.ndarray | None = None
+
+    def __repr__(self) -> str:
+        return (f"StabilityBounds(shape={self.lower.shape}, method={self.method!r}, "
+                f"median_width={self._median_width():.4g})")
+
+    def _median_width(self) -> float:
+        if self.lower.size == 0:
+            return float("nan")
+        return percentiles_of((self.upper - self.lower).reshape(-1), (50,))[0]
+
+    def summary(self, print_fn=print, percentiles=(25, 50, 75, 100)) -> None:
+        """Prints percentiles of the upper / lower bounds and the interval widths."""
+        rows = [("upper  +eps(+e_k)", self.upper.reshape(-1), None),
+                ("lower  -eps(-e_k)", -self.lower.reshape(-1), None),
+                ("width", (self.upper - self.lower).reshape(-1), None)]
+        n = self.lower.shape[0]
+        head = (f"Per-coordinate stability bounds: {n} examples x "
+                f"{int(np.prod(self.lower.shape[1:]))} coordinates, method '{self.method}'")
+        print_fn(format_table(head, rows, percentiles))
+
+
+def rigor_line(rigor: str, evaluation: str) -> str:
+    """The summary line that says what a certificate's rounding guard guarantees.
+
+    Example:
+
+    ```python
+    rigor_line("float64", "float32")   # 'Rounding guard: probabilistic, ...'
+    ```
+    """
+    if rigor == "strict":
+        return (f"Rounding guard: worst case (rigor 'strict'): radii shrunk by a rigorous "
+                f"bound on rounding; sound for the model evaluated in {evaluation}.")
+    return (f"Rounding guard: probabilistic (rigor 'float64'): radii shrunk by "
+            f"{LAMBDA:g} x {KAPPA:g} estimated standard deviations of the rounding of the "
+            f"model evaluated in {evaluation} (Higham & Mary's model; {SAMPLES} Gaussian "
+            f"probes), or by the worst-case bound where smaller; a neuron of a point fails "
+            f"with probability < {FAILURE_PROBABILITY:.1e}. rigor='strict' for the worst "
+            f"case alone.")
+
+
+def percentiles_of(v, qs) -> list[float]:
+    """Percentiles `qs` of `v` (inf where interpolating infinities gives NaN)."""
+    v = np.asarray(v, np.float64)
+    if v.size == 0:
+        return [float("nan")] * len(qs)
+    with np.errstate(invalid="ignore"):
+        out = np.percentile(v, qs)
+    out = np.where(np.isnan(out), INF, out)  # inf - inf when interpolating infinities
+    return [float(o) for o in out]
+
+
+def format_table(head: str, rows, qs) -> str:
+    """A paper-style table: one row of percentiles (and a count of zeros) per `(label, v, _)`."""
+    cols = [f"P{q:g}" for q in qs]
+    width = 22 + 12 * len(cols) + 10
+    lines = [head, "_" * width,
+             f"{'Margin':<22}" + "".join(f"{c:>12}" for c in cols) + f"{'zero':>10}",
+             "=" * width]
+    for label, v, _ in rows:
+        vals = percentiles_of(v, qs)
+        zero = int(np.sum(np.asarray(v) == 0))
+        lines.append(f"{label:<22}" + "".join(f"{x:>12.4g}" for x in vals) + f"{zero:>10d}")
+    lines.append("_" * width)
+    return "\n".join(lines)

@@ -1,0 +1,340 @@
+"""Counting the complete linear regions (#CLR) met by a data set.
+
+Lee, Alvarez-Melis & Jaakkola ("Towards Robust, Locally Linear Deep Networks",
+ICLR 2019, Lemma 7): among a set of points, none of which lies on a region
+boundary, the number of complete linear regions is
+
+* at most the number of distinct activation patterns (points with the same
+  pattern share one region), and
+* at least the number of distinct output Jacobians (points in one region share
+  their Jacobian, so distinct Jacobians mean distinct regions).
+
+A point on a boundary (a valid neuron exactly at a breakpoint, with nonzero
+gradient) belongs to several closed regions at once, and the bounds need not
+hold; `count_regions` reports how many there are. See docs/design.md, section
+"The maths" (Lemma 7).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+from keras_roll.api_types import ModelOrTwin, Rigor, Verbose
+from keras_roll.arguments import (
+    as_linearized,
+    check_batch_size,
+    check_memory_budget,
+    check_rigor,
+    check_verbose,
+    for_rigor,
+)
+from keras_roll.batches import is_stream, iter_input_batches, stream_length
+from keras_roll.certification.gradient_norms import iter_gradient_norms
+from keras_roll.certification.margin_math import neuron_arrays
+from keras_roll.certification.margins import BOUND_SAFETY, rounding_errors
+from keras_roll.compile.chunking import plan_chunks
+from keras_roll.compile.streaming import check_input_keep_float
+from keras_roll.progress import progress_bar
+from keras_roll.rounding.noise import noise_bound
+
+__all__ = ["RegionCount", "count_regions"]
+
+
+@dataclasses.dataclass(repr=False)
+class RegionCount:
+    """Bounds on the number of complete linear regions among `n` points (Lemma 7).
+
+    All arrays are numpy (docs/design.md, section "Return types").
+
+    Attributes:
+        patterns: number of distinct activation patterns (upper bound on #CLR).
+        jacobians: number of distinct output Jacobians (lower bound on #CLR).
+        on_boundary: number of points lying on a region boundary; the bounds
+            are guaranteed only when it is 0.
+        n: number of points.
+        pattern_ids: `[n]` int, the pattern of every point (numbered in order
+            of first appearance).
+        jacobian_ids: `[n]` int, the Jacobian class of every point.
+        boundary: `[n]` bool, which points lie on a boundary.
+    """
+
+    patterns: int
+    jacobians: int
+    on_boundary: int
+    n: int
+    pattern_ids: np.ndarray
+    jacobian_ids: np.ndarray
+    boundary: np.ndarray
+
+    @property
+    def bounds_hold(self) -> bool:
+        """Whether Lemma 7 applies (no point on a boundary)."""
+        return self.on_boundary == 0
+
+    def __repr__(self) -> str:
+        return (f"RegionCount(n={self.n}, jacobians={self.jacobians} <= #CLR <= "
+                f"patterns={self.patterns}, on_boundary={self.on_boundary})")
+
+    def summary(self, print_fn=print) -> None:
+        """Prints the bounds as a small table.
+
+        Example:
+
+        ```python
+        keras_roll.count_regions(model, x_test).summary()
+        ```
+        """
+        width = 56
+        rows = [("points", self.n),
+                ("#CLR lower bound (distinct Jacobians)", self.jacobians),
+                ("#CLR upper bound (distinct patterns)", self.patterns),
+                ("points on a boundary", self.on_boundary)]
+        lines = ["Complete linear regions (Lee et al., ICLR 2019, Lemma 7)", "_" * width]
+        lines += [f"{label:<44}{value:>12d}" for label, value in rows]
+        lines.append("_" * width)
+        if not self.bounds_hold:
+            lines.append(f"{self.on_boundary} point(s) lie on a region boundary: the bounds "
+                         f"are not guaranteed.")
+        print_fn("\n".join(lines))
+
+
+def count_regions(model: ModelOrTwin, x, batch_size: int | None = None,
+                  memory_budget: int | None = None, rtol: float = 1e-5, projections: int = 16,
+                  seed: int = 0, verbose: Verbose = "auto",
+                  rigor: Rigor = "float64") -> RegionCount:
+    """Bounds the number of complete linear regions among the points of `x`.
+
+    Implements Lemma 7 of Lee et al. (ICLR 2019): the number of distinct
+    activation patterns (the linear piece of every valid neuron, the winner of
+    every max window) bounds #CLR from above, the number of distinct output
+    Jacobians (of the logits) from below, provided no point lies on a boundary.
+
+    Jacobians are compared through `J R` for a fixed random `[D, projections]`
+    Gaussian `R` (exactly `J` when `D <= projections`), computed by one
+    forward-mode pass per distinct pattern; two Jacobians count as equal when
+    these projections agree up to `rtol` times the largest projected entry.
+    Projecting can only merge distinct Jacobians, so the count stays a lower
+    bound. A point lies on a boundary when some valid neuron sits on a
+    breakpoint with a nonzero gradient; a warning says how many do.
+
+    With `rigor="float64"` (the default) or `"strict"` patterns and Jacobians
+    are those of exact arithmetic on the model's weights: computed in float64,
+    and a neuron within a rigorous bound on the float64 twin's rounding of its
+    breakpoint counts as on it (from the actual magnitudes under "float64",
+    `keras_roll.rounding.noise`; the worst-case bound of `keras_roll.rounding.worst_case`
+    under "strict"). `rigor="float32"` uses the twin's own dtype and exact zeros.
+
+    Args:
+        model: a Keras model (a model made by `keras_roll.wrap` is unwrapped) or
+            a `Linearized`.
+        x: `[B, *input_shape]` points, or a stream of batches (`tf.data.Dataset`,
+            generator, `keras.utils.PyDataset` of `x` or `(x, y)`), read once.
+        batch_size: examples per forward batch (default from the memory budget).
+        memory_budget: bytes of tangents per chunk.
+        rtol: relative tolerance for equal Jacobians.
+        projections: number of random directions the Jacobians are compared on.
+        seed: seed of the random projections.
+        verbose: "auto", True or False (a progress bar over the points).
+        rigor: "float64", "strict" or "float32".
+
+    Returns:
+        A `RegionCount` (numpy arrays).
+
+    Raises:
+        ValueError: bad arguments, or points with non-finite neurons or logits
+            (their pattern is undefined).
+
+    Example:
+
+    ```python
+    rc = keras_roll.count_regions(model, x_test)
+    print(rc.jacobians, "<= #CLR <=", rc.patterns)
+    ```
+    """
+    check_batch_size(batch_size)
+    check_memory_budget(memory_budget)
+    check_verbose(verbose)
+    check_rigor(rigor)
+    if not (0 <= rtol < 1):
+        raise ValueError(f"rtol must be in [0, 1), got {rtol!r}.")
+    if int(projections) != projections or projections < 1:
+        raise ValueError(f"projections must be a positive integer, got {projections!r}.")
+    lin = as_linearized(model)
+    twin = for_rigor(lin, rigor)
+    budget = int(memory_budget or lin.memory_budget)
+    itemsize = np.dtype(twin.dtype).itemsize
+
+    keys: dict[bytes, int] = {}
+    pattern_ids, boundary, reps = [], [], []  # reps: the first point of every pattern
+    seen = 0
+    if is_stream(x):
+        batches = (check_input_keep_float(lin, xb)
+                   for xb in iter_input_batches(x, lin.input_shape, batch_size))
+        total = stream_length(x)
+    else:
+        batches = [check_input_keep_float(lin, x)]
+        total = int(batches[0].shape[0])
+    with progress_bar(total, verbose, "count_regions") as bar:
+        for xb in batches:
+            ids, bound, new = _patterns_of_batch(twin, xb, keys, batch_size, budget, itemsize,
+                                                 rigor, bar, seen)
+            pattern_ids.append(ids)
+            boundary.append(bound)
+            reps.extend(new)
+            seen += int(xb.shape[0])
+    pattern_ids = np.concatenate(pattern_ids) if pattern_ids else np.zeros(0, np.int64)
+    boundary = np.concatenate(boundary) if boundary else np.zeros(0, bool)
+    b_total = int(pattern_ids.size)
+    if b_total == 0:
+        empty = np.zeros(0, np.int64)
+        return RegionCount(0, 0, 0, 0, empty, empty.copy(), np.zeros(0, bool))
+    if not keys:  # an affine model: a single region
+        zeros = np.zeros(b_total, np.int64)
+        return RegionCount(1, 1, 0, b_total, zeros, zeros.copy(), np.zeros(b_total, bool))
+    on_boundary = int(boundary.sum())
+    if on_boundary:
+        warnings.warn(
+            f"{on_boundary} of {b_total} points lie on a linear-region boundary (a neuron "
+            f"at a breakpoint); the #CLR bounds of Lemma 7 assume none does. See "
+            f"RegionCount.boundary.", stacklevel=2)
+
+    # Output Jacobians, one representative per pattern (in order of first appearance).
+    xr = np.stack([r for _, r in sorted(reps, key=lambda item: item[0])])
+    feats = _projected_jacobians(twin, xr, int(projections), seed, budget)
+    classes = _cluster(feats, rtol)
+    jacobian_ids = classes[pattern_ids]
+    return RegionCount(
+        patterns=len(keys), jacobians=int(classes.max()) + 1 if classes.size else 0,
+        on_boundary=on_boundary, n=b_total, pattern_ids=pattern_ids,
+        jacobian_ids=jacobian_ids, boundary=boundary)
+
+
+def _patterns_of_batch(twin, x, keys, batch_size, budget, itemsize, rigor, bar, seen):
+    """Pattern ids, boundary flags and new representatives `(id, point)` of one batch."""
+    b_total = int(x.shape[0])
+    pattern_ids = np.empty(b_total, np.int64)
+    candidate = np.zeros(b_total, bool)
+    new = []
+    if b_total == 0:
+        return pattern_ids, candidate, new
+    if not twin.num_neurons(x.shape[1:]):
+        bar.update(b_total)
+        return np.zeros(b_total, np.int64), candidate, new
+    # A forward batch holds about 4 copies of every op output and neuron.
+    per_example = 4 * twin.layout(x.shape[1:]).tangent_bytes(itemsize)
+    plan = plan_chunks(b_total, 1, per_example, budget, batch_size, max_examples=None)
+    tolerances = []
+    for sl in plan.example_slices():
+        fwd = twin.forward(tf.cast(x[sl], twin.dtype))
+        below, above, valid, piece = neuron_arrays(fwd)
+        tol, overflow = _twin_tolerance(twin, fwd, rigor, budget)
+        bad = _nonfinite_rows(fwd, valid) | overflow
+        if bad.any():
+            raise ValueError(
+                f"{int(bad.sum())} point(s) (e.g. point {seen + sl.start + int(np.argmax(bad))}) "
+                f"have non-finite neurons or logits, or overflow when the model evaluates "
+                f"itself, so their activation pattern is undefined; check the inputs' scale.")
+        tolerances.append(tol)
+        code = np.where(valid, piece, -1).astype(np.int16)
+        for r, row in enumerate(code):
+            key = row.tobytes()
+            if key not in keys:
+                keys[key] = len(keys)
+                new.append((keys[key], x[sl.start + r].numpy()))
+            pattern_ids[sl.start + r] = keys[key]
+        candidate[sl] = np.any(valid & (np.minimum(below, above) <= tol), axis=1)
+        bar.update(code.shape[0])
+    tolerance = np.concatenate(tolerances)
+
+    # Points on a boundary: a valid neuron at a breakpoint with a nonzero gradient.
+    boundary = np.zeros(b_total, bool)
+    cand = np.flatnonzero(candidate)
+    if cand.size:
+        xc = tf.gather(x, cand)
+        for sl, fwd, gn in iter_gradient_norms(twin, xc, batch_size, budget):
+            below, above, valid, _ = neuron_arrays(fwd)
+            on = valid & (np.minimum(below, above) <= tolerance[cand[sl]]) & (gn.linf > 0)
+            boundary[cand[sl]] = np.any(on, axis=1)
+    return pattern_ids, boundary, new
+
+
+def _twin_tolerance(twin, fwd, rigor, budget):
+    """`([b, N] bound on the float64 twin's error of every neuron, [b] overflow flags)`.
+
+    Patterns are those of exact arithmetic: only the twin's own error matters
+    (rigor "float64": the rigorous term of `keras_roll.rounding.noise` alone,
+    no noise samples; "strict": the worst-case pass; "float32": exact zeros).
+    """
+    b = int(fwd.trace.input.shape[0])
+    n = int(fwd.neurons.z.shape[-1])
+    if rigor == "float32":
+        return np.zeros((b, n)), np.zeros(b, bool)
+    if rigor == "strict":
+        err = rounding_errors(twin, fwd, "strict")
+        return err.exact_at_x, err.overflow
+    nb = noise_bound(twin, fwd, memory_budget=budget, samples=0)
+    return 2.0 * nb.exact_at_x * BOUND_SAFETY, nb.overflow
+
+
+def _nonfinite_rows(fwd, valid) -> np.ndarray:
+    z = fwd.neurons.z.numpy()
+    logits = fwd.logits.numpy().reshape(z.shape[0], -1)
+    return ~np.all(np.isfinite(z) | ~valid, axis=1) | ~np.all(np.isfinite(logits), axis=1)
+
+
+def _projected_jacobians(lin, xr, m, seed, budget):
+    """`[len(xr), m * L]` output Jacobians of the points `xr` times a fixed `[D, m]` matrix."""
+    ex_shape = tuple(xr.shape[1:])
+    d = int(np.prod(ex_shape))
+    if d <= m:
+        r = np.eye(d)
+    else:
+        r = np.random.default_rng(seed).normal(size=(m, d)) / np.sqrt(d)
+    v = r.reshape(-1, *ex_shape).astype(lin.dtype)
+    k = v.shape[0]
+    per = lin.layout(ex_shape).tangent_bytes(np.dtype(lin.dtype).itemsize)
+    plan = plan_chunks(len(xr), k, per, budget)
+    b, kk = plan.examples_per_chunk, plan.per_chunk
+    out = []
+    for i in range(0, len(xr), b):
+        parts = [lin.jvp(xr[i:i + b], v[j:j + kk]).logits.numpy() for j in range(0, k, kk)]
+        block = np.concatenate(parts, axis=1)  # [b, k, L]
+        out.append(block.reshape(block.shape[0], -1).astype(np.float64))
+    return np.concatenate(out, axis=0)
+
+
+def _cluster(feats, rtol):
+    """Greedy classes of rows equal up to `rtol * max|feats|` (sup norm).
+
+    Rows are visited in order of their first feature, and each is compared only
+    with class leaders whose first feature is within the tolerance.
+    """
+    n = feats.shape[0]
+    classes = np.full(n, -1, np.int64)
+    if n == 0:
+        return classes
+    atol = rtol * float(np.max(np.abs(feats))) if feats.size else 0.0
+    if feats.shape[1] == 0:
+        return np.zeros(n, np.int64)
+    order = np.argsort(feats[:, 0], kind="stable")
+    leaders: list[int] = []  # row indices, increasing first feature
+    start = 0
+    for i in order:
+        while start < len(leaders) and feats[leaders[start], 0] < feats[i, 0] - atol:
+            start += 1
+        window = leaders[start:]
+        if window:
+            diff = np.max(np.abs(feats[window] - feats[i]), axis=1)
+            hit = int(np.argmin(diff))
+            if diff[hit] <= atol:
+                classes[i] = classes[window[hit]]
+                continue
+        classes[i] = len(leaders)
+        leaders.append(i)
+    # Number the classes in order of first appearance among the rows.
+    _, first = np.unique(classes, return_index=True)
+    return np.argsort(np.argsort(first))[classes]

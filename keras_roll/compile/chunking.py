@@ -1,0 +1,165 @@
+"""Chunk plans: how `examples x directions` of work is cut to fit a memory budget.
+
+Every streamed computation in keras_roll pushes, for a batch of examples, a
+number of directions per example through the twin (input axes, sampled axes,
+random probes, rays of the bisection; a plain forward batch is one direction).
+Its memory is about `examples * directions * bytes_per_item`, where each caller
+estimates `bytes_per_item` (usually from `NeuronLayout.tangent_bytes`). This
+module is the one place that turns such an estimate and a budget into chunk
+sizes, so that the planner (`keras_roll.roll.loss.memory_plan`) and every executor
+(the twin's axis stream, ROLL, directional margins, region counts, the
+bisection) agree by construction. See docs/design.md, section "Memory".
+
+Example:
+
+```python
+plan = plan_chunks(examples=1000, directions=784, bytes_per_item=4 * 1510,
+                   budget=64 * 2**20)
+plan.examples_per_chunk, plan.per_chunk, plan.chunks    # 64, 157, 80
+for sl in plan.example_slices():
+    for start in plan.direction_starts():
+        ...
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import tensorflow as tf
+
+__all__ = [
+    "DEFAULT_EXAMPLES",
+    "MIN_DIRECTIONS",
+    "ChunkPlan",
+    "balanced_split",
+    "plan_chunks",
+    "plan_directions",
+]
+
+DEFAULT_EXAMPLES = 64  # examples per chunk by default: enough rows for efficient matmuls
+MIN_DIRECTIONS = 32  # fewer examples per chunk rather than fewer directions than this
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkPlan:
+    """How `examples x directions` are streamed in chunks within `memory_budget`.
+
+    Attributes:
+        examples: examples in all (B).
+        directions: directions per example in all (D for the exact ROLL loss).
+        examples_per_chunk: examples per chunk (b >= 1).
+        per_chunk: directions per chunk (k >= 1), balanced so that the last
+            chunk is not almost empty.
+        bytes_per_item: estimated bytes of one example and direction.
+        memory_budget: the budget in bytes.
+        fits: whether one direction of `examples_per_chunk` examples fits in
+            the budget (if not, the plan still runs one direction at a time,
+            over budget; ROLL refuses it with a `MemoryError`).
+    """
+
+    examples: int
+    directions: int
+    examples_per_chunk: int
+    per_chunk: int
+    bytes_per_item: int
+    memory_budget: int
+    fits: bool = True
+
+    @property
+    def bytes_per_direction(self) -> int:
+        """Bytes of one direction for a whole example chunk."""
+        return self.examples_per_chunk * self.bytes_per_item
+
+    @property
+    def direction_chunks(self) -> int:
+        """Chunks of directions per example chunk."""
+        return -(-self.directions // self.per_chunk)
+
+    @property
+    def example_chunks(self) -> int:
+        return -(-self.examples // self.examples_per_chunk)
+
+    @property
+    def chunks(self) -> int:
+        """Tangent passes in all (example chunks times direction chunks)."""
+        return self.example_chunks * self.direction_chunks
+
+    def example_slices(self) -> Iterator[slice]:
+        """The example slices, in order."""
+        b = self.examples_per_chunk
+        for start in range(0, self.examples, b):
+            yield slice(start, min(start + b, self.examples))
+
+    def direction_starts(self) -> range:
+        """The first direction of every direction chunk."""
+        return range(0, self.directions, self.per_chunk)
+
+
+def balanced_split(total, fit):
+    """`(per_chunk, chunks)` for `total` items when `fit >= 1` fit in one chunk.
+
+    `chunks = ceil(total / fit)` and `per_chunk = ceil(total / chunks)`, so the
+    chunks are as even as possible. Works on Python ints and on integer tensors
+    (inside graphs with a dynamic batch).
+    """
+    chunks = (total + fit - 1) // fit
+    if isinstance(chunks, int):
+        return (total + chunks - 1) // max(chunks, 1), chunks
+    return (total + chunks - 1) // tf.maximum(chunks, 1), chunks
+
+
+def plan_directions(total, bytes_per_direction, budget):
+    """`(per_chunk, chunks, fits)` for `total` directions of `bytes_per_direction` each.
+
+    Python ints give Python results; if any argument is a tensor, the results
+    are int64 tensors (the dynamic path of ROLL inside `tf.function`).
+    """
+    if all(isinstance(v, int) for v in (total, bytes_per_direction, budget)):
+        fit = min(budget // max(1, bytes_per_direction), total)
+        per_chunk, chunks = balanced_split(total, max(fit, 1))
+        return per_chunk, chunks, fit >= 1 or total == 0
+    total = tf.cast(total, tf.int64)
+    fit = tf.minimum(tf.cast(budget, tf.int64)
+                     // tf.maximum(tf.cast(bytes_per_direction, tf.int64), 1), total)
+    per_chunk, chunks = balanced_split(total, tf.maximum(fit, 1))
+    return per_chunk, chunks, fit >= 1
+
+
+def plan_chunks(examples: int, directions: int, bytes_per_item: int, budget: int,
+                batch_size: int | None = None, max_examples: int | None = DEFAULT_EXAMPLES,
+                min_directions: int = MIN_DIRECTIONS) -> ChunkPlan:
+    """Chooses examples and directions per chunk so that `b * k * bytes <= budget`.
+
+    Examples per chunk are `batch_size` if given, else at most `max_examples`
+    (None: no cap), reduced if needed so that at least `min(directions,
+    min_directions)` directions fit; directions fill the rest of the budget,
+    balanced so the last chunk is not almost empty.
+
+    Args:
+        examples: examples in all.
+        directions: directions per example in all (1 for a plain forward batch).
+        bytes_per_item: bytes of one example and direction.
+        budget: memory budget in bytes.
+        batch_size: fixed examples per chunk (the caller's choice), or None.
+        max_examples: cap on the examples per chunk when `batch_size` is None.
+        min_directions: see above.
+
+    Returns:
+        A `ChunkPlan`.
+
+    Example:
+
+    ```python
+    plan_chunks(32, 299 * 299 * 3, 8_000_000, 256 * 2**20)  # b=1, k=33: 264 MB
+    ```
+    """
+    per = max(1, int(bytes_per_item))
+    budget = int(budget)
+    b = max(1, min(int(examples), batch_size or max_examples or max(int(examples), 1)))
+    want = min(int(directions), min_directions)
+    if batch_size is None and budget // (b * per) < want:
+        b = max(1, min(b, budget // (per * want)))
+    k, _, fits = plan_directions(int(directions), b * per, budget)
+    return ChunkPlan(int(examples), int(directions), b, max(1, k), per, budget, bool(fits))

@@ -1,0 +1,200 @@
+"""Max units: MaxPooling1D/2D and GlobalMaxPooling1D/2D.
+
+A max unit that picks input i of its window is linear while `v_i - v_k >= 0`
+for every other input k of the window: each difference is a neuron with a
+single breakpoint at 0 and gradient `g_i - g_k` (docs/design.md, section
+"The maths", max units). The twin gathers the tangent of the chosen input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import tensorflow as tf
+
+from keras_roll.compile.records import Record
+from keras_roll.compile.rules.base import (
+    Neurons,
+    Op,
+    Tangent,
+    flatten_directions,
+    flatten_examples,
+    merge_batch,
+    split_batch,
+)
+from keras_roll.compile.rules.registry import register_rule
+from keras_roll.errors import UnsupportedModelError
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MaxRecord(Record):
+    """What a max unit records on a batch.
+
+    Attributes:
+        patches: `[B, *out, w, C]` the contents of every window.
+        one_hot: `[B, *out, w, C]` 1 at the chosen (first maximal) element.
+        valid: `[B or 1, *out, w, C]` bool: a neuron `v_winner - v_k` exists
+            (not the winner itself, not a padding position).
+        out: `[B, *out, C]` the maxima.
+    """
+
+    patches: tf.Tensor
+    one_hot: tf.Tensor
+    valid: tf.Tensor
+    out: tf.Tensor
+
+    @property
+    def argmax(self) -> tf.Tensor:
+        """`[B, *out, C]` int32, the chosen window element."""
+        return tf.argmax(self.one_hot, axis=-2, output_type=tf.int32)
+
+    def as_dict(self) -> dict:
+        return {**super().as_dict(), "argmax": self.argmax}
+
+
+class MaxWindows(Op):
+    """A max over windows, described by a function that cuts windows out.
+
+    Args:
+        layer: the pooling layer.
+        windows: `fn(x [N, *spatial, C]) -> [N, *out_spatial, w, C]`, the window
+            contents (padding positions arbitrary).
+        valid: `[*out_spatial, w, 1]` bool, False at padding positions.
+
+    Example:
+
+    ```python
+    def windows(x):  # a global max over the time axis of [N, T, C]
+        return x
+
+    op = MaxWindows(layer, windows, lambda x: tf.ones([1, 1, 1], tf.bool))
+    ```
+    """
+
+    owns_neurons = True
+
+    def __init__(self, layer, windows, valid_fn, name=None):
+        super().__init__(layer, name)
+        self.windows = windows
+        self.valid_fn = valid_fn
+
+    def forward(self, inputs, mask):
+        x = inputs[0]
+        patches = self.windows(x)
+        valid = self.valid_fn(x)
+        neg = tf.fill(tf.shape(patches), tf.constant(-float("inf"), x.dtype))
+        masked = tf.where(valid, patches, neg)
+        w = tf.shape(patches)[-2]
+        choice = tf.argmax(masked, axis=-2, output_type=tf.int32)
+        one_hot = tf.one_hot(choice, w, axis=-1, dtype=x.dtype)  # [N, *out, C, w]
+        one_hot = tf.experimental.numpy.swapaxes(one_hot, -1, -2)  # [N, *out, w, C]
+        out = tf.reduce_sum(patches * one_hot, axis=-2)
+        return out, MaxRecord(patches, one_hot, valid & (one_hot == 0), out)
+
+    def tangent(self, tangents, record, mask):
+        one_hot = record.one_hot
+        batch = tf.shape(one_hot)[0]
+        t = tangents[0].per_example(batch)
+        patches = split_batch(self.windows(merge_batch(t)), batch)  # [B, K, *out, w, C]
+        chosen = tf.reduce_sum(patches * one_hot[:, None], axis=-2)
+        diff = chosen[..., None, :] - patches
+        return Tangent(chosen), flatten_directions(diff)
+
+    def neurons(self, record):
+        patches, out = record.patches, record.out
+        z = out[..., None, :] - patches
+        valid = tf.broadcast_to(record.valid, tf.shape(z))
+        inf = tf.fill(tf.shape(z), tf.constant(float("inf"), z.dtype))
+        flat = flatten_examples
+        return Neurons(flat(z), flat(z), flat(inf), flat(valid),
+                       flat(tf.cast(record.one_hot > 0, tf.int32)))
+
+    def neuron_shape(self, record):
+        return tuple(int(d) for d in record.patches.shape[1:])
+
+    def magnitude(self, bounds, record, affine, mask=None):
+        """The recorded winner's bound (the certificate keeps every winner; a max
+        is exact in floating point)."""
+        return tf.reduce_sum(self.windows(bounds[0]) * tf.cast(record.one_hot, bounds[0].dtype),
+                             axis=-2)
+
+    def roundings(self, inputs):
+        return 0
+
+    def neuron_magnitude(self, bounds, record, affine, mask=None):
+        """`|v_winner - v_k| <= max_window m + m_k` (the model compares them exactly)."""
+        m = bounds[0]
+        patches = self.windows(m)
+        z = patches + tf.reduce_max(patches, axis=-2, keepdims=True)
+        return flatten_examples(z)
+
+
+def _check_channels_last(layer):
+    if getattr(layer, "data_format", "channels_last") != "channels_last":
+        raise UnsupportedModelError(
+            f"Layer '{layer.name}' ({type(layer).__name__}) uses "
+            f"data_format='{layer.data_format}'; keras_roll supports max pooling in "
+            f"channels_last only. Rebuild the model with channels_last."
+        )
+
+
+def _patches_2d(x, size, strides, padding):
+    p = tf.image.extract_patches(x, sizes=[1, *size, 1], strides=[1, *strides, 1],
+                                 rates=[1, 1, 1, 1], padding=padding.upper())
+    shape = tf.shape(p)
+    c = tf.shape(x)[-1]
+    w = size[0] * size[1]
+    return tf.reshape(p, tf.stack([shape[0], shape[1], shape[2], w, c]))
+
+
+@register_rule(keras.layers.MaxPooling2D)
+def _max_pool_2d(layer):
+    _check_channels_last(layer)
+    size, strides, padding = layer.pool_size, layer.strides, layer.padding
+
+    def windows(x):
+        return _patches_2d(x, size, strides, padding)
+
+    def valid_fn(x):
+        ones = tf.ones(tf.concat([[1], tf.shape(x)[1:3], [1]], 0), x.dtype)
+        return windows(ones) > 0
+
+    return MaxWindows(layer, windows, valid_fn)
+
+
+@register_rule(keras.layers.MaxPooling1D)
+def _max_pool_1d(layer):
+    _check_channels_last(layer)
+    size, strides, padding = (1, layer.pool_size[0]), (1, layer.strides[0]), layer.padding
+
+    def windows(x):
+        return _patches_2d(x[:, None], size, strides, padding)[:, 0]
+
+    def valid_fn(x):
+        ones = tf.ones(tf.concat([[1], tf.shape(x)[1:2], [1]], 0), x.dtype)
+        return windows(ones) > 0
+
+    return MaxWindows(layer, windows, valid_fn)
+
+
+def _global_max(layer, spatial_rank):
+    _check_channels_last(layer)
+    if layer.keepdims:
+        raise UnsupportedModelError(
+            f"Layer '{layer.name}': {type(layer).__name__}(keepdims=True) is not "
+            f"supported; use keepdims=False and a Reshape."
+        )
+
+    def windows(x):
+        shape = tf.shape(x)
+        return tf.reshape(x, tf.stack([shape[0], -1, shape[-1]]))
+
+    def valid_fn(x):
+        return tf.ones([1, 1, 1], tf.bool)
+
+    return MaxWindows(layer, windows, valid_fn)
+
+
+register_rule(keras.layers.GlobalMaxPooling1D, lambda layer: _global_max(layer, 1))
+register_rule(keras.layers.GlobalMaxPooling2D, lambda layer: _global_max(layer, 2))

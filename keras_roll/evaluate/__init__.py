@@ -1,0 +1,31 @@
+"""Attributions for piecewise-linear networks: saliency maps, exact integrated
+gradients, and the certified radius within which a saliency map is unchanged.
+
+Example:
+
+```python
+sal = keras_roll.saliency(model, x, y, postprocess=True)   # Appendix K maps
+sal.radius[2]                                               # certified l2 radii
+ig = keras_roll.integrated_gradients(model, x, y)           # exact, region by region
+ig.regions                                                  # regions the path crosses
+```
+"""
+
+from keras_roll.evaluate.gradients import LogitGradients
+from keras_roll.evaluate.integrated import IntegratedGradients, integrated_gradients
+from keras_roll.evaluate.saliency import (
+    Saliency,
+    postprocess_saliency,
+    saliency,
+    stable_radius,
+)
+
+__all__ = [
+    "IntegratedGradients",
+    "LogitGradients",
+    "Saliency",
+    "integrated_gradients",
+    "postprocess_saliency",
+    "saliency",
+    "stable_radius",
+]

@@ -1,0 +1,450 @@
+"""Gradient distortion across linear regions (Lee et al., ICLR 2019, Table 4, App. J).
+
+Certificates say how far the gradient is stable *inside* one linear region. Gradient
+distortion measures how much it moves in a whole neighbourhood, across regions: for
+the label logit `f_y` (a final softmax / sigmoid folded),
+
+    Delta(x, x') = || grad f_y(x') - grad f_y(x) ||_1,
+
+for `x'` in the l_inf ball of radius `eps` around `x` intersected with the input
+box `domain`. `mode="expected"` averages it over uniform draws from that set;
+`mode="max"` searches for its worst case with the paper's genetic algorithm.
+
+Gradients are computed by reverse mode on batches of candidates, in compiled chunks
+under the model's memory budget, batched across examples; the distances are reduced
+inside the compiled call (`keras_roll.evaluate.gradients.LogitGradients`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+import numpy as np
+
+from keras_roll.arguments import check_memory_budget
+from keras_roll.compile.chunking import plan_directions
+from keras_roll.evaluate.gradients import (
+    LogitGradients,
+    check_count,
+    check_inputs,
+    check_labels,
+    check_verbose,
+    progress,
+)
+
+__all__ = ["Distortion", "gradient_distortion", "sampling_box"]
+
+_MODES = ("expected", "max")
+SURVIVORS = 0.25  # share of the population kept by each generation (Appendix J)
+CROSSOVER = (-0.25, 1.25)  # range of the crossover weight a (Appendix J)
+_POPULATION_BUDGETS = 4  # populations of a group of examples: 4 x the memory budget
+
+
+@dataclasses.dataclass(repr=False)
+class Distortion:
+    """Gradient distortion of a batch (the paper's Table 4).
+
+    Attributes:
+        distortion: `[B]` float64, the l1 distortion of the label logit's input
+            gradient: the mean over `samples` uniform draws (`mode="expected"`)
+            or the worst case found (`mode="max"`).
+        points: `[B, *input_shape]` the maximiser of each example (`mode="max"`),
+            None for `mode="expected"`.
+        changed: `[B]` bool, whether the prediction at `points` differs from the
+            prediction at `x` (`mode="max"`), None for `mode="expected"`.
+        changed_fraction: `[B]` float64, the fraction of evaluated candidates whose
+            prediction differs from the prediction at `x`.
+        evaluations: input gradients evaluated per example.
+        mode, eps, domain: the arguments of the run.
+        seed: the seed that reproduces the run (the drawn entropy when `seed=None`).
+    """
+
+    distortion: np.ndarray
+    points: np.ndarray | None
+    changed: np.ndarray | None
+    changed_fraction: np.ndarray
+    evaluations: int
+    mode: str
+    eps: float
+    domain: tuple | None
+    seed: int
+
+    @property
+    def n(self) -> int:
+        return int(self.distortion.shape[0])
+
+    def __repr__(self) -> str:
+        med = float(np.median(self.distortion)) if self.n else float("nan")
+        extra = f", changed={int(self.changed.sum())}" if self.changed is not None else ""
+        return (f"Distortion(n={self.n}, mode={self.mode!r}, eps={self.eps:g}, "
+                f"median={med:.4g}{extra})")
+
+    def summary(self, print_fn=print, percentiles=(25, 50, 75, 100)) -> None:
+        """Prints the paper-style table: percentiles of the distortion.
+
+        Example:
+
+        ```python
+        keras_roll.gradient_distortion(model, x, y, mode="max").summary()
+        ```
+        """
+        cols = [f"P{q:g}" for q in percentiles]
+        width = 22 + 12 * (len(cols) + 1)
+        label = {"expected": "expected l1", "max": "max l1 (GA)"}[self.mode]
+        vals = (np.percentile(self.distortion, percentiles) if self.n
+                else [float("nan")] * len(cols))
+        mean = float(np.mean(self.distortion)) if self.n else float("nan")
+        lines = [f"Gradient distortion: {self.n} examples, eps={self.eps:g} (l_inf), "
+                 f"domain={_fmt_domain(self.domain)}, {self.evaluations} gradients per "
+                 f"example",
+                 "_" * width,
+                 f"{'Distortion':<22}" + "".join(f"{c:>12}" for c in cols) + f"{'mean':>12}",
+                 "=" * width,
+                 f"{label:<22}" + "".join(f"{v:>12.4g}" for v in vals) + f"{mean:>12.4g}",
+                 "_" * width]
+        if self.changed is not None:
+            lines.append(f"Prediction changed at the maximiser: {int(self.changed.sum())} "
+                         f"of {self.n}")
+        print_fn("\n".join(lines))
+
+
+def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0),
+                        mode: str = "expected", samples: int = 8000, population: int = 4800,
+                        generations: int = 30, seed: int | None = None,
+                        memory_budget: int | None = None, verbose="auto",
+                        callback=None) -> Distortion:
+    """Expected or worst-case l1 distortion of the label logit's input gradient.
+
+    For each example, `Delta(x') = ||grad f_y(x') - grad f_y(x)||_1` over the set
+    `S = {x' : ||x' - x||_inf <= eps} ∩ domain` (Lee, Alvarez-Melis & Jaakkola,
+    ICLR 2019, Table 4). A final softmax / sigmoid is folded: `f_y` is the logit.
+    Distances are in the model's raw input space (normalisation layers inside the
+    model are part of the function). The distortion is exactly 0 at a candidate
+    with the activation pattern of `x` (same region, same gradient).
+
+    * `mode="expected"`: the mean of `Delta` over `samples` uniform draws in `S`.
+    * `mode="max"`: the paper's genetic algorithm (Appendix J): a uniform initial
+      population of `population` points in `S`; each of `generations` generations
+      keeps the best 25 % and refills the rest by crossover `a c + (1 - a) c'`
+      (`a ~ U[-0.25, 1.25]`, one `a` per child, `c, c'` two survivors drawn
+      uniformly with replacement), each child projected back onto `S` (clipped to
+      the box). The result is the worst distortion found; survivors are not
+      evaluated again, so a run evaluates
+      `population + generations * (population - keep)` gradients per example.
+
+    Every example draws from its own stream of `np.random.SeedSequence(seed)`, so
+    a fixed `seed` reproduces a run bit for bit and an example's result does not
+    depend on the other examples of the batch.
+
+    Args:
+        model: a Keras model or a `Linearized`.
+        x: `[B, *input_shape]` inputs.
+        y: `[B]` integer labels (the logit to differentiate); None: the predicted
+            class. A single sigmoid output takes 0 / 1 (class 0 is the negated logit).
+        eps: radius of the l_inf ball, > 0.
+        domain: `(low, high)` box of valid inputs (scalars or arrays broadcastable
+            to an example), or None for no box. `x` must lie inside it.
+        mode: "expected" or "max".
+        samples: uniform draws per example for `mode="expected"`.
+        population: population size for `mode="max"`.
+        generations: generations of the genetic algorithm.
+        seed: None or a non-negative integer.
+        memory_budget: bytes of live tensors per compiled chunk (default 4 x the
+            twin's memory budget); the populations of a group of examples take up to
+            4 x the twin's budget (or `memory_budget`) beside it.
+        verbose: "auto" (a progress bar for runs longer than a second), True or False.
+        callback: optional `callback(example_index [n], candidates [n, *input_shape],
+            distortion [n])`, called on every evaluated chunk of candidates.
+
+    Returns:
+        A `Distortion`.
+
+    Raises:
+        ValueError: naming the argument, for wrong label shapes, labels out of
+            range, `eps <= 0`, `x` outside `domain`, NaN and other bad input.
+
+    Example:
+
+    ```python
+    res = keras_roll.gradient_distortion(model, x_test[:100], y_test[:100],
+                                         eps=8 / 256, mode="max", seed=0)
+    res.summary()
+    res.points        # [100, 28, 28, 1] the worst-case inputs
+    res.changed.sum() # how many of them change the prediction
+    ```
+    """
+    if mode not in _MODES:
+        raise ValueError(f"mode must be 'expected' or 'max', got {mode!r}.")
+    check_verbose(verbose)
+    budget = check_memory_budget(memory_budget)
+    samples = check_count(samples, "samples")
+    population = check_count(population, "population")
+    generations = check_count(generations, "generations", minimum=0)
+    if seed is not None and (not isinstance(seed, numbers.Integral) or isinstance(seed, bool)
+                             or seed < 0):
+        raise ValueError(f"seed must be None or a non-negative integer, got {seed!r}.")
+    if callback is not None and not callable(callback):
+        raise ValueError(f"callback must be callable, got {callback!r}.")
+    engine = LogitGradients.of(model)
+    lin = engine.lin
+    x = check_inputs(lin, x, "x")
+    eps = _check_eps(eps)
+    lo, hi, domain_used = sampling_box(x, eps, domain)
+    b_total = x.shape[0]
+    index, sign = check_labels(y, b_total, engine.num_logits(x.shape[1:]), lin.output_link,
+                               default_logits=_logits(engine, x) if y is None else None)
+
+    seq = np.random.SeedSequence(seed)
+    streams = [np.random.default_rng(s) for s in seq.spawn(b_total)]
+    total = b_total * (samples if mode == "expected" else population)
+    chunk = engine.chunk_size(x.shape[1:], budget, total=total)
+    run = _Run(engine, chunk, callback)
+    if mode == "expected":
+        total = b_total * samples
+        with progress(total, verbose, "gradient distortion", unit="grad") as bar:
+            run.bar = bar
+            dist, frac = _expected(run, x, index, sign, lo, hi, samples, streams)
+        points = changed = None
+        evaluations = samples
+    else:
+        keep = _survivors(population)
+        evaluations = population + generations * (population - keep)
+        with progress(b_total * evaluations, verbose, "gradient distortion (GA)",
+                      unit="grad") as bar:
+            run.bar = bar
+            dist, frac, points, changed = _genetic(run, x, index, sign, lo, hi, population,
+                                                   generations, keep, streams, budget)
+    return Distortion(distortion=dist, points=points, changed=changed, changed_fraction=frac,
+                      evaluations=int(evaluations), mode=mode, eps=eps, domain=domain_used,
+                      seed=int(seq.entropy))
+
+
+def sampling_box(x: np.ndarray, eps: float, domain):
+    """The box `[lo, hi] = [x - eps, x + eps] ∩ domain` in the dtype of `x`.
+
+    Bounds are rounded inwards when they are not representable in that dtype, so
+    every point of the returned box lies in the exact set.
+
+    Returns:
+        `(lo, hi, domain)` with `lo, hi` shaped like `x` and `domain` the checked
+        `(low, high)` pair (floats, or arrays shaped like an example; or None).
+
+    Raises:
+        ValueError: for a malformed `domain` or `x` outside it.
+
+    Example:
+
+    ```python
+    lo, hi, _ = sampling_box(x, 8 / 256, (0.0, 1.0))   # every candidate lies in [lo, hi]
+    ```
+    """
+    x64 = x.astype(np.float64)
+    lo, hi = x64 - eps, x64 + eps
+    checked = None
+    if domain is not None:
+        low, high = _check_domain(domain, x.shape[1:])
+        outside = (x64 < low) | (x64 > high)
+        if outside.any():
+            ex = np.flatnonzero(outside.reshape(x.shape[0], int(np.prod(x.shape[1:]))).any(axis=1))
+            raise ValueError(
+                f"x lies outside domain=({_fmt(low)}, {_fmt(high)}) for examples "
+                f"{ex[:5].tolist()} (values from {x64.min():.4g} to {x64.max():.4g}); "
+                f"rescale x, pass the model's input range as domain, or domain=None."
+            )
+        lo, hi = np.maximum(lo, low), np.minimum(hi, high)
+        checked = tuple(float(b.flat[0]) if b.size and np.all(b == b.flat[0]) else b
+                        for b in (low, high))
+    lo_t, hi_t = lo.astype(x.dtype), hi.astype(x.dtype)
+    lo_t = np.where(lo_t.astype(np.float64) < lo, np.nextafter(lo_t, np.inf, dtype=x.dtype), lo_t)
+    hi_t = np.where(hi_t.astype(np.float64) > hi, np.nextafter(hi_t, -np.inf, dtype=x.dtype), hi_t)
+    # a box thinner than one ulp around x: x itself is in it
+    lo_t, hi_t = np.minimum(lo_t, x), np.maximum(hi_t, x)
+    return lo_t, hi_t, checked
+
+
+# ---------------------------------------------------------------------- internals
+
+
+class _Run:
+    """Evaluates candidates in chunks, feeds the progress bar and the callback."""
+
+    def __init__(self, engine: LogitGradients, chunk: int, callback):
+        self.engine = engine
+        self.chunk = chunk
+        self.callback = callback
+        self.bar = None
+
+    def evaluate(self, cands: np.ndarray, owner: np.ndarray, ref, examples: np.ndarray):
+        """`(l1 [n], changed [n])` of flat candidates; `owner` indexes `ref` rows,
+        `examples` maps them to the caller's example indices (for the callback)."""
+        n = cands.shape[0]
+        l1 = np.empty(n, np.float64)
+        changed = np.empty(n, bool)
+        for i in range(0, n, self.chunk):
+            sl = slice(i, min(n, i + self.chunk))
+            l1[sl], changed[sl] = self.engine.distortion(cands[sl], owner[sl], ref)
+            if self.callback is not None:
+                self.callback(examples[owner[sl]], cands[sl].copy(), l1[sl].copy())
+            self.bar.update(sl.stop - sl.start)
+        return l1, changed
+
+
+def _expected(run: _Run, x, index, sign, lo, hi, samples, streams):
+    b_total = x.shape[0]
+    dist = np.zeros(b_total)
+    frac = np.zeros(b_total)
+    chunk = run.chunk
+    # Examples whose draws fill about one chunk share a reference; every example draws
+    # from its own stream in order, so the numbers do not depend on the chunking.
+    group = max(1, min(b_total, -(-chunk // samples)))
+    for g0 in range(0, b_total, group):
+        ex = np.arange(g0, min(b_total, g0 + group))
+        ref = run.engine.reference(x[ex], index[ex], sign[ex])
+        draws = _uniform_draws(ex, lo, hi, samples, chunk, streams)
+        for owner, cands in _rechunk(draws, chunk):
+            l1, changed = run.evaluate(cands, owner, ref, ex)
+            np.add.at(dist, ex[owner], l1)
+            np.add.at(frac, ex[owner], changed)
+    return dist / samples, frac / samples
+
+
+def _uniform_draws(ex, lo, hi, samples, block, streams):
+    """Yields `(owner [m], points [m, ...])`: `samples` uniform draws in the box of
+    every example of `ex` (`owner` indexes `ex`), in blocks of at most `block`."""
+    for e, i in enumerate(ex):
+        low = lo[i].astype(np.float64)
+        width = hi[i].astype(np.float64) - low
+        for j in range(0, samples, block):
+            m = min(block, samples - j)
+            u = streams[i].random((m, *lo.shape[1:]))
+            pts = np.clip((low + u * width).astype(lo.dtype), lo[i], hi[i])
+            yield np.full(m, e, np.int64), pts
+
+
+def _rechunk(blocks, size):
+    """Regroups `(owner, points)` blocks into chunks of exactly `size` rows (the last
+    one smaller)."""
+    owners, points, count = [], [], 0
+    for owner, pts in blocks:
+        owners.append(owner)
+        points.append(pts)
+        count += owner.size
+        while count >= size:
+            o, p = np.concatenate(owners), np.concatenate(points)
+            yield o[:size], p[:size]
+            owners, points, count = [o[size:]], [p[size:]], count - size
+    if count:
+        yield np.concatenate(owners), np.concatenate(points)
+
+
+def _survivors(population: int) -> int:
+    return max(1, int(math.floor(SURVIVORS * population + 0.5)))
+
+
+def _genetic(run: _Run, x, index, sign, lo, hi, population, generations, keep, streams,
+             budget):
+    b_total = x.shape[0]
+    ex_shape = x.shape[1:]
+    d = int(np.prod(ex_shape))
+    itemsize = np.dtype(x.dtype).itemsize
+    budget = budget or run.engine.lin.memory_budget
+    group = max(1, plan_directions(b_total, population * d * itemsize,
+                                   _POPULATION_BUDGETS * budget)[0])  # examples per group
+    dist = np.zeros(b_total)
+    frac = np.zeros(b_total)
+    points = np.empty_like(x)
+    changed = np.zeros(b_total, bool)
+    children = population - keep
+    for g0 in range(0, b_total, group):
+        ex = np.arange(g0, min(b_total, g0 + group))
+        g = ex.size
+        ref = run.engine.reference(x[ex], index[ex], sign[ex])
+        low = lo[ex].reshape(g, 1, d)
+        high = hi[ex].reshape(g, 1, d)
+        # initial population: uniform in the box
+        pop = np.empty((g, population, d), x.dtype)
+        for e in range(g):
+            u = streams[ex[e]].random((population, d))
+            l64 = low[e].astype(np.float64)
+            pop[e] = (l64 + u * (high[e].astype(np.float64) - l64)).astype(x.dtype)
+        np.clip(pop, low, high, out=pop)
+        owner = np.repeat(np.arange(g), population)
+        score, flip = run.evaluate(pop.reshape(g * population, *ex_shape), owner, ref, ex)
+        score, flip = score.reshape(g, population), flip.reshape(g, population)
+        n_flip = flip.sum(axis=1).astype(np.float64)
+        kid_owner = np.repeat(np.arange(g), children)
+        nxt = np.empty_like(pop)  # the next generation: survivors, then children
+        for _ in range(generations):
+            order = np.argsort(-score, axis=1, kind="stable")[:, :keep]
+            score = np.take_along_axis(score, order, axis=1)
+            flip = np.take_along_axis(flip, order, axis=1)
+            for e in range(g):
+                surv = nxt[e, :keep]
+                np.take(pop[e], order[e], axis=0, out=surv)
+                rng = streams[ex[e]]
+                i = rng.integers(0, keep, size=children)
+                j = rng.integers(0, keep, size=children)
+                a = rng.uniform(*CROSSOVER, size=(children, 1)).astype(x.dtype)
+                kids, other = nxt[e, keep:], surv[j]
+                np.subtract(surv[i], other, out=kids)  # a c + (1 - a) c' = c' + a (c - c')
+                kids *= a
+                kids += other
+            np.clip(nxt[:, keep:], low, high, out=nxt[:, keep:])  # projection onto the box
+            k_score, k_flip = run.evaluate(nxt[:, keep:].reshape(g * children, *ex_shape),
+                                           kid_owner, ref, ex)
+            k_score, k_flip = k_score.reshape(g, children), k_flip.reshape(g, children)
+            n_flip += k_flip.sum(axis=1)
+            pop, nxt = nxt, pop
+            score = np.concatenate([score, k_score], axis=1)
+            flip = np.concatenate([flip, k_flip], axis=1)
+        best = np.argmax(score, axis=1)  # the first of equal maxima
+        rows = np.arange(g)
+        dist[ex] = score[rows, best]
+        points[ex] = pop[rows, best].reshape(g, *ex_shape)
+        changed[ex] = flip[rows, best]
+        frac[ex] = n_flip / (population + generations * children)
+    return dist, frac, points, changed
+
+
+def _logits(engine: LogitGradients, x) -> np.ndarray:
+    zeros = np.zeros(x.shape[0], np.int32)
+    return engine.gradients(x, zeros, np.ones(x.shape[0]))[1]
+
+
+def _check_eps(eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise ValueError(f"eps must be a positive number (an l_inf radius), got {eps!r}.")
+    eps = float(eps)
+    if not (eps > 0 and math.isfinite(eps)):
+        raise ValueError(f"eps must be a positive, finite l_inf radius, got {eps!r}.")
+    return eps
+
+
+def _check_domain(domain, ex_shape):
+    try:
+        low, high = domain
+    except (TypeError, ValueError):
+        raise ValueError(f"domain must be a (low, high) pair or None, got {domain!r}.") from None
+    try:
+        low = np.broadcast_to(np.asarray(low, np.float64), ex_shape)
+        high = np.broadcast_to(np.asarray(high, np.float64), ex_shape)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"domain bounds must be numbers or arrays broadcastable to an "
+                         f"example of shape {tuple(ex_shape)}: {e}") from None
+    if np.isnan(low).any() or np.isnan(high).any() or not np.all(low < high):
+        raise ValueError(f"domain must satisfy low < high everywhere, got "
+                         f"({_fmt(low)}, {_fmt(high)}).")
+    return low, high
+
+
+def _fmt_domain(domain) -> str:
+    return "None" if domain is None else f"({_fmt(domain[0])}, {_fmt(domain[1])})"
+
+
+def _fmt(a) -> str:
+    a = np.asarray(a)
+    if a.size and np.all(a == a.flat[0]):
+        return f"{a.flat[0]:g}"
+    return f"array of shape {a.shape}"

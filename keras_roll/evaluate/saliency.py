@@ -1,0 +1,192 @@
+"""Gradient saliency maps, their usual visual post-processing, and the certified
+radius within which a saliency map provably does not change.
+
+Inside the linear region of `x` the input gradient is constant, so the saliency map
+of `x` is also the saliency map of every input within the region's margin
+(Lee, Alvarez-Melis & Jaakkola, ICLR 2019): `stable_radius` certifies that radius.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from keras_roll.arguments import check_memory_budget
+from keras_roll.certification.margins import certify
+from keras_roll.evaluate.gradients import (
+    LogitGradients,
+    check_inputs,
+    check_labels,
+    check_verbose,
+    label_classes,
+)
+
+__all__ = ["Saliency", "postprocess_saliency", "saliency", "stable_radius"]
+
+
+@dataclasses.dataclass(repr=False)
+class Saliency:
+    """Saliency maps of a batch.
+
+    Attributes:
+        maps: `[B, ...]` the maps: the raw gradient, or the post-processed maps in
+            [0, 1] (`[B, H, W]` for images) with `postprocess=True`.
+        gradient: `[B, *input_shape]` the input gradient of the label logit.
+        labels: `[B]` the class whose logit was differentiated.
+        logits: `[B, L]` the (flattened) logits at `x`.
+        postprocessed: whether `maps` are post-processed.
+        radius: `{p: [B]}` certified l2 and l_inf radii within which `gradient`
+            (hence `maps`) is provably unchanged: the margins of the examples'
+            linear regions. Computed on first access (`keras_roll.certify`).
+    """
+
+    maps: np.ndarray
+    gradient: np.ndarray
+    labels: np.ndarray
+    logits: np.ndarray
+    postprocessed: bool
+    _model: object = dataclasses.field(default=None, repr=False)
+    _inputs: np.ndarray | None = dataclasses.field(default=None, repr=False)
+    _radius: dict | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def radius(self) -> dict:
+        if self._radius is None:
+            self._radius = stable_radius(self._model, self._inputs, verbose=False)
+        return self._radius
+
+    def __repr__(self) -> str:
+        return (f"Saliency(n={self.maps.shape[0]}, map_shape={self.maps.shape[1:]}, "
+                f"postprocessed={self.postprocessed})")
+
+
+def saliency(model, x, y=None, postprocess: bool = False, channel_axis="auto",
+             memory_budget: int | None = None) -> Saliency:
+    """The input gradient of the label logit: a saliency map per example.
+
+    The logit is the model output before a final softmax / sigmoid (folded as
+    everywhere in keras_roll); gradients are in the model's raw input space.
+
+    With `postprocess=True` the maps get the visual steps of the paper's
+    Appendix K: sum over channels, absolute value, division by the example's
+    99th percentile, clipping to [0, 1] (`postprocess_saliency`).
+
+    Args:
+        model: a Keras model or a `Linearized`.
+        x: `[B, *input_shape]` inputs.
+        y: `[B]` integer labels; None for the predicted class. A single sigmoid
+            output takes 0 / 1 (class 0 is the negated logit).
+        postprocess: apply the Appendix K post-processing to `maps`.
+        channel_axis: the channel axis summed by the post-processing: "auto"
+            (the last axis of image-like inputs of rank >= 3, none otherwise),
+            an int axis of the example, or None.
+        memory_budget: bytes of live tensors per compiled chunk.
+
+    Returns:
+        A `Saliency`; its `radius` gives the certified radii within which the map
+        is unchanged.
+
+    Raises:
+        ValueError: naming the argument, for bad inputs or labels.
+
+    Example:
+
+    ```python
+    sal = keras_roll.saliency(model, x_test[:8], y_test[:8], postprocess=True)
+    plt.imshow(sal.maps[0], cmap="gray")
+    print("holds for every input within l2 distance", sal.radius[2][0])
+    ```
+    """
+    budget = check_memory_budget(memory_budget)
+    engine = LogitGradients.of(model)
+    lin = engine.lin
+    x = check_inputs(lin, x, "x")
+    n = x.shape[0]
+    num_logits = engine.num_logits(x.shape[1:])
+    logits = None
+    if y is None:
+        logits = engine.gradients(x, np.zeros(n, np.int32), np.ones(n), budget)[1]
+    index, sign = check_labels(y, n, num_logits, lin.output_link, default_logits=logits)
+    grad, logits = engine.gradients(x, index, sign, budget)
+    labels = label_classes(index, sign, num_logits, lin.output_link)
+    maps = postprocess_saliency(grad, channel_axis) if postprocess else grad
+    return Saliency(maps=maps, gradient=grad, labels=labels, logits=logits,
+                    postprocessed=bool(postprocess), _model=lin, _inputs=x)
+
+
+def postprocess_saliency(maps, channel_axis="auto", percentile: float = 99.0) -> np.ndarray:
+    """The visual post-processing of the paper's Appendix K.
+
+    Per example: sum over the channel axis, absolute value, division by the
+    `percentile`-th percentile of the result (skipped where it is 0), clip to [0, 1].
+
+    Args:
+        maps: `[B, *input_shape]` gradients (not modified).
+        channel_axis: "auto" (the last axis when an example has rank >= 3, as
+            `[H, W, C]` images; none otherwise), an axis of the example
+            (e.g. -1), or None.
+        percentile: the normalising percentile, in (0, 100].
+
+    Returns:
+        `[B, ...]` float64 maps in [0, 1].
+
+    Example:
+
+    ```python
+    vis = postprocess_saliency(grad)      # [B, H, W] for [B, H, W, C] gradients
+    ```
+    """
+    g = np.asarray(maps, np.float64)
+    if g.ndim < 1:
+        raise ValueError(f"maps must have shape [B, ...], got shape {g.shape}.")
+    if not 0 < percentile <= 100:
+        raise ValueError(f"percentile must be in (0, 100], got {percentile!r}.")
+    if channel_axis == "auto":
+        channel_axis = -1 if g.ndim >= 4 else None
+    elif channel_axis is not None:
+        rank = g.ndim - 1
+        if not isinstance(channel_axis, int) or not -rank <= channel_axis < rank:
+            raise ValueError(f"channel_axis must be 'auto', None or an axis of an example "
+                             f"(rank {rank}), got {channel_axis!r}.")
+        channel_axis = channel_axis if channel_axis < 0 else channel_axis + 1
+    if channel_axis is not None:
+        g = g.sum(axis=channel_axis)
+    g = np.abs(g)
+    flat = g.reshape(g.shape[0], int(np.prod(g.shape[1:])))
+    scale = np.percentile(flat, percentile, axis=1) if flat.shape[1] else np.zeros(len(flat))
+    scale = np.where(scale > 0, scale, 1.0).reshape(-1, *([1] * (g.ndim - 1)))
+    return np.clip(g / scale, 0.0, 1.0)
+
+
+def stable_radius(model, x, norms=(2, np.inf), memory_budget: int | None = None,
+                  verbose="auto") -> dict:
+    """Certified radii within which the saliency map of each example is unchanged.
+
+    Every input within the returned lp distance of `x[i]` lies in the linear
+    region of `x[i]`, where the input gradient of every logit (hence its
+    saliency map, raw or post-processed) is exactly the same. These are the
+    exact lp margins of `keras_roll.certify` (Lee et al., ICLR 2019, Prop. 6).
+
+    Args:
+        model: a Keras model or a `Linearized`.
+        x: `[B, *input_shape]` inputs.
+        norms: any of 1, 2, np.inf.
+        memory_budget: bytes of tangents per chunk.
+        verbose: "auto", True or False.
+
+    Returns:
+        `{p: [B] float64}`.
+
+    Example:
+
+    ```python
+    r = keras_roll.stable_radius(model, x)
+    print(f"this explanation holds for every input within l_inf {r[np.inf][0]:.3g}")
+    ```
+    """
+    check_verbose(verbose)
+    budget = check_memory_budget(memory_budget)
+    engine = LogitGradients.of(model)
+    x = check_inputs(engine.lin, x, "x")
+    return certify(engine.lin, x, norms=norms, memory_budget=budget, verbose=verbose).margins

@@ -1,0 +1,474 @@
+"""The ROLL regularizer (RObust Local Linearity) and `wrap()` to train with it.
+
+Lee, Alvarez-Melis & Jaakkola, "Towards Robust, Locally Linear Deep Networks",
+ICLR 2019, Eq. 9: for every example
+
+    R(x) = 1 / |I_gamma(x)| * sum_{j in I_gamma(x)} [ ||grad_x z_j||_2^2 + C * max(0, 1 - |z_j|) ]
+
+where I_gamma(x) are the top gamma % of the neurons by the bracket (|z_j| is the
+distance to the neuron's nearest breakpoint: |z_j| for ReLU). The training loss
+is `L(f(x), y) + lam * mean_x R(x)`. The neuron gradients come from the
+frozen-pattern twin (`keras_roll.compile.twin`): one forward-mode pass along input axes,
+with the activation pattern a constant for differentiation and the weights not.
+The data flow of a training step is in docs/design.md, section "Data flow of a
+ROLL training step".
+
+Eq. 10 (approximate ROLL): `||g||^2 = D * E_k[(dz/dx_k)^2]`, so `samples=k` draws
+k input axes per example (uniformly without replacement, or `strata="channel"`:
+k axes in every channel) and scales the sum of squares by `D / k`, which is
+unbiased for gamma = 100. `share_axes=True` draws one set of axes for the whole
+batch (still unbiased per example, cheaper: the first layer's tangents are
+shared). `estimator="gaussian"` / `"rademacher"` use random probes v instead
+(E[(g . v)^2] = ||g||^2): they win when the gradients concentrate on few input
+axes, axes win when the gradients are spread evenly (`tests/test_roll.py`).
+The three estimators are in `keras_roll.roll.estimators`; the hyperparameters are
+one validated `RollConfig` (`keras_roll.roll.config`).
+
+`wrt="<layer>"` takes the gradients (axes, probes) with respect to the output of a
+leading Rescaling / Normalization layer instead of the raw input: the paper's
+normalised units (docs/design.md, "The maths", Units). Behind a leading Masking
+layer the sampled axes of each example are drawn among its valid steps only,
+scaled by `D_valid / k` (still unbiased).
+
+Memory: the tangents of `B x K` directions are streamed in chunks of at most
+`lin.memory_budget` bytes (estimated as `B * k * (tangent size + neurons + input
+size) * itemsize`; `memory_plan` shows the `keras_roll.compile.chunking.ChunkPlan` that
+`roll_loss` runs). When more than one chunk is
+needed, the gradient of the loss recomputes the chunks one by one in the
+backward pass (a custom gradient), so training memory stays bounded too. If a
+single direction of the batch does not fit, the error points to `samples=`.
+On a CPU, chunks around the L3 cache size are fastest even with the
+recomputation (`benchmarks/step_time.py`: 16 MiB beat one 700 MiB chunk by 25 %).
+
+`RollRegularizer`, `wrap` and `unwrap` live in `keras_roll.roll.regularizer` and stay
+importable from here.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+from keras_roll.api_types import Array, ModelOrTwin, Seed
+from keras_roll.compile.chunking import ChunkPlan, plan_chunks, plan_directions
+from keras_roll.compile.interpreter import ForwardPass
+from keras_roll.compile.twin import Linearized, linearize
+from keras_roll.roll.chunked_gradients import chunked_sum_squares, chunked_weighted_sum
+from keras_roll.roll.config import ESTIMATORS, STRATA, RollConfig, check_hyperparameters
+from keras_roll.roll.estimators import (
+    Estimator,
+    check_tangent_dtype,
+    estimator_for,
+    tangent_entry,
+)
+
+__all__ = [
+    "ESTIMATORS",
+    "STRATA",
+    "RollConfig",
+    "RollPlan",
+    "check_hyperparameters",
+    "memory_plan",
+    "neuron_grad_sq",
+    "roll_loss",
+]  # and, lazily from keras_roll.roll.regularizer: RollModel, RollRegularizer, wrap, unwrap
+
+RollPlan = ChunkPlan  # what `memory_plan` returns (the name of earlier versions)
+
+_REGULARIZER_NAMES = ("RollModel", "RollRegularizer", "wrap", "unwrap")
+
+
+def __getattr__(name):
+    # keras_roll.roll.loss.RollRegularizer / wrap / unwrap, defined in keras_roll.roll.regularizer
+    # (which imports this module, hence the lazy import).
+    if name in _REGULARIZER_NAMES:
+        from keras_roll.roll import regularizer
+
+        return getattr(regularizer, name)
+    raise AttributeError(f"module 'keras_roll.roll.loss' has no attribute {name!r}")
+
+
+# --------------------------------------------------------------------------- public API
+
+
+@tf.autograph.experimental.do_not_convert
+def neuron_grad_sq(model_or_lin: ModelOrTwin, x: Array, samples: int | None = None,
+                   strata: str | None = None, seed: Seed = None, estimator: str = "axes",
+                   share_axes: bool = False, forward: ForwardPass | None = None,
+                   wrt: str | None = None, tangent_dtype: str | None = None) -> tf.Tensor:
+    """Squared l2 norms of every neuron's input gradient, `[B, N]`.
+
+    Exact (`samples=None`, Eq. 9) or the unbiased estimate of Eq. 10. The
+    activation pattern of `x` is frozen; the result is differentiable w.r.t.
+    the model weights.
+
+    Args:
+        model_or_lin: a Keras model or a `Linearized`.
+        x: `[B, *input_shape]` inputs.
+        samples, strata, seed, estimator, share_axes, wrt, tangent_dtype: see
+            `roll_loss`.
+        forward: a `ForwardPass` of `x` to reuse (from `lin.primal(x)`).
+
+    Returns:
+        A `[B, N]` tensor in the twin's dtype (float32 or float64).
+
+    Example:
+
+    ```python
+    sq = keras_roll.roll.loss.neuron_grad_sq(model, x)   # ||grad_x z_j||^2 per neuron
+    ```
+    """
+    lin = linearize(model_or_lin)
+    x = lin.check_input(x)
+    config = RollConfig(samples=samples, strata=strata, estimator=estimator,
+                        share_axes=share_axes, wrt=wrt)
+    config.check_input_shape(tuple(x.shape[1:]))
+    tangent_entry(lin.program, config.wrt)
+    fwd = forward if forward is not None else lin.primal(x)
+    return grad_sq(lin, fwd, x, config, seed, tangent_dtype)
+
+
+def grad_sq(lin: Linearized, fwd: ForwardPass, x: tf.Tensor, config: RollConfig,
+            seed: Seed = None, tangent_dtype: str | None = None) -> tf.Tensor:
+    """`[B, N]` squared gradient norms (scaled estimate) for a checked batch `x`.
+
+    The internal entry point of `neuron_grad_sq` and `roll_loss`: `config`
+    is already validated and `fwd` is the forward pass of `x`.
+    """
+    est = estimator_for(lin, x, config, seed, trace=fwd.trace, tangent_dtype=tangent_dtype)
+    sq = _sum_squares(lin, fwd, x, est, config.memory_budget or lin.memory_budget)
+    scale = est.scale(lin.dtype)
+    if scale is not None:
+        sq = sq * tf.cast(scale, sq.dtype)
+    return sq
+
+
+@tf.autograph.experimental.do_not_convert
+def roll_loss(model_or_lin: ModelOrTwin, x: Array, C: float = 1.0, gamma: float = 100.0,
+              samples: int | None = None, strata: str | None = None, seed: Seed = None,
+              estimator: str = "axes", share_axes: bool = False, return_logits: bool = False,
+              wrt: str | None = None, tangent_dtype: str | None = None):
+    """The per-example ROLL regularizer of Eq. 9 (without `lam`), `[B]`.
+
+    For every example, the mean over the top `gamma` % of its valid neurons
+    (ranked by the bracket) of `||grad_x z_j||_2^2 + C * max(0, 1 - |z_j - b_j|)`,
+    with `b_j` the neuron's nearest breakpoint (0 for ReLU, so `|z_j|` as in the
+    paper; ReLU6 also has 6; max-pooling neurons are the differences
+    `v_winner - v_k`). Neurons that do not exist for an example (padded RNN time
+    steps, the winner of a max window) are left out. The activation pattern is a
+    constant for differentiation; the weights are not.
+
+    Args:
+        model_or_lin: a Keras model (linearized and cached) or a `Linearized`.
+        x: `[B, *input_shape]` inputs (array or tensor).
+        C: weight of the hinge term, `>= 0`.
+        gamma: percentage of neurons kept, in `(0, 100]`. 100 keeps all (no sort);
+            otherwise `max(1, ceil(gamma / 100 * n_valid))` per example (at least
+            one neuron however small gamma is).
+        samples: None for the exact loss (every input axis, streamed in chunks
+            within `lin.memory_budget`); k for Eq. 10: k axes per example, drawn
+            uniformly without replacement, sum of squares scaled by `D / k`
+            (unbiased for gamma = 100); the number of probes for random estimators.
+            Behind a leading Masking layer the axes of each example are drawn
+            among its valid (unpadded) steps only, scaled by `D_valid / k`.
+        strata: None, or "channel": k axes in every channel of a channels-last
+            input (the paper's "120 samples on each channel"), scaled per channel.
+        seed: None (fresh randomness per call), an int, or a `[2]` int tensor for
+            stateless, reproducible sampling (also inside `fit`).
+        estimator: "axes" (one-hot input axes), "gaussian" or "rademacher"
+            (random probes v, `E[(g . v)^2] = ||g||^2`, scaled by `1 / k`).
+        share_axes: draw one set of axes for the whole batch instead of one per
+            example. Each example's estimate stays unbiased (its axes are still
+            uniform without replacement) but the examples' estimates are
+            correlated; the first layer's tangents are then shared by the batch,
+            which makes the step markedly cheaper (benchmarks/step_time.py).
+        return_logits: also return the twin's logits `[B, ...]` (the model output
+            before a folded softmax) from the same forward pass.
+        wrt: None (gradients with respect to the model input `x`) or the name of
+            a leading elementwise affine layer (Rescaling, Normalization, scalar
+            or per-channel): the gradients, the sampled axes and the probes are
+            then those of that layer's output, so the loss equals the loss of
+            the model without that layer fed its outputs (the paper's
+            normalised units; see the README, "ROLL's units").
+        tangent_dtype: None (the twin's dtype, float32 even under mixed
+            precision: exact to float32 rounding) or "float16" / "bfloat16":
+            the tangent pass (directions, weights, every op's tangent) runs in
+            that dtype and the squares are summed in the twin's dtype. Under
+            mixed precision this halves the tangents' memory and runs the
+            convolutions at 16-bit speed, at the cost of a relative error of
+            the gradient norms of order 1e-3 (float16) to 1e-2 (bfloat16).
+
+    Returns:
+        A `[B]` tensor (float32 even under mixed precision), or `(loss, logits)`.
+
+    Raises:
+        ValueError: bad hyperparameters (the message names the value).
+        MemoryError: a single direction of the batch exceeds the memory budget
+            (with the exact loss on large inputs: use `samples=`).
+
+    Example:
+
+    ```python
+    reg = keras_roll.roll.loss.roll_loss(model, x, C=1.0, gamma=100.0)   # [B]
+    loss = keras.losses.sparse_categorical_crossentropy(y, model(x)) + 2.0 * reg
+    ```
+    """
+    lin = linearize(model_or_lin)
+    x = lin.check_input(x)
+    config = RollConfig(C=C, gamma=gamma, samples=samples, strata=strata,
+                        estimator=estimator, share_axes=share_axes, wrt=wrt)
+    config.check_input_shape(tuple(x.shape[1:]))
+    tangent_entry(lin.program, config.wrt)  # a bad wrt= fails here, eagerly
+    check_tangent_dtype(tangent_dtype, lin.dtype)
+    return loss_from_config(lin, x, config, seed, return_logits, tangent_dtype=tangent_dtype)
+
+
+def loss_from_config(lin: Linearized, x: tf.Tensor, config: RollConfig, seed: Seed = None,
+                     return_logits: bool = False, precompute_gradient: bool = False,
+                     tangent_dtype: str | None = None):
+    """`roll_loss` for a checked batch `x` and a validated `config`.
+
+    Args:
+        lin, x, config, seed, return_logits: see `roll_loss`.
+        precompute_gradient: True when the caller differentiates a uniform
+            weighting of the per-example losses (the batch mean of a training
+            step, as `RollRegularizer` does). With `gamma = 100` and tangents in
+            several chunks, each chunk then computes its weight gradient in the
+            forward pass, instead of being recomputed in the backward pass (one
+            tangent pass less); a backward pass with non-uniform weights still
+            recomputes, so the gradient is right either way. Costly if nothing
+            is differentiated.
+        tangent_dtype: see `roll_loss`.
+
+    Example:
+
+    ```python
+    loss, logits = loss_from_config(lin, lin.check_input(x), RollConfig(gamma=50.0),
+                                    return_logits=True)
+    ```
+    """
+    fwd = lin.primal(x)
+    if x.shape[0] == 0:  # an empty batch has an empty loss
+        loss = tf.zeros([0], lin.dtype)
+        return (loss, fwd.logits) if return_logits else loss
+    if precompute_gradient and config.gamma >= 100:
+        loss = _full_gamma_loss(lin, fwd, x, config, seed, tangent_dtype)
+    else:
+        sq = grad_sq(lin, fwd, x, config, seed, tangent_dtype)
+        loss = _select_and_average(fwd, sq, config.C, config.gamma)
+    loss = _nan_where_nonfinite(fwd, loss)
+    if return_logits:
+        return loss, fwd.logits
+    return loss
+
+
+def _full_gamma_loss(lin: Linearized, fwd: ForwardPass, x, config: RollConfig, seed,
+                     tangent_dtype=None):
+    """Eq. 9 with gamma = 100 as `sum_j w_j sq_j + C * mean hinge` with constant weights
+    `w_j = valid_j * scale / n_valid`, so that chunked tangents can differentiate their
+    weighted sum in the forward pass (`chunked_weighted_sum`): the loss is the same
+    function as `_select_and_average(fwd, sq, C, 100)`."""
+    est = estimator_for(lin, x, config, seed, trace=fwd.trace, tangent_dtype=tangent_dtype)
+    neurons = fwd.neurons
+    dtype = neurons.z.dtype
+    valid = neurons.valid
+    n_valid = tf.cast(tf.maximum(tf.reduce_sum(tf.cast(valid, tf.int32), axis=1), 1), dtype)
+    scale = est.scale(lin.dtype)
+    per_example = 1.0 / n_valid if scale is None else \
+        tf.reshape(tf.cast(scale, dtype), [-1]) / n_valid
+    weights = tf.where(valid, per_example[:, None], tf.zeros([], dtype))
+    budget = config.memory_budget or lin.memory_budget
+    loss = _sum_squares(lin, fwd, x, est, budget, weights=tf.stop_gradient(weights))
+    if config.C:
+        hinge = tf.nn.relu(1.0 - tf.minimum(neurons.below, neurons.above))
+        hinge = tf.where(valid, hinge, tf.zeros_like(hinge))
+        loss += tf.cast(config.C, dtype) * tf.reduce_sum(hinge, axis=1) / n_valid
+    return loss
+
+
+def _nan_where_nonfinite(fwd: ForwardPass, loss):
+    """NaN for the examples with a non-finite neuron or logit (overflow, NaN rows).
+
+    A NaN pre-activation is on no piece: without this its neuron would look like
+    a dead one at infinite distance and the loss would be finite and wrong. In a
+    graph (`fit`) the NaN reaches the reported loss, which
+    `keras.callbacks.TerminateOnNaN` stops on; eagerly it also warns.
+    """
+    n = fwd.neurons
+    logits = tf.reshape(fwd.logits, tf.stack([tf.shape(fwd.logits)[0], -1]))
+    ok = tf.reduce_all(tf.math.is_finite(n.z) | tf.logical_not(n.valid), axis=1)
+    ok = tf.logical_and(ok, tf.reduce_all(tf.math.is_finite(logits), axis=1))
+    if tf.executing_eagerly() and not bool(tf.reduce_all(ok)):
+        bad = int(tf.reduce_sum(tf.cast(tf.logical_not(ok), tf.int32)))
+        warnings.warn(f"{bad} example(s) have non-finite neurons or logits (NaN / inf, e.g. "
+                      f"an input so large that the network overflows): their ROLL loss is "
+                      f"NaN.", stacklevel=3)
+    return tf.where(ok, loss, tf.constant(np.nan, loss.dtype))
+
+
+def _select_and_average(fwd: ForwardPass, sq, C, gamma):
+    """Eq. 9's average over I_gamma(x), the top gamma % valid neurons by the bracket."""
+    neurons = fwd.neurons
+    dtype = sq.dtype
+    dist = tf.minimum(neurons.below, neurons.above)  # |z_j - b_j|, nearest breakpoint
+    hinge = tf.nn.relu(1.0 - dist)
+    bracket = sq + tf.cast(C, dtype) * hinge if C else sq
+    valid = neurons.valid
+    n_valid = tf.reduce_sum(tf.cast(valid, tf.int32), axis=1)
+    if gamma >= 100:
+        total = tf.reduce_sum(tf.where(valid, bracket, tf.zeros_like(bracket)), axis=1)
+        return total / tf.cast(tf.maximum(n_valid, 1), dtype)
+    n = tf.shape(bracket)[1]
+    frac = float(gamma) / 100.0
+    # ceil(gamma / 100 * n), guarded against float round-up (e.g. 0.07 * 100).
+    k_max = tf.cast(tf.math.ceil(tf.cast(n, tf.float64) * frac - 1e-9), tf.int32)
+    k_max = tf.clip_by_value(k_max, 1, tf.maximum(n, 1))
+    n_keep = tf.cast(tf.math.ceil(tf.cast(n_valid, tf.float64) * frac - 1e-9), tf.int32)
+    n_keep = tf.maximum(n_keep, tf.minimum(n_valid, 1))  # at least one neuron (tiny gamma)
+    vals = tf.where(valid, bracket, tf.fill(tf.shape(bracket), tf.constant(-np.inf, dtype)))
+    top = tf.math.top_k(vals, k=tf.minimum(k_max, n)).values  # [B, k_max], descending
+    keep = tf.range(tf.shape(top)[1])[None, :] < n_keep[:, None]
+    total = tf.reduce_sum(tf.where(keep, top, tf.zeros_like(top)), axis=1)
+    return total / tf.cast(tf.maximum(n_keep, 1), dtype)
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+def _static_plan(lin: Linearized, fwd: ForwardPass, x, estimator: Estimator,
+                 budget: int) -> ChunkPlan | None:
+    """The `ChunkPlan` of the directions when every size is static (eager, or a
+    graph with a fully static batch), else None.
+
+    One direction of the batch takes every op's tangent, the neuron tangents
+    and (per-example directions) the direction itself.
+    """
+    size = tf.get_static_value(fwd.tangent_size)
+    if size is None:
+        size = _static_tangent_size(lin, x)
+    batch, n_neurons = x.shape[0], fwd.neurons.z.shape[1]
+    d = x.shape[1:].num_elements() if x.shape[1:].is_fully_defined() else None
+    total = estimator.total
+    if None in (size, batch, n_neurons, d) or not isinstance(total, int):
+        return None
+    return _plan(lin, int(batch), total, int(size), int(n_neurons), int(d), estimator.shared,
+                 budget, _itemsize(lin, estimator))
+
+
+def _itemsize(lin, estimator) -> int:
+    """Bytes of one tangent element: the estimator's tangent dtype, else the twin's."""
+    return np.dtype(getattr(estimator, "tangent_dtype", None) or lin.dtype).itemsize
+
+
+def _plan(lin, batch: int, total: int, tangent_size: int, n_neurons: int, d: int,
+          shared: bool, budget: int, itemsize: int | None = None) -> ChunkPlan:
+    itemsize = itemsize or np.dtype(lin.dtype).itemsize
+    per_item = (tangent_size + n_neurons + (0 if shared else d)) * itemsize
+    return plan_chunks(batch, total, per_item, budget, batch_size=max(batch, 1))
+
+
+def _sum_squares(lin: Linearized, fwd: ForwardPass, x, estimator: Estimator, memory_budget,
+                 weights=None):
+    """`[B, N]` sum over directions of the squared neuron derivatives (unscaled).
+
+    With `weights` (`[B, N]`, constant), `[B]`: the weighted sum over neurons of
+    those sums, whose chunked form differentiates each chunk in the forward pass
+    (`chunked_weighted_sum`).
+    """
+    trace = fwd.trace
+    z = fwd.neurons.z
+    dtype = z.dtype
+    budget = int(memory_budget or lin.memory_budget)
+
+    def whole(total):
+        sq = estimator.sum_squares(lin, trace, 0, total)
+        return sq if weights is None else tf.reduce_sum(sq * weights, axis=1)
+
+    def chunked(k, n):
+        if weights is None:
+            return chunked_sum_squares(lin, estimator, trace, tf.shape(z), dtype, k, n)
+        return chunked_weighted_sum(lin, estimator, trace, weights, k, n)
+
+    plan = _static_plan(lin, fwd, x, estimator, budget)
+    if plan is not None:  # eager, or fully static shapes: plan in Python
+        if not plan.fits:
+            raise MemoryError(_budget_message(lin, budget, plan.bytes_per_direction))
+        if plan.direction_chunks == 1:
+            return whole(plan.directions)
+        return chunked(plan.per_chunk, plan.direction_chunks)
+
+    itemsize = _itemsize(lin, estimator)
+    per = tf.cast(fwd.tangent_size, tf.int64) + tf.cast(tf.shape(z)[1], tf.int64)
+    if not estimator.shared:
+        per += tf.cast(tf.reduce_prod(tf.shape(x)[1:]), tf.int64)
+    batch = tf.maximum(tf.cast(tf.shape(x)[0], tf.int64), 1)
+    k, n, fits = plan_directions(estimator.total, batch * per * itemsize, budget)
+    check = tf.debugging.assert_equal(
+        fits, True, message=(f"keras_roll ROLL: one direction for the whole batch does not fit "
+                             f"in memory_budget={budget} bytes; use samples=, a smaller batch or "
+                             f"a larger Linearized.memory_budget."))
+    with tf.control_dependencies([check]):
+        k, n = tf.cast(k, tf.int32), tf.cast(n, tf.int32)
+    total_t = tf.cast(estimator.total, tf.int32)
+    return tf.cond(n <= 1, lambda: whole(total_t), lambda: chunked(k, n))
+
+
+def _static_tangent_size(lin, x):
+    """Per-example tangent size as a Python int when `x` has a fully static shape.
+
+    Inside a graph the twin's `tangent_size` is a tensor; the twin's cached
+    batch-1 eager probe lets fully static graphs plan their chunks in Python.
+    """
+    if not x.shape.is_fully_defined():
+        return None
+    try:
+        with tf.init_scope():
+            if not tf.executing_eagerly():
+                return None
+            return lin.tangent_size(x.shape[1:])
+    except Exception:  # planning falls back to the dynamic path
+        return None
+
+
+def _budget_message(lin, budget, per):
+    return (f"The ROLL tangents of model '{lin.model.name}' need {per} bytes for a single "
+            f"input direction of the batch, more than memory_budget={budget} bytes. Use the "
+            f"approximate loss (samples=..., e.g. samples=120, strata='channel' for images), "
+            f"a smaller batch, or a larger budget (keras_roll.linearize(model, "
+            f"memory_budget=...)).")
+
+
+def memory_plan(model_or_lin: ModelOrTwin, x: Array, samples: int | None = None,
+                strata: str | None = None, estimator: str = "axes",
+                share_axes: bool = False, wrt: str | None = None,
+                tangent_dtype: str | None = None) -> ChunkPlan:
+    """The chunking `roll_loss` uses on `x` within `lin.memory_budget` (eager).
+
+    Returns the `keras_roll.compile.chunking.ChunkPlan` that `roll_loss` executes:
+    `directions` per example, `per_chunk` directions per tangent pass,
+    `chunks` passes (more than one also costs a recomputation in the backward
+    pass), `bytes_per_direction` for the whole batch, and `fits` (False: one
+    direction of the batch exceeds the budget, and `roll_loss` raises).
+
+    Example:
+
+    ```python
+    plan = keras_roll.roll.loss.memory_plan(model, x_batch)   # exact loss
+    print(plan.chunks, plan.per_chunk)                     # tangent passes, axes each
+    ```
+    """
+    lin = linearize(model_or_lin)
+    x = lin.check_input(x)
+    config = RollConfig(samples=samples, strata=strata, estimator=estimator,
+                        share_axes=share_axes, wrt=wrt)
+    config.check_input_shape(tuple(x.shape[1:]))
+    tangent_entry(lin.program, config.wrt)
+    layout = lin.layout(x.shape[1:])
+    shared = config.exact or config.share_axes
+    itemsize = np.dtype(check_tangent_dtype(tangent_dtype, lin.dtype) or lin.dtype).itemsize
+    return _plan(lin, int(x.shape[0]), config.directions(x.shape[1:]), layout.tangent_size,
+                 layout.num_neurons, layout.input_size, shared, lin.memory_budget, itemsize)
+
+
