@@ -1,4 +1,4 @@
-"""ResNet-18 ROLL training-step cost (issue #10): vanilla vs sampled ROLL, and exact certify.
+"""ResNet-18 ROLL training-step cost: vanilla vs sampled ROLL, and exact certify.
 
 Times, interleaved in one run, Keras `train_on_batch` steps (SGD with momentum) of
 `keras_roll.models.resnet18` (BatchNorm, the paper's average-pooled stem) for
@@ -13,8 +13,8 @@ and reports, per ROLL variant, the median step time, the ratio to vanilla, the
 **per-direction cost** `(roll step - vanilla step) / (directions * vanilla step)`
 (directions = samples x channels) and the **peak memory** of the TensorFlow
 allocator during one step (`tf.config.experimental.get_memory_info`, CPU:0 or
-GPU:0). The load average is printed before and after: the CPU figures are
-medians of interleaved repetitions on a machine shared with other work.
+GPU:0). The system load (1, 5 and 15 minutes) is printed before and after: the CPU
+figures are medians of interleaved repetitions on a machine shared with other work.
 
 `--certify_examples=n` also times the exact certificate (`keras_roll.certify`,
 l1 + l2 + l_inf radii through every input axis) of n images, per rigor in
@@ -116,9 +116,9 @@ def peak_memory(fn) -> int | None:
 def load() -> str:
     try:
         one, five, fifteen = os.getloadavg()
-        return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
+        return f"loadavg {one:.2f} {five:.2f} {fifteen:.2f}"
     except OSError:
-        return "load average n/a"
+        return "loadavg n/a"
 
 
 def policy() -> str:

@@ -1,7 +1,8 @@
-"""Honest errors and no silent wrong answers (issue #6, items 2-4 and 6-14).
+"""Honest errors and no silent wrong answers.
 
-Each test names its item. References are independent of the code under test
-where one applies: `tf.GradientTape`, results on plain arrays, hand counts.
+One section per kind of bad input or surprising case. References are independent
+of the code under test where one applies: `tf.GradientTape`, results on plain
+arrays, hand counts.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def mlp_case():
     return model, x
 
 
-# --------------------------------------------------------------------------- item 2
+# -------------------------------------------- training-mode layers inside the model
 
 
 def _with(layer_call):
@@ -52,7 +53,7 @@ def _with(layer_call):
     (lambda: keras.layers.GaussianNoise(0.1, name="noise"), "noise"),
 ])
 def test_layers_forced_into_training_mode_are_refused(make, name):
-    """Item 2: `layer(h, training=True)` is random or batch-dependent at inference."""
+    """`layer(h, training=True)` is random or batch-dependent at inference."""
     model = _with(lambda h: make()(h, training=True))
     x = np.random.default_rng(0).normal(size=(4, 4)).astype("float32")
     a, b = model(x).numpy(), model(x).numpy()  # Keras runs the layer in training mode
@@ -68,12 +69,12 @@ def test_layers_forced_into_training_mode_are_refused(make, name):
     keras_roll.linearize(_with(lambda h: make()(h)))
 
 
-# --------------------------------------------------------------------------- item 3
+# ------------------------------------------------ non-finite and overflowing inputs
 
 
 @pytest.mark.parametrize("rigor", ["float64", "strict", "float32"])
 def test_overflowing_input_gets_nan_margins_and_a_warning(mlp_case, rigor):
-    """Item 3: a finite input of 3e38 overflows float32; its margins are NaN."""
+    """a finite input of 3e38 overflows float32; its margins are NaN."""
     model, x = mlp_case
     big = x.copy()
     big[2] = 3e38
@@ -95,7 +96,7 @@ def test_overflowing_input_gets_nan_margins_and_a_warning(mlp_case, rigor):
 
 
 def test_roll_loss_is_nan_for_nan_rows_inside_tf_function(mlp_case):
-    """Item 3: inside tf.function (no eager check) a NaN row gets a NaN loss, the
+    """inside tf.function (no eager check) a NaN row gets a NaN loss, the
     others are unchanged, and TerminateOnNaN stops training on it."""
     model, x = mlp_case
     bad = x.copy()
@@ -118,11 +119,11 @@ def test_roll_loss_is_nan_for_nan_rows_inside_tf_function(mlp_case):
     assert len(hist.history["loss"]) == 1 and np.isnan(hist.history["loss"][0])
 
 
-# --------------------------------------------------------------------------- item 4
+# ----------------------------------------------------------------------- tiny gamma
 
 
 def test_tiny_gamma_keeps_the_largest_bracket(mlp_case):
-    """Item 4: gamma=1e-9 keeps one neuron (the docstring's promise), not none."""
+    """gamma=1e-9 keeps one neuron (the docstring's promise), not none."""
     model, x = mlp_case
     lin = keras_roll.linearize(model)
     xt = tf.constant(x)
@@ -136,13 +137,13 @@ def test_tiny_gamma_keeps_the_largest_bracket(mlp_case):
     assert np.all(loss > 0)
 
 
-# --------------------------------------------------------------------------- item 6
+# ------------------------------------------------------ Normalization and retracing
 
 
 @pytest.mark.parametrize("stats", ["adapted", "given"])
 @pytest.mark.parametrize("samples", [None, 3])
 def test_fit_with_normalization_and_a_partial_last_batch(stats, samples):
-    """Item 6: Normalization inside the model, 130 = 2 x 64 + 2 examples (a retrace
+    """Normalization inside the model, 130 = 2 x 64 + 2 examples (a retrace
     with a dynamic batch), exact and sampled ROLL: one epoch trains."""
     rng = np.random.default_rng(0)
     x = rng.uniform(0, 1, size=(130, 12)).astype("float32")
@@ -170,11 +171,11 @@ def test_fit_with_normalization_and_a_partial_last_batch(stats, samples):
         np.testing.assert_allclose(out.numpy(), sub(x[:5]).numpy(), rtol=1e-5, atol=1e-6)
 
 
-# --------------------------------------------------------------------------- item 7
+# ------------------------------------------------------------------- wrapped models
 
 
 def test_wrapped_models_are_unwrapped_everywhere(mlp_case):
-    """Item 7: certify, stability_bounds, count_regions, roll_loss and wrap accept
+    """certify, stability_bounds, count_regions, roll_loss and wrap accept
     a model made by wrap and work on its plain model."""
     model, x = mlp_case
     wrapped = keras_roll.wrap(model, lam=1.0)
@@ -189,7 +190,7 @@ def test_wrapped_models_are_unwrapped_everywhere(mlp_case):
     assert keras_roll.linearize(wrapped) is keras_roll.linearize(model)
 
 
-# --------------------------------------------------------------------------- item 8
+# --------------------------------------------------------------- streams of batches
 
 
 class _Batches(keras.utils.PyDataset):
@@ -206,7 +207,7 @@ class _Batches(keras.utils.PyDataset):
 
 @pytest.mark.parametrize("kind", ["x", "xy", "xyw", "unbatched", "generator", "pydataset"])
 def test_streams_of_batches_give_the_array_results(mlp_case, kind):
-    """Item 8: tf.data, generators and PyDatasets are certified batch by batch."""
+    """tf.data, generators and PyDatasets are certified batch by batch."""
     model, x = mlp_case
     y, w = np.zeros(len(x)), np.ones(len(x))
     ds = tf.data.Dataset
@@ -265,11 +266,11 @@ def test_margin_monitor_reads_datasets_and_generators(mlp_case):
                                                       rel=1e-5)
 
 
-# --------------------------------------------------------------------------- item 9
+# ----------------------------------------------------------------- masked sequences
 
 
 def test_masked_models_say_which_coordinates_the_ball_covers():
-    """Item 9: `Certificate.mask` (True at unpadded steps) and the summary's note."""
+    """`Certificate.mask` (True at unpadded steps) and the summary's note."""
     model = zoo.rnn()
     x, lengths = zoo.padded_sequences()
     cert = keras_roll.certify(model, x, verbose=False)
@@ -288,11 +289,11 @@ def test_masked_models_say_which_coordinates_the_ball_covers():
     assert "padded steps" in keras_roll.certify.__doc__
 
 
-# --------------------------------------------------------------------------- item 10
+# ---------------------------------------------------------------------- return types
 
 
 def test_return_types_numpy_for_analysis_tensors_for_training(mlp_case):
-    """Item 10: analysis results are numpy, functions used in training give tensors."""
+    """analysis results are numpy, functions used in training give tensors."""
     model, x = mlp_case
     lin = keras_roll.linearize(model)
     cert = keras_roll.certify(model, x, directions=np.ones((2, 5)), verbose=False)
@@ -309,7 +310,7 @@ def test_return_types_numpy_for_analysis_tensors_for_training(mlp_case):
         assert "numpy" in cls.__doc__
 
 
-# --------------------------------------------------------------------------- item 11
+# ------------------------------------------------------------------------- norm keys
 
 
 def test_norm_keys_accept_every_spelling(mlp_case):
@@ -329,7 +330,7 @@ def test_norm_keys_accept_every_spelling(mlp_case):
     assert only.margins.get("linf") is None
 
 
-# --------------------------------------------------------------------------- item 13
+# --------------------------------- nothing to certify, fractional budgets, retracing
 
 
 def test_nothing_to_certify_and_fractional_budgets_are_refused(mlp_case):
@@ -361,7 +362,7 @@ class _Records(logging.Handler):
 
 
 def test_no_retracing_warnings_across_batch_sizes_and_models():
-    """Item 13: TensorFlow warns about "retracing" when one function traces often;
+    """TensorFlow warns about "retracing" when one function traces often;
     every twin's functions trace a few times only, per twin."""
     handler = _Records()
     tf.get_logger().addHandler(handler)
@@ -378,11 +379,11 @@ def test_no_retracing_warnings_across_batch_sizes_and_models():
     assert not [m for m in handler.messages if "retracing" in m]
 
 
-# --------------------------------------------------------------------------- item 14
+# --------------------------------------------------------------- directional margins
 
 
 def test_directional_margins_are_in_units_of_t(mlp_case):
-    """Item 14 (documented): along `x + t d` the margin scales as 1 / ||d||."""
+    """along `x + t d` the margin scales as 1 / ||d||."""
     model, x = mlp_case
     d = np.random.default_rng(2).normal(size=(3, 5))
     a = keras_roll.certify(model, x, norms=(), directions=d, verbose=False, rigor="float32")
@@ -392,7 +393,7 @@ def test_directional_margins_are_in_units_of_t(mlp_case):
     assert "units of `t`" in keras_roll.certify.__doc__
 
 
-# --------------------------------------------------------------------------- found while reading
+# --------------------------------------------------------------------------- other cases
 
 
 def test_empty_batch_jacobians_have_every_axis():

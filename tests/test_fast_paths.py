@@ -1,4 +1,4 @@
-"""The fast paths of the ROLL step (issue #10) equal the slow paths they replace.
+"""The fast paths of the ROLL step equal the slow paths they replace.
 
 * convolutions of one-hot directions by gathered kernel taps (`_conv_taps`)
   against the convolution of the dense one-hot tangent, also through a

@@ -1,4 +1,4 @@
-"""Certified balls under floating-point rounding (issue #6, items 1, 5 and 12).
+"""Certified balls under floating-point rounding and the boundary point.
 
 Models are trained briefly, then biases are shifted so that chosen neurons sit
 at 1e-5 .. 1e-7 from their breakpoint at chosen inputs. Every certified ball is
@@ -275,7 +275,7 @@ def small_mlp(seed):
 def test_mixed_precision_certifies_the_float16_network():
     """Under mixed_float16 the bound uses float16's unit roundoff (about 8000 x
     float32's): the Keras model's own float16 evaluation stays on the pattern inside
-    every ball (item 5). Radii shrink by a few % of each neuron's magnitude."""
+    every ball. Radii shrink by a few % of each neuron's magnitude."""
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy("mixed_float16")
     try:
@@ -422,7 +422,7 @@ def test_default_guard_on_every_registered_layer_class(key):
         assert np.all(cert.margins[p] >= strict.margins[p])
 
 
-# --------------------------------------------------------------------------- item 12
+# ------------------------------------------------------------------- boundary points
 
 
 @pytest.mark.parametrize("p", NORMS)
