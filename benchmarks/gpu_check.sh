@@ -9,7 +9,7 @@
 #      of one image, float32 twin.
 #
 # It prints the card's name (nvidia-smi and TensorFlow) with the figures; put them in the
-# README's ResNet benchmark table with that name.
+# ResNet table of benchmarks/README.md with that name.
 #
 #   bash benchmarks/gpu_check.sh                       # on a machine with one GPU
 #   GPU_CHECK_QUICK=1 bash benchmarks/gpu_check.sh     # tiny sizes, end to end on a CPU

@@ -78,7 +78,7 @@ def resnet18(
     Returns:
         A built functional ``keras.Model``. Its BatchNormalization layers use batch
         statistics in training and moving statistics in inference; keras_roll's
-        twin always uses the moving statistics (see the README, "Models").
+        twin always uses the moving statistics (docs/guide.md, "Training with ROLL").
 
     Raises:
         ValueError: for a bad argument (the message names it).

@@ -3,7 +3,8 @@
 
 Pretrained ImageNet weights cannot be downloaded by keras_roll. Export them once on
 a machine with PyTorch and torchvision (the keys are torchvision's own; the
-README has the same as a one-line ``python -c`` command)::
+user guide, docs/guide.md "Models", has the same as a one-line ``python -c``
+command)::
 
     import numpy as np, torchvision
     sd = torchvision.models.resnet18(weights="IMAGENET1K_V1").state_dict()

@@ -191,7 +191,7 @@ def roll_loss(model_or_lin: ModelOrTwin, x: Array, C: float = 1.0, gamma: float 
             or per-channel): the gradients, the sampled axes and the probes are
             then those of that layer's output, so the loss equals the loss of
             the model without that layer fed its outputs (the paper's
-            normalised units; see the README, "ROLL's units").
+            normalised units; docs/guide.md, "Units and wrt=").
         tangent_dtype: None (the twin's dtype, float32 even under mixed
             precision: exact to float32 rounding) or "float16" / "bfloat16":
             the tangent pass (directions, weights, every op's tangent) runs in
