@@ -40,6 +40,7 @@ from keras_roll.evaluate import (
     stable_radius,
 )
 from keras_roll.evaluate.distortion import Distortion, gradient_distortion
+from keras_roll.options import Rigor, RunOptions
 from keras_roll.roll import callbacks
 from keras_roll.roll.callbacks import MarginMonitor
 from keras_roll.roll.loss import roll_loss
@@ -63,6 +64,8 @@ __all__ = [
     "RollRegularizer",
     "Linearized",
     "RegionCount",
+    "Rigor",
+    "RunOptions",
     "StabilityBounds",
     "UnsupportedModelError",
     "certify",

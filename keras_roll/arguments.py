@@ -15,67 +15,24 @@ lin = as_linearized(model)
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.twin import Linearized, linearize
+from keras_roll.options import Rigor
 
 __all__ = [
     "METHODS",
     "as_linearized",
-    "check_batch_size",
     "check_bisect_tol",
     "check_directions",
-    "check_memory_budget",
     "check_method",
-    "check_rigor",
-    "check_verbose",
     "for_rigor",
-    "parse_norm",
-    "parse_norms",
 ]
 
-INF = math.inf
 METHODS = ("analytic", "bisect")
-RIGORS = ("float64", "strict", "float32")
-_NORM_NAMES = {"inf": INF, "np.inf": INF, "linf": INF, "l_inf": INF, "l1": 1, "l2": 2}
-
-
-def parse_norm(p):
-    """1, 2 or `math.inf` from `p` (1, 2, inf, 1.0, 'l1', 'l2', 'linf', 'inf', 'np.inf')."""
-    if isinstance(p, str) and p.strip().lower() in _NORM_NAMES:
-        return _NORM_NAMES[p.strip().lower()]
-    if isinstance(p, numbers.Real) and not isinstance(p, bool):
-        value = float(p)
-        if value == 1.0:
-            return 1
-        if value == 2.0:
-            return 2
-        if value == INF:
-            return INF
-    raise ValueError(f"Unsupported norm {p!r}: keras_roll certifies lp balls for p = 1, 2 "
-                     f"or np.inf; pass e.g. norms=(1, 2, np.inf).")
-
-
-def parse_norms(norms) -> tuple:
-    """A tuple of distinct norms (see `parse_norm`) in the given order; None gives ()."""
-    if norms is None:
-        return ()
-    if isinstance(norms, (str, numbers.Real)):
-        norms = (norms,)
-    try:
-        items = list(norms)
-    except TypeError:
-        raise ValueError(f"norms must be a sequence of 1, 2 and np.inf, got {norms!r}.") from None
-    out = []
-    for p in items:
-        q = parse_norm(p)
-        if q not in out:
-            out.append(q)
-    return tuple(out)
 
 
 def check_method(method) -> str:
@@ -94,46 +51,9 @@ def check_bisect_tol(bisect_tol) -> float:
     return float(bisect_tol)
 
 
-def check_batch_size(batch_size) -> int | None:
-    """None or a positive int."""
-    if batch_size is not None and (not isinstance(batch_size, numbers.Integral)
-                                   or isinstance(batch_size, bool) or batch_size <= 0):
-        raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}.")
-    return batch_size
-
-
-def check_memory_budget(memory_budget) -> int | None:
-    """None or a number of bytes >= 1 (returned as an int; 0.5 is refused, not floored)."""
-    if memory_budget is not None and (not isinstance(memory_budget, numbers.Real)
-                                      or isinstance(memory_budget, bool) or memory_budget < 1):
-        raise ValueError(f"memory_budget must be None or a number of bytes >= 1, got "
-                         f"{memory_budget!r}; e.g. memory_budget=2**26 for 64 MiB.")
-    return None if memory_budget is None else int(memory_budget)
-
-
-def check_rigor(rigor) -> str:
-    """'float64' (the default guard), 'strict' (worst case) or 'float32' (none)."""
-    if rigor not in RIGORS:
-        raise ValueError(
-            f"Unknown rigor={rigor!r}; use 'float64' (the default: neurons and gradients in "
-            f"float64, radii shrunk by a probabilistic bound on the rounding of the model's "
-            f"own evaluation), 'strict' (the same with a worst-case bound: sound always, "
-            f"often 0 on wide float32 networks) or 'float32' (the twin's own dtype, no "
-            f"rounding guard).")
-    return rigor
-
-
-def for_rigor(lin: Linearized, rigor: str) -> Linearized:
-    """The twin a computation of `rigor` runs on: float64 for 'float64' and 'strict',
-    else `lin`."""
-    return lin if check_rigor(rigor) == "float32" else lin.at_dtype("float64")
-
-
-def check_verbose(verbose):
-    """'auto', True, False (or a Keras verbosity 0, 1, 2)."""
-    if verbose not in ("auto", True, False, 0, 1, 2):
-        raise ValueError(f"verbose must be 'auto', True or False, got {verbose!r}.")
-    return verbose
+def for_rigor(lin: Linearized, rigor: Rigor) -> Linearized:
+    """The twin a computation of `rigor` runs on: float64 for a guarded rigor, else `lin`."""
+    return lin.at_dtype(Rigor.parse(rigor).twin_dtype(lin.dtype))
 
 
 def as_linearized(model) -> Linearized:

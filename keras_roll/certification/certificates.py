@@ -23,8 +23,8 @@ import math
 
 import numpy as np
 
-from keras_roll.arguments import parse_norm
 from keras_roll.certification.bisection import binding_directions
+from keras_roll.options import parse_norm
 from keras_roll.rounding.noise import FAILURE_PROBABILITY, KAPPA, LAMBDA, SAMPLES
 
 __all__ = ["Certificate", "NormDict", "StabilityBounds", "concat_padded", "format_table",

@@ -24,10 +24,10 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.arguments import parse_norm
 from keras_roll.certification.margin_math import directional_margins
 from keras_roll.compile.streaming import check_input_keep_float
 from keras_roll.compile.twin import Linearized
+from keras_roll.options import parse_norm
 
 __all__ = ["AxisBounds", "GradNorms", "iter_gradient_norms", "iter_jacobian_slices"]
 

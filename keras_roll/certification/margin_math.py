@@ -45,7 +45,7 @@ import numpy as np
 from keras import ops
 
 from keras_roll.api_types import Array, Norm
-from keras_roll.arguments import parse_norm
+from keras_roll.options import parse_norm
 
 __all__ = [
     "NeuronArrays",

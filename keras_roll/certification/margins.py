@@ -37,19 +37,13 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.api_types import Array, Method, ModelOrTwin, Norm, Norms, Rigor, Verbose
+from keras_roll.api_types import Array, Method, ModelOrTwin
 from keras_roll.arguments import (
     as_linearized,
-    check_batch_size,
     check_bisect_tol,
     check_directions,
-    check_memory_budget,
     check_method,
-    check_rigor,
-    check_verbose,
     for_rigor,
-    parse_norm,
-    parse_norms,
 )
 from keras_roll.batches import is_stream, iter_input_batches, stream_length
 from keras_roll.certification.bisection import bisect_region, bisect_slice
@@ -75,7 +69,18 @@ from keras_roll.certification.margin_math import (
 )
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.streaming import check_input_keep_float
-from keras_roll.progress import progress_bar
+from keras_roll.options import (
+    Norm,
+    Norms,
+    Rigor,
+    Verbose,
+    check_batch_size,
+    check_memory_budget,
+    check_verbose,
+    parse_norm,
+    parse_norms,
+    progress_bar,
+)
 from keras_roll.rounding.noise import KAPPA, LAMBDA, noise_bound
 from keras_roll.rounding.worst_case import unit_roundoff
 
@@ -109,7 +114,7 @@ def _check_arguments(method, bisect_tol, batch_size, memory_budget, verbose, rig
     check_batch_size(batch_size)
     check_memory_budget(memory_budget)
     check_verbose(verbose)
-    check_rigor(rigor)
+    Rigor.parse(rigor)
 
 
 class RoundingErrors(NamedTuple):
@@ -178,7 +183,7 @@ def rounding_errors(twin, fwd, rigor: Rigor = "float64", l1=None,
     d = int(np.prod(fwd.trace.input.shape[1:]))
     # A sum of D squares (or absolute values), its square root and a division.
     slack = 4.0 * (d + 16) * unit_roundoff("float64")
-    if check_rigor(rigor) == "strict":
+    if Rigor.parse(rigor) is Rigor.STRICT:
         return _worst_case_errors(twin, fwd, slack)
     if rigor != "float64":
         raise ValueError(f"rounding_errors computes rigor 'float64' or 'strict', got {rigor!r}.")

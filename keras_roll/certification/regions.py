@@ -23,22 +23,22 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.api_types import ModelOrTwin, Rigor, Verbose
-from keras_roll.arguments import (
-    as_linearized,
-    check_batch_size,
-    check_memory_budget,
-    check_rigor,
-    check_verbose,
-    for_rigor,
-)
+from keras_roll.api_types import ModelOrTwin
+from keras_roll.arguments import as_linearized, for_rigor
 from keras_roll.batches import is_stream, iter_input_batches, stream_length
 from keras_roll.certification.gradient_norms import iter_gradient_norms
 from keras_roll.certification.margin_math import neuron_arrays
 from keras_roll.certification.margins import BOUND_SAFETY, rounding_errors
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.streaming import check_input_keep_float
-from keras_roll.progress import progress_bar
+from keras_roll.options import (
+    Rigor,
+    Verbose,
+    check_batch_size,
+    check_memory_budget,
+    check_verbose,
+    progress_bar,
+)
 from keras_roll.rounding.noise import noise_bound
 
 __all__ = ["RegionCount", "count_regions"]
@@ -158,7 +158,7 @@ def count_regions(model: ModelOrTwin, x, batch_size: int | None = None,
     check_batch_size(batch_size)
     check_memory_budget(memory_budget)
     check_verbose(verbose)
-    check_rigor(rigor)
+    rigor = Rigor.parse(rigor)
     if not (0 <= rtol < 1):
         raise ValueError(f"rtol must be in [0, 1), got {rtol!r}.")
     if int(projections) != projections or projections < 1:

@@ -41,6 +41,7 @@ from keras_roll.compile.graph import Program, build_program
 from keras_roll.compile.interpreter import JVP, ForwardPass, Interpreter, Trace
 from keras_roll.compile.layout import NeuronLayout
 from keras_roll.compile.streaming import MAX_DENSE_RESULT  # noqa: F401  (re-exported)
+from keras_roll.options import fixed_budget
 from keras_roll.rounding.worst_case import EvaluationPrecision, RoundingBound, evaluation_precision
 from keras_roll.rounding.worst_case import rounding_bound as _rounding_bound
 
@@ -70,14 +71,15 @@ class CompiledPasses(NamedTuple):
     rounding: tf.types.experimental.PolymorphicFunction
 
 
-def linearize(model: ModelOrTwin, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Linearized:
+def linearize(model: ModelOrTwin, memory_budget: int | str = DEFAULT_MEMORY_BUDGET) -> Linearized:
     """Compiles a Keras model into its frozen-pattern twin.
 
     Args:
         model: a built functional or Sequential Keras model of supported layers
             (a model made by `keras_roll.wrap` is unwrapped first).
         memory_budget: bytes of tangents a chunk may hold when directions are
-            streamed (`jacobian`, `certify`), at least 1.
+            streamed (`jacobian`, `certify`), at least 1; "auto" (or None)
+            for the default.
 
     Returns:
         A `Linearized` model (cached on `model`: linearizing it again is free).
@@ -96,7 +98,7 @@ def linearize(model: ModelOrTwin, memory_budget: int = DEFAULT_MEMORY_BUDGET) ->
     if isinstance(model, Linearized):
         return model
     model = unwrap_model(model)
-    memory_budget = check_budget(memory_budget)
+    memory_budget = twin_budget(memory_budget)
     # One twin per (model, budget), kept on the model itself: repeated calls such as
     # certify(model, x) reuse its compiled functions instead of tracing them again.
     cache = getattr(model, "_keras_roll_twins", None)
@@ -110,6 +112,12 @@ def linearize(model: ModelOrTwin, memory_budget: int = DEFAULT_MEMORY_BUDGET) ->
     if key not in cache:
         cache[key] = Linearized(model, memory_budget=memory_budget)
     return cache[key]
+
+
+def twin_budget(memory_budget) -> int:
+    """A twin's memory budget in bytes: `memory_budget`, or the default for "auto" / None."""
+    budget = fixed_budget(memory_budget)
+    return DEFAULT_MEMORY_BUDGET if budget is None else budget
 
 
 class Linearized:
@@ -127,8 +135,8 @@ class Linearized:
         dtype: the dtype of the twin ("float32" or "float64").
     """
 
-    def __init__(self, model: keras.Model, memory_budget: int = DEFAULT_MEMORY_BUDGET):
-        memory_budget = check_budget(memory_budget)
+    def __init__(self, model: keras.Model, memory_budget: int | str = DEFAULT_MEMORY_BUDGET):
+        memory_budget = twin_budget(memory_budget)
         model = unwrap_model(model)
         self.model = model
         self.program: Program = build_program(model)
@@ -433,18 +441,3 @@ def unwrap_model(model):
         if isinstance(inner, keras.Model) and hasattr(layer, "roll_config"):
             return inner
     return model
-
-
-def check_budget(memory_budget) -> int:
-    """A memory budget as a positive int number of bytes (0.5 is refused, not floored to 0)."""
-    ok = isinstance(memory_budget, (int, float, np.integer, np.floating)) \
-        and not isinstance(memory_budget, bool) and memory_budget >= 1
-    if not ok:
-        raise ValueError(f"memory_budget must be a number of bytes >= 1, got "
-                         f"{memory_budget!r}; e.g. memory_budget=2**26 for 64 MiB.")
-    return int(memory_budget)
-
-
-def trace_batch(trace: Trace, lin: Linearized | None = None):
-    """The `[B, ...]` model input kept in the trace, to read the batch size in graphs."""
-    return trace.input

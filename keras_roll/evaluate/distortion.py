@@ -23,16 +23,14 @@ import numbers
 
 import numpy as np
 
-from keras_roll.arguments import check_memory_budget
 from keras_roll.compile.chunking import plan_directions
 from keras_roll.evaluate.gradients import (
     LogitGradients,
     check_count,
     check_inputs,
     check_labels,
-    check_verbose,
-    progress,
 )
+from keras_roll.options import check_verbose, fixed_budget, progress_bar
 
 __all__ = ["Distortion", "gradient_distortion", "sampling_box"]
 
@@ -178,7 +176,7 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
     if mode not in _MODES:
         raise ValueError(f"mode must be 'expected' or 'max', got {mode!r}.")
     check_verbose(verbose)
-    budget = check_memory_budget(memory_budget)
+    budget = fixed_budget(memory_budget)
     samples = check_count(samples, "samples")
     population = check_count(population, "population")
     generations = check_count(generations, "generations", minimum=0)
@@ -203,7 +201,7 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
     run = _Run(engine, chunk, callback)
     if mode == "expected":
         total = b_total * samples
-        with progress(total, verbose, "gradient distortion", unit="grad") as bar:
+        with progress_bar(total, verbose, "gradient distortion", unit="grad") as bar:
             run.bar = bar
             dist, frac = _expected(run, x, index, sign, lo, hi, samples, streams)
         points = changed = None
@@ -211,7 +209,7 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
     else:
         keep = _survivors(population)
         evaluations = population + generations * (population - keep)
-        with progress(b_total * evaluations, verbose, "gradient distortion (GA)",
+        with progress_bar(b_total * evaluations, verbose, "gradient distortion (GA)",
                       unit="grad") as bar:
             run.bar = bar
             dist, frac, points, changed = _genetic(run, x, index, sign, lo, hi, population,

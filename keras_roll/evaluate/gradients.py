@@ -22,7 +22,6 @@ from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
-from tqdm.auto import tqdm
 
 from keras_roll.compile.chunking import plan_directions
 from keras_roll.compile.twin import Linearized, linearize
@@ -34,10 +33,8 @@ __all__ = [
     "check_inputs",
     "check_labels",
     "label_classes",
-    "check_verbose",
     "predictions",
     "predictions_np",
-    "progress",
 ]
 
 # Elements per point kept live by a compiled chunk: the activations kept for the
@@ -371,21 +368,9 @@ def label_classes(index: np.ndarray, sign: np.ndarray, num_logits: int,
     return np.asarray(index, np.int64)
 
 
-def check_verbose(verbose):
-    if verbose not in ("auto", True, False, 0, 1, 2):
-        raise ValueError(f"verbose must be 'auto', True or False, got {verbose!r}.")
-
-
 def check_count(value, name: str, minimum: int = 1) -> int:
     """A positive (or >= minimum) integer argument."""
     if (not isinstance(value, numbers.Integral) or isinstance(value, bool)
             or value < minimum):
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
     return int(value)
-
-
-def progress(total, verbose, desc, unit="ex"):
-    """A tqdm bar: `verbose="auto"` shows it only for runs longer than a second."""
-    if verbose == "auto":
-        return tqdm(total=total, desc=desc, unit=unit, delay=1.0, leave=False)
-    return tqdm(total=total, desc=desc, unit=unit, disable=not verbose)

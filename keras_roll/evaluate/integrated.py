@@ -22,17 +22,15 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.arguments import check_memory_budget
 from keras_roll.certification.margins import directional_margins
 from keras_roll.evaluate.gradients import (
     LogitGradients,
     check_count,
     check_inputs,
     check_labels,
-    check_verbose,
     label_classes,
-    progress,
 )
+from keras_roll.options import check_verbose, fixed_budget, progress_bar
 
 __all__ = ["IntegratedGradients", "integrated_gradients"]
 
@@ -123,7 +121,7 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
     ```
     """
     check_verbose(verbose)
-    budget = check_memory_budget(memory_budget)
+    budget = fixed_budget(memory_budget)
     if steps is not None:
         steps = check_count(steps, "steps")
     max_regions = check_count(max_regions, "max_regions")
@@ -139,7 +137,7 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
     rows = np.arange(n)
     f_x = sign * logits_x.astype(np.float64)[rows, index]
     f_b = sign * logits_b.astype(np.float64)[rows, index]
-    with progress(n, verbose, "integrated gradients") as bar:
+    with progress_bar(n, verbose, "integrated gradients") as bar:
         if steps is None:
             attr, regions = _exact(engine, x, base, index, sign, max_regions, budget, bar)
         else:

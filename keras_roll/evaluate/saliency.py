@@ -12,15 +12,14 @@ import dataclasses
 
 import numpy as np
 
-from keras_roll.arguments import check_memory_budget
 from keras_roll.certification.margins import certify
 from keras_roll.evaluate.gradients import (
     LogitGradients,
     check_inputs,
     check_labels,
-    check_verbose,
     label_classes,
 )
+from keras_roll.options import check_verbose, fixed_budget
 
 __all__ = ["Saliency", "postprocess_saliency", "saliency", "stable_radius"]
 
@@ -98,7 +97,7 @@ def saliency(model, x, y=None, postprocess: bool = False, channel_axis="auto",
     print("holds for every input within l2 distance", sal.radius[2][0])
     ```
     """
-    budget = check_memory_budget(memory_budget)
+    budget = fixed_budget(memory_budget)
     engine = LogitGradients.of(model)
     lin = engine.lin
     x = check_inputs(lin, x, "x")
@@ -186,7 +185,7 @@ def stable_radius(model, x, norms=(2, np.inf), memory_budget: int | None = None,
     ```
     """
     check_verbose(verbose)
-    budget = check_memory_budget(memory_budget)
+    budget = fixed_budget(memory_budget)
     engine = LogitGradients.of(model)
     x = check_inputs(engine.lin, x, "x")
     return certify(engine.lin, x, norms=norms, memory_budget=budget, verbose=verbose).margins

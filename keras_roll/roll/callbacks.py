@@ -6,10 +6,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.arguments import check_rigor
 from keras_roll.batches import is_stream
 from keras_roll.certification.margins import l2_margins
 from keras_roll.compile.twin import linearize
+from keras_roll.options import Rigor
 from keras_roll.roll import regularizer
 
 PERCENTILES = (25, 50, 75, 100)
@@ -76,7 +76,7 @@ class MarginMonitor(keras.callbacks.Callback):
             raise ValueError(f"every must be a positive int, got every={every!r}.")
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
-        self.rigor = check_rigor(rigor)
+        self.rigor = Rigor.parse(rigor)
         if isinstance(x_val, (tf.data.Dataset, keras.utils.PyDataset)):
             self.x_val = x_val  # re-iterable: read at every monitored epoch
         elif is_stream(x_val):  # a generator can be read once: keep its batches

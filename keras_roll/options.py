@@ -1,0 +1,341 @@
+"""Run options of the certify / evaluation family, and their validators.
+
+`RunOptions(batch_size, memory_budget, verbose, rigor)` is the one frozen set of
+options that `certify`, `stability_bounds`, `count_regions`, `lp_margins` and
+the evaluation functions share. It is validated once, on construction; each
+argument has one validator here, which also serves the functions that take a
+single one of them (`linearize(memory_budget=...)`, for example). `Rigor` is the
+rounding guard of certificates as an enum; the strings "float64", "strict" and
+"float32" are accepted wherever a public function takes a rigor. docs/design.md,
+section "Options and results", says which function takes what.
+
+Example:
+
+```python
+opts = RunOptions(batch_size=64, rigor="strict")     # validated here, once
+opts.rigor is Rigor.STRICT                           # True
+cert = keras_roll.certify(model, x, options=opts)
+cert = keras_roll.certify(model, x, rigor="float32") # keyword arguments still work
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Literal
+
+import tensorflow as tf
+from tqdm.auto import tqdm
+
+__all__ = [
+    "AUTO",
+    "Norm",
+    "Norms",
+    "Rigor",
+    "RunOptions",
+    "Seed",
+    "Verbose",
+    "check_batch_size",
+    "check_memory_budget",
+    "check_verbose",
+    "fixed_budget",
+    "parse_norm",
+    "parse_norms",
+    "progress_bar",
+]
+
+INF = math.inf
+AUTO = "auto"
+"""`memory_budget="auto"`: the chunk size is chosen for the twin (today its own budget)."""
+
+Norm = int | float | str
+"""1, 2, `np.inf` (or "l1", "l2", "linf", "inf")."""
+
+Norms = Norm | Sequence[Norm] | None
+"""One norm or several."""
+
+Verbose = bool | int | Literal["auto"]
+"""Progress bar: "auto" (only for runs over a second), True or False (or 0, 1, 2)."""
+
+Seed = int | tf.Tensor | Sequence[int] | None
+"""None (fresh randomness), an int, or a `[2]` int tensor for stateless sampling."""
+
+
+class Rigor(str, enum.Enum):
+    """The rounding guard of a certificate (docs/design.md, "The rounding bound").
+
+    * `FLOAT64` ("float64", the default): neurons and gradients in float64 from
+      the model's weights, radii shrunk by a probabilistic bound on the rounding
+      of the model's own evaluation (and a rigorous one on the float64 twin's).
+    * `STRICT` ("strict"): the same with a worst-case bound: sound whatever the
+      rounding errors, often 0 on wide float32 networks.
+    * `FLOAT32` ("float32"): the twin's own dtype and no guard: the paper's
+      exact-arithmetic radii.
+
+    A `Rigor` is also its string (`Rigor.FLOAT64 == "float64"`); compare with
+    `is` inside the library.
+
+    Example:
+
+    ```python
+    Rigor.parse("strict")          # Rigor.STRICT
+    Rigor.parse(Rigor.FLOAT32)     # Rigor.FLOAT32
+    ```
+    """
+
+    FLOAT64 = "float64"
+    STRICT = "strict"
+    FLOAT32 = "float32"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, rigor: Rigor | str) -> Rigor:
+        """The `Rigor` named by `rigor` (a `Rigor` or one of its strings).
+
+        Raises:
+            ValueError: anything else, with the three choices and what they do.
+        """
+        if isinstance(rigor, cls):
+            return rigor
+        if isinstance(rigor, str):
+            for member in cls:
+                if member.value == rigor:
+                    return member
+        raise ValueError(
+            f"Unknown rigor={rigor!r}; use 'float64' (the default: neurons and gradients in "
+            f"float64, radii shrunk by a probabilistic bound on the rounding of the model's "
+            f"own evaluation), 'strict' (the same with a worst-case bound: sound always, "
+            f"often 0 on wide float32 networks) or 'float32' (the twin's own dtype, no "
+            f"rounding guard).")
+
+    @property
+    def guarded(self) -> bool:
+        """Whether radii are shrunk by a rounding guard (computed by a float64 twin)."""
+        return self is not Rigor.FLOAT32
+
+    def twin_dtype(self, own: str) -> str:
+        """The dtype the twin computes in under this rigor: float64 for a guarded
+        rigor, else `own` (the twin's own dtype)."""
+        return "float64" if self.guarded else own
+
+
+def check_batch_size(batch_size) -> int | None:
+    """None or a positive int (examples per chunk).
+
+    Example:
+
+    ```python
+    check_batch_size(64)       # 64
+    ```
+    """
+    if batch_size is not None and (not isinstance(batch_size, numbers.Integral)
+                                   or isinstance(batch_size, bool) or batch_size <= 0):
+        raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}.")
+    return None if batch_size is None else int(batch_size)
+
+
+def check_memory_budget(memory_budget, allow_default: bool = True) -> int | str | None:
+    """A memory budget: a number of bytes >= 1 (returned as an int), "auto" or None.
+
+    None means the twin's own budget (`linearize(model, memory_budget=...)`) and
+    "auto" lets the chunk planner choose. 0.5 is refused, not floored to 0.
+
+    Args:
+        memory_budget: the value to check.
+        allow_default: whether None and "auto" are accepted (False where a
+            number of bytes is needed).
+
+    Example:
+
+    ```python
+    check_memory_budget(2**26)        # 67108864
+    check_memory_budget("auto")       # 'auto'
+    ```
+    """
+    if allow_default and (memory_budget is None or memory_budget == AUTO):
+        return memory_budget
+    if (isinstance(memory_budget, numbers.Real) and not isinstance(memory_budget, bool)
+            and math.isfinite(memory_budget) and memory_budget >= 1):
+        return int(memory_budget)
+    choices = "a number of bytes >= 1, 'auto' or None" if allow_default else \
+        "a number of bytes >= 1"
+    raise ValueError(f"memory_budget must be {choices}, got {memory_budget!r}; e.g. "
+                     f"memory_budget=2**26 for 64 MiB.")
+
+
+def fixed_budget(memory_budget) -> int | None:
+    """The bytes of an explicit memory budget, or None for the defaults (None, "auto").
+
+    Example:
+
+    ```python
+    fixed_budget(2**26), fixed_budget("auto")     # (67108864, None)
+    ```
+    """
+    budget = check_memory_budget(memory_budget)
+    return None if budget in (None, AUTO) else budget
+
+
+def check_verbose(verbose) -> Verbose:
+    """'auto', True, False (or a Keras verbosity 0, 1, 2).
+
+    Example:
+
+    ```python
+    check_verbose("auto")     # 'auto'
+    ```
+    """
+    if isinstance(verbose, str) and verbose == AUTO:
+        return verbose
+    if isinstance(verbose, bool) or (isinstance(verbose, numbers.Integral)
+                                     and int(verbose) in (0, 1, 2)):
+        return verbose
+    raise ValueError(f"verbose must be 'auto', True or False (or 0, 1, 2), got {verbose!r}.")
+
+
+_NORM_NAMES = {"inf": INF, "np.inf": INF, "linf": INF, "l_inf": INF, "l1": 1, "l2": 2}
+
+
+def parse_norm(p: Norm):
+    """1, 2 or `math.inf` from `p` (1, 2, inf, 1.0, 'l1', 'l2', 'linf', 'inf', 'np.inf').
+
+    Example:
+
+    ```python
+    parse_norm("l2"), parse_norm(np.inf)     # (2, inf)
+    ```
+    """
+    if isinstance(p, str) and p.strip().lower() in _NORM_NAMES:
+        return _NORM_NAMES[p.strip().lower()]
+    if isinstance(p, numbers.Real) and not isinstance(p, bool):
+        value = float(p)
+        if value == 1.0:
+            return 1
+        if value == 2.0:
+            return 2
+        if value == INF:
+            return INF
+    raise ValueError(f"Unsupported norm {p!r}: keras_roll certifies lp balls for p = 1, 2 "
+                     f"or np.inf; pass e.g. norms=(1, 2, np.inf).")
+
+
+def parse_norms(norms: Norms) -> tuple:
+    """A tuple of distinct norms (see `parse_norm`) in the given order; None gives ().
+
+    Example:
+
+    ```python
+    parse_norms((2.0, "inf", 2))     # (2, inf)
+    ```
+    """
+    if norms is None:
+        return ()
+    if isinstance(norms, (str, numbers.Real)):
+        norms = (norms,)
+    try:
+        items = list(norms)
+    except TypeError:
+        raise ValueError(f"norms must be a sequence of 1, 2 and np.inf, got {norms!r}.") from None
+    out = []
+    for p in items:
+        q = parse_norm(p)
+        if q not in out:
+            out.append(q)
+    return tuple(out)
+
+
+def progress_bar(total: int | None, verbose: Verbose, desc: str, unit: str = "ex") -> tqdm:
+    """The project's progress bar (tqdm) over `total` items (None if unknown).
+
+    Args:
+        total: number of items (examples, gradients, ...), or None.
+        verbose: "auto" (shown only for runs longer than a second, then
+            removed), True / 1 / 2 (always shown and kept) or False / 0 (never).
+        desc: the label.
+        unit: what an item is ("ex" for examples).
+
+    Example:
+
+    ```python
+    with progress_bar(len(x), "auto", "certify") as bar:
+        for chunk in chunks:
+            bar.update(len(chunk))
+    ```
+    """
+    if verbose == AUTO:
+        return tqdm(total=total, desc=desc, unit=unit, delay=1.0, leave=False)
+    return tqdm(total=total, desc=desc, unit=unit, disable=not verbose)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How a certify / evaluation run is executed, validated once on construction.
+
+    Attributes:
+        batch_size: examples per chunk (None: from the memory budget); for
+            streams of single examples, also the batch they are grouped into.
+        memory_budget: bytes of tangents a chunk may hold; None (the twin's own
+            budget, see `keras_roll.linearize`) or "auto" (chosen for the twin).
+        verbose: progress bar: "auto" (only for runs over a second), True or False.
+        rigor: the rounding guard of certificates (`Rigor`; strings accepted).
+
+    Example:
+
+    ```python
+    opts = keras_roll.RunOptions(batch_size=32, verbose=False)
+    keras_roll.certify(model, x, options=opts)
+    keras_roll.certify(model, x, options=opts, rigor="strict")   # one field overridden
+    ```
+    """
+
+    batch_size: int | None = None
+    memory_budget: int | str | None = None
+    verbose: Verbose = AUTO
+    rigor: Rigor = Rigor.FLOAT64
+
+    def __post_init__(self):
+        set_field = object.__setattr__  # frozen: normalise the validated values once
+        set_field(self, "batch_size", check_batch_size(self.batch_size))
+        set_field(self, "memory_budget", check_memory_budget(self.memory_budget))
+        set_field(self, "verbose", check_verbose(self.verbose))
+        set_field(self, "rigor", Rigor.parse(self.rigor))
+
+    @classmethod
+    def of(cls, options: RunOptions | None = None, **overrides) -> RunOptions:
+        """`options` (or the defaults) with the given fields replaced.
+
+        The public functions call this with their `options=` and keyword
+        arguments; an unknown keyword raises a `TypeError` naming the fields.
+
+        Example:
+
+        ```python
+        RunOptions.of(None, rigor="float32").rigor     # Rigor.FLOAT32
+        ```
+        """
+        if options is not None and not isinstance(options, RunOptions):
+            raise TypeError(f"options must be a keras_roll.RunOptions or None, got "
+                            f"{type(options).__name__}: {options!r}.")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise TypeError(f"Unexpected keyword argument(s) {unknown}; the run options are "
+                            f"{sorted(names)} (or options=keras_roll.RunOptions(...)).")
+        if options is None:
+            return cls(**overrides)
+        return dataclasses.replace(options, **overrides) if overrides else options
+
+    def budget(self, default: int) -> int:
+        """The memory budget in bytes: `default` (the twin's) for None and "auto"."""
+        budget = fixed_budget(self.memory_budget)
+        return default if budget is None else budget
+
+    def progress(self, total: int | None, desc: str, unit: str = "ex") -> tqdm:
+        """A `progress_bar` for this run's `verbose`."""
+        return progress_bar(total, self.verbose, desc, unit)
