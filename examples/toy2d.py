@@ -36,6 +36,7 @@ from absl import flags  # noqa: E402
 
 import keras_roll  # noqa: E402
 from examples import common  # noqa: E402
+from keras_roll.certification.region_map import region_map  # noqa: E402
 from keras_roll.data import make_toy2d  # noqa: E402
 
 QUICK = {"n": 100, "epochs": 300}  # ~1 minute per model on 2 CPU cores
@@ -208,10 +209,12 @@ def run(fv) -> dict:
         model, row = train_one(name, data, fv, out)
         rows.append(row)
         path = out / f"figure1_{name}.png"
+        grid = region_map(model, bounds=((-1.2, 1.2), (-1.2, 1.2)), resolution=fv.resolution)
+        cert = keras_roll.certify(common.exact_twin(model), x, norms=(2,), rigor="float32")
         keras_roll.plots.plot_linear_regions(
-            model, x, y, bounds=((-1.2, 1.2), (-1.2, 1.2)), resolution=fv.resolution,
+            grid, x, y, cert, path=path,
             title=f"{SHORT[name]}: accuracy {100 * row['acc']:.0f} %, median l2 margin "
-                  f"{row['l2_p50']:.2g}", path=path)
+                  f"{row['l2_p50']:.2g}")
         figures.append(path)
     vanilla = next((r for r in rows if r["tag"] == "vanilla"), None)
     for r in rows:

@@ -27,6 +27,7 @@ from keras_roll.certification.margins import (
     lp_margins,
     stability_bounds,
 )
+from keras_roll.certification.region_map import RegionMap, region_map
 from keras_roll.certification.regions import RegionCount, count_regions
 from keras_roll.compile import rules
 from keras_roll.compile.rules import register_rule
@@ -66,10 +67,12 @@ __all__ = [
     "RegionCount",
     "Rigor",
     "RunOptions",
+    "RegionMap",
     "StabilityBounds",
     "UnsupportedModelError",
     "certify",
     "count_regions",
+    "region_map",
     "l2_margins",
     "linearize",
     "lp_margins",

@@ -1,5 +1,6 @@
-"""The figures render from small inputs to readable PNGs (title, labelled axes,
-legend or colour bar), on the Agg canvas, with a clear error without matplotlib."""
+"""The figures render result objects to readable PNGs (title, labelled axes, legend
+or colour bar), on the Agg canvas, with a clear error without matplotlib; the
+region map of a 2-D model against the ReLU sign patterns computed with numpy."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 
 import keras_roll
 from keras_roll import plots
+from keras_roll.certification.region_map import region_map
+from keras_roll.evaluate import postprocess_saliency
 
 pytest.importorskip("matplotlib")
 
@@ -40,34 +43,75 @@ def _bias():
     return keras.initializers.RandomNormal(stddev=0.5)
 
 
-def test_linear_regions(tmp_path):
-    keras.utils.set_random_seed(0)
+def _toy(seed=0):
+    keras.utils.set_random_seed(seed)
     inp = keras.Input((2,))
     h = keras.layers.Dense(8, activation="relu", bias_initializer=_bias())(inp)
     h = keras.layers.Dense(8, activation="relu", bias_initializer=_bias())(h)
-    model = keras.Model(inp, keras.layers.Dense(2, activation="softmax")(h), name="toy")
+    return keras.Model(inp, keras.layers.Dense(2, activation="softmax")(h), name="toy")
+
+
+def test_region_map_partitions_the_grid_by_relu_signs():
+    """A one-layer ReLU net: the pattern of a point is the sign vector of W x + b, so
+    two grid points share an id exactly when numpy gives them the same signs."""
+    inp = keras.Input((2,))
+    hidden = keras.layers.Dense(3, activation="relu")
+    model = keras.Model(inp, keras.layers.Dense(2)(hidden(inp)))
+    w = np.array([[1.0, 0.0, 1.0], [0.0, 1.0, -1.0]], "float32")
+    b = np.array([0.113, -0.217, 0.061], "float32")  # no grid point on a breakpoint
+    hidden.set_weights([w, b])
+    grid = region_map(model, bounds=((-1, 1), (-0.5, 1.5)), resolution=41)
+    assert grid.ids.shape == (41, 41) and grid.logits.shape == (41, 41, 2)
+    np.testing.assert_allclose(grid.xs, np.linspace(-1, 1, 41))
+    np.testing.assert_allclose(grid.ys, np.linspace(-0.5, 1.5, 41))
+    pts = np.stack(np.meshgrid(grid.xs, grid.ys), axis=-1)
+    signs = (pts @ w + b > 0).astype(int) @ np.array([1, 2, 4])  # [H, W] sign code
+    pairs = set(zip(signs.ravel().tolist(), grid.ids.ravel().tolist()))
+    assert len(pairs) == len(set(signs.ravel())) == len(set(grid.ids.ravel()))  # a bijection
+    assert grid.regions == len(set(signs.ravel()))
+    edge = np.zeros(signs.shape, bool)
+    edge[:, 1:] |= signs[:, 1:] != signs[:, :-1]
+    edge[1:, :] |= signs[1:, :] != signs[:-1, :]
+    np.testing.assert_array_equal(grid.boundaries(), edge)
+    np.testing.assert_allclose(grid.logits, model.predict(pts.reshape(-1, 2), verbose=0)
+                               .reshape(41, 41, 2), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="2-D input"):
+        region_map(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+    with pytest.raises(ValueError, match="resolution must be an integer >= 2"):
+        region_map(model, resolution=1)
+    with pytest.raises(ValueError, match="min < max"):
+        region_map(model, bounds=((1, 0), (0, 1)))
+
+
+def test_linear_regions(tmp_path):
+    model = _toy()
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (12, 2)).astype("float32")
     y = (x[:, 0] > 0).astype(int)
-    x0 = x.copy()
-    fig = plots.plot_linear_regions(model, x, y, resolution=120, path=tmp_path / "f1.png")
+    cert = keras_roll.certify(model, x, norms=(2,), verbose=False)
+    grid = region_map(model, resolution=120, around=x)
+    fig = plots.plot_linear_regions(grid, x, y, cert, path=tmp_path / "f1.png")
     _check_png(tmp_path / "f1.png")
     _check_labels(fig, legend=True, colorbar=True)
     main = fig.axes[0]
-    radii = keras_roll.certify(model, x, norms=(2,), verbose=False).margins[2]
+    radii = cert.margins[2]
     circles = sorted(p.radius for p in main.patches)
     np.testing.assert_allclose(circles, np.sort(radii[np.isfinite(radii)]), rtol=1e-6)
-    assert "regions" in main.get_title()
-    np.testing.assert_array_equal(x, x0)
+    assert f"({grid.regions} on the grid)" in main.get_title()
+    # the default bounds cover the points
+    (x0, x1), (y0, y1) = grid.bounds
+    assert x0 < x[:, 0].min() and x1 > x[:, 0].max() and y0 < x[:, 1].min()
     # multi-class heat map, no data points
     inp = keras.Input((2,))
     h = keras.layers.Dense(6, activation="relu", bias_initializer=_bias())(inp)
     multi = keras.Model(inp, keras.layers.Dense(4)(h))
-    fig = plots.plot_linear_regions(multi, resolution=60, bounds=((-2, 2), (-1, 1)),
+    fig = plots.plot_linear_regions(region_map(multi, bounds=((-2, 2), (-1, 1)), resolution=60),
                                     path=tmp_path / "sub" / "f1b.png")
     _check_png(tmp_path / "sub" / "f1b.png", min_bytes=2_000)
-    with pytest.raises(ValueError, match="2-D input"):
-        plots.plot_linear_regions(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+    with pytest.raises(TypeError, match="RegionMap"):
+        plots.plot_linear_regions(model)
+    with pytest.raises(ValueError, match="one l2 radius per point"):
+        plots.plot_linear_regions(grid, x, y, radii[:3])
 
 
 def test_margin_tradeoff(tmp_path):
@@ -115,26 +159,38 @@ def test_attribution_grids(tmp_path):
                                bias_initializer=_bias())(keras.layers.Flatten()(h))
         return keras.Model(inp, keras.layers.Dense(3)(h))
 
-    x = np.random.default_rng(0).uniform(0, 1, (2, 8, 8, 1)).astype("float32")
-    x0 = x.copy()
-    fig = plots.plot_gradient_comparison({"vanilla": cnn(0), "ROLL": cnn(1)}, x,
-                                         np.array([0, 2]), population=30, generations=2,
-                                         verbose=False, path=tmp_path / "f4.png")
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, (2, 8, 8, 1)).astype("float32")
+    y = np.array([0, 2])
+    nearby = np.clip(x + rng.uniform(-0.03, 0.03, x.shape), 0, 1).astype("float32")
+    maps = {}
+    for name, seed in (("vanilla", 0), ("ROLL", 1)):
+        model = cnn(seed)
+        maps[name] = plots.GradientMaps(
+            keras_roll.saliency(model, x, y), keras_roll.saliency(model, nearby, y),
+            keras_roll.integrated_gradients(model, x, y, steps=4, verbose=False))
+    fig = plots.plot_gradient_comparison(x, maps, eps=0.03, path=tmp_path / "f4.png")
     _check_png(tmp_path / "f4.png")
     titles = [a.get_title() for a in fig.axes if a.get_title()]
     assert titles[:4] == ["original", "vanilla\ngradient", "vanilla\nadv. gradient",
                           "vanilla\nintegrated grad."]
-    assert len(titles) == 7 and fig.get_suptitle()
+    assert len(titles) == 7 and "eps=0.03" in fig.get_suptitle()
     assert fig.axes[0].get_ylabel().startswith("example 0")
     assert any(a.get_ylabel().startswith("attribution") for a in fig.axes)  # colour bar
-    np.testing.assert_array_equal(x, x0)
-    # the low-level grid with flat inputs and raw maps
+    # The drawn maps are the Appendix K post-processing of the given gradients.
+    drawn = fig.axes[2].get_images()[0].get_array()
+    np.testing.assert_allclose(drawn, postprocess_saliency(maps["vanilla"].worst.gradient)[0])
+    # the low-level grid with flat inputs, raw maps and result objects
     flat = x.reshape(2, -1)
-    fig = plots.plot_attribution_grid(flat, {"gradient": np.random.default_rng(1).normal(
-        size=(2, 64))}, image_shape=(8, 8), row_labels=["a", "b"], path=tmp_path / "f5.png")
+    fig = plots.plot_attribution_grid(flat, {"gradient": rng.normal(size=(2, 64)),
+                                             "IG": maps["ROLL"].integrated},
+                                      image_shape=(8, 8), row_labels=["a", "b"],
+                                      path=tmp_path / "f5.png")
     _check_png(tmp_path / "f5.png", min_bytes=4_000)
     with pytest.raises(ValueError, match="maps for 2 images"):
         plots.plot_attribution_grid(x, {"g": np.zeros((3, 8, 8))})
+    with pytest.raises(TypeError, match="GradientMaps"):
+        plots.plot_gradient_comparison(x, {"vanilla": cnn(0)})
 
 
 def test_a_clear_error_without_matplotlib(monkeypatch):
