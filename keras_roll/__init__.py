@@ -18,7 +18,7 @@ wrapped.fit(x_train, y_train)
 """
 
 from keras_roll import evaluate as attribution
-from keras_roll import layers, models, plots
+from keras_roll import layers, models, plots, testing
 from keras_roll.certification.margins import (
     Certificate,
     StabilityBounds,
@@ -85,4 +85,5 @@ __all__ = [
     "callbacks",
     "models",
     "layers",
+    "testing",
 ]

@@ -1,27 +1,14 @@
-"""Rule conformance: every registered layer class, in a small model, against tf.GradientTape.
+"""Rule conformance: every registered layer class, in a small model, checked by
+`keras_roll.testing.check_rule` against tf.GradientTape.
 
-In the manner of Keras's `run_layer_test`: one parametrized test per class in
-`keras_roll.compile.rules.registered_classes()`. Each class appears in one of a few
-shared models (`BUILDERS` maps the class to its model); a class with a rule but
-no model fails the test, so a new rule comes with its conformance model. For
-each model (built and checked once) the references are independent of the
-twin's tangent rules:
-
-* the logits (and a folded softmax / sigmoid) equal the Keras model's output;
-* the output Jacobian equals `tf.GradientTape.batch_jacobian` of the Keras
-  model's logits;
-* the neuron Jacobians of the tangent pass equal the tape's Jacobian of the
-  neurons' values `z` computed by the forward pass (reverse mode through the
-  primal rules, forward mode through the tangent rules);
-* the rows of every ReLU / LeakyReLU / PReLU / Activation layer equal the
-  tape's Jacobian of the layer's Keras-visible input;
-* in float64 (`lin.at_dtype("float64")`) the outputs and neuron Jacobians
-  agree too, and the rounding bound of `keras_roll.rounding.worst_case` holds: magnitudes
-  bound the neurons and their Jacobian rows, and the float32 neurons lie
-  within the bound of the float64 ones;
-
-and, per class, the ops' `training_dependent` flag equals what calling the layer
-with `training=True` and `training=False` on the same input shows.
+One parametrized test per class in `keras_roll.compile.rules.registered_classes()`.
+Each class appears in one of a few shared models (`BUILDERS` maps the class to its
+model); a class with a rule but no model fails the test, so a new rule comes with
+its conformance model. Each model is checked once (outputs, output and neuron
+Jacobians, visible pre-activations, the float64 twin, the rounding guards, the
+`training_dependent` flags: see `keras_roll.testing`); each class's test then
+asserts that its model holds the class and that its layer calls passed.
+`check_rule` itself is tested on user rules, right and deliberately wrong.
 """
 
 from __future__ import annotations
@@ -31,16 +18,14 @@ import functools
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_roll
 from keras_roll.compile import keras_internals
-from keras_roll.compile.rules import registered_classes
+from keras_roll.compile.rules import registered_classes, unregister_rule
+from keras_roll.testing import check_rule
 from tests.model_zoo import randomize_batch_norm
 
 L = keras.layers
-VISIBLE_ACTIVATIONS = (L.ReLU, L.LeakyReLU, L.PReLU, L.Activation)
-MERGE_LAYERS = (L.Add, L.Subtract, L.Average, L.Concatenate)
 
 # --------------------------------------------------------------------------- models
 
@@ -219,109 +204,18 @@ BUILDERS = {
     keras_roll.layers.ScoRNN: "scornn",
 }
 
-# --------------------------------------------------------------------------- references
-
-
-def _close(actual, expected, rtol=1e-5):
-    """Max |actual - expected| relative to max |expected| (0 when both vanish)."""
-    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-12)
-    return float(np.max(np.abs(np.asarray(actual) - expected), initial=0.0)) / scale
-
-
-def _batch_jacobian(fn, x):
-    """`[B, n, D]` Jacobian of the flattened `fn(x)` by back-propagation."""
-    xt = tf.convert_to_tensor(x)
-    with tf.GradientTape() as tape:
-        tape.watch(xt)
-        out = fn(xt)
-        flat = tf.reshape(out, (x.shape[0], -1))
-    jac = tape.batch_jacobian(flat, xt)
-    return flat.numpy(), tf.reshape(jac, (x.shape[0], flat.shape[1], -1)).numpy()
+# --------------------------------------------------------------------------- the test
 
 
 @functools.cache
 def conformance(key):
-    """Builds model `key` and returns `(model, x, lin, errors)`; each error is a
-    relative max deviation from an independent reference."""
+    """`(model, RuleCheck, linearized model)` of model `key`, checked once."""
     model, x = MODELS[key]()
-    lin = keras_roll.linearize(model)
-    errors = {}
-    out = model(x, training=False).numpy()
-    errors["output"] = _close(lin.apply_output_link(lin(x)).numpy().reshape(out.shape), out)
-    logits_model = model
-    if lin.output_link is not None:  # the final layer is the folded link
-        logits_model = keras.Model(model.inputs, model.layers[-1].input)
-    _, ref = _batch_jacobian(lambda t: logits_model(t, training=False), x)
-    errors["output jacobian"] = _close(lin.output_jacobian(x), ref)
-    jac = lin.jacobian(x)
-    z, ref = _batch_jacobian(lambda t: lin.primal(t).neurons.z, x)
-    assert z.shape[1] > 0 and z.shape[1] == jac.shape[1]
-    errors["neuron jacobians"] = _close(jac, ref)
-    layout = lin.layout(x.shape[1:])
-    units = {u.name for u in layout.units}
-    for layer in model.layers:
-        if isinstance(layer, VISIBLE_ACTIVATIONS) and layer.name in units:
-            sub = keras.Model(model.inputs, layer.input)
-            value, ref = _batch_jacobian(lambda t, s=sub: s(t, training=False), x)
-            rows = layout.rows(layer.name)
-            errors[f"{layer.name} pre-activations"] = _close(
-                lin.forward(x).neurons.z.numpy()[:, rows], value)
-            errors[f"{layer.name} jacobian"] = _close(jac[:, rows], ref)
-    errors.update(_float64_errors(model, x, lin))
-    return model, x, lin, errors
-
-
-def _float64_errors(model, x, lin):
-    """The float64 twin and the rounding bound of `keras_roll.rounding.worst_case`, per model.
-
-    * the float64 twin's logits equal the model's, its neuron Jacobians the tape's
-      Jacobian of its own float64 neurons;
-    * the bound holds: `|z| <= at_x`, `sum_k |dz/dx_k| <= per_radius` (the
-      Lipschitz part) and `|z32 - z64| <= (g_eval + g_exact) at_x` for the
-      float32 twin's neurons (the model's own layer calls).
-
-    A violated inequality is reported as its relative excess (0 when it holds).
-    """
-    twin = lin.at_dtype("float64")
-    errors = {}
-    out = model(x, training=False).numpy().astype(np.float64)
-    errors["float64 output"] = _close(
-        twin.apply_output_link(twin(x)).numpy().reshape(out.shape), out)
-    jac = twin.jacobian(x)
-    z, ref = _batch_jacobian(lambda t: twin.primal(t).neurons.z, x.astype(np.float64))
-    errors["float64 neuron jacobians"] = _close(jac, ref)
-    fwd = twin.forward(x)
-    rb = twin.compiled.rounding(fwd.trace)
-    at_x, per_r = rb.at_x.numpy(), rb.per_radius.numpy()
-    bound = (rb.g_eval.numpy() + rb.g_exact.numpy()) * at_x
-    z32 = lin.forward(x).neurons.z.numpy().astype(np.float64)
-    valid = fwd.neurons.valid.numpy()
-    scale = max(float(np.max(at_x, initial=0.0)), 1e-12)
-    errors["magnitude bound"] = float(np.max(np.abs(z) - at_x, initial=0.0)) / scale
-    errors["lipschitz bound"] = float(np.max(np.abs(jac).sum(-1) - per_r, initial=0.0)) / scale
-    excess = np.where(valid, np.abs(z32 - z) - bound, 0.0)
-    errors["rounding bound"] = max(float(np.max(excess, initial=0.0)), 0.0) / scale
-    assert np.any(bound[valid] > 0) or not valid.any()  # the bound is not vacuous
-    return errors
-
-
-def _changes_in_training(layer, model, x) -> bool:
-    """Whether `layer` computes something else with training=True (independent of rules)."""
-    if not isinstance(layer, L.Layer):
-        return False
-    inputs = keras.Model(model.inputs, layer.input)(x, training=False)
-    if isinstance(inputs, (list, tuple)) and not isinstance(layer, MERGE_LAYERS):
-        inputs = inputs[0]  # a recurrent layer's input also lists its mask
-    train = layer(inputs, training=True)
-    infer = layer(inputs, training=False)
-    return not np.allclose(keras.ops.convert_to_numpy(train), keras.ops.convert_to_numpy(infer))
+    return model, check_rule(model, input_data=x), keras_roll.linearize(model)
 
 
 def _param_id(cls):
     return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
-
-
-# --------------------------------------------------------------------------- the test
 
 
 @pytest.mark.parametrize("layer_class", registered_classes(), ids=_param_id)
@@ -329,18 +223,84 @@ def test_rule_matches_gradient_tape(layer_class):
     if layer_class not in BUILDERS:
         pytest.fail(f"{layer_class.__name__} has a registered rule but no conformance model: "
                     f"add it to a model in tests/test_rule_conformance.py and to BUILDERS.")
-    model, x, lin, errors = conformance(BUILDERS[layer_class])
-    steps = [s for s in lin.program.steps if type(s.layer) is layer_class]
+    model, result, lin = conformance(BUILDERS[layer_class])
+    steps = {s.name for s in lin.program.steps if type(s.layer) is layer_class}
     assert steps, f"model '{model.name}' has no {layer_class.__name__}"
-    for name, err in errors.items():
-        assert err <= 1e-5, f"{model.name}: {name} deviates by {err:.2e} (relative)"
-    for step in steps:
-        expected = _changes_in_training(step.layer, model, x)
-        assert all(op.training_dependent == expected for op in step.ops), step.name
-        if expected:
-            assert not lin.inference_equals_training
+    assert result.errors and max(result.errors.values()) <= 1e-5
+    flags = {name: (flag, actual) for name, flag, actual in result.training_flags}
+    for name in steps & set(flags):
+        assert flags[name][0] == flags[name][1], name
 
 
 def test_every_builder_class_is_registered():
     """BUILDERS names no class without a rule (a stale entry would test nothing)."""
     assert set(BUILDERS) <= set(registered_classes())
+
+
+# --------------------------------------------------------------------------- user rules
+
+
+class Scale(keras.layers.Layer):
+    """`x * factor`, plus `shift` in training only (a layer with a training mode)."""
+
+    def __init__(self, factor=2.0, shift=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.factor, self.shift = factor, shift
+
+    def call(self, x, training=None):
+        return x * self.factor + (self.shift if training else 0.0)
+
+
+@pytest.fixture
+def scale_rule():
+    """Registers a `Scale` rule for one test: `scale_rule(linear, **linear_kwargs)`."""
+
+    def register(linear, **kwargs):
+        keras_roll.register_rule(
+            Scale, lambda layer: keras_roll.compile.rules.Linear(
+                layer, lambda xs: linear(layer, xs[0]), **kwargs), override=True)
+
+    yield register
+    unregister_rule(Scale)
+
+
+def test_check_rule_passes_a_right_user_rule(scale_rule):
+    scale_rule(lambda layer, x: x * layer.factor)
+    result = check_rule(Scale(1.5, name="scale"), input_shape=(4,))
+    assert max(result.errors.values()) <= 1e-5
+    assert ("scale", False, False) in result.training_flags
+
+
+def test_check_rule_catches_a_wrong_tangent(scale_rule):
+    """The tangent doubles the slope; the forward pass (the layer's own call) is right."""
+    scale_rule(lambda layer, x: 2.0 * x * layer.factor)
+    with pytest.raises(AssertionError, match=r"(?s)layer 'scale' of class Scale.*"
+                       r"first layer whose output Jacobian differs: 'scale' \(Scale\).*"
+                       r"output jacobian: off by"):
+        check_rule(Scale(1.5, name="scale"), input_shape=(4,))
+
+
+def test_check_rule_catches_a_wrong_training_flag(scale_rule):
+    scale_rule(lambda layer, x: x * layer.factor)
+    with pytest.raises(AssertionError, match="'scale': its ops say training_dependent=False"):
+        check_rule(Scale(1.5, shift=1.0, name="scale"), input_shape=(4,))
+    scale_rule(lambda layer, x: x * layer.factor, training_dependent=True)
+    check_rule(Scale(1.5, shift=1.0, name="scale"), input_shape=(4,))
+
+
+def test_check_rule_catches_a_wrong_rounding_magnitude(scale_rule):
+    """A `magnitude=` that claims the layer's outputs are 0: the observed float32
+    error exceeds the guard built on it."""
+    scale_rule(lambda layer, x: x * layer.factor,
+               magnitude=lambda bounds, affine: 0.0 * bounds[0])
+    with pytest.raises(AssertionError, match="rounding guard of rigor 'strict': off by"):
+        check_rule(Scale(1.1, name="scale"), input_shape=(4,))
+
+
+def test_check_rule_refuses_what_it_cannot_check():
+    with pytest.raises(ValueError, match="needs `input_shape`"):
+        check_rule(L.Dense(2))
+    with pytest.raises(TypeError, match="takes a keras.layers.Layer or a keras.Model"):
+        check_rule(np.zeros(3), input_shape=(3,))
+    with pytest.raises(keras_roll.UnsupportedModelError):
+        check_rule(L.Dense(2, activation="tanh"), input_shape=(3,))

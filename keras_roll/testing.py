@@ -1,0 +1,313 @@
+"""Test a linearization rule against `tf.GradientTape`: `check_rule`.
+
+In the manner of Keras' `run_layer_test`: one call builds a small model around a
+layer (or takes a model), linearizes it and compares the twin with references
+that do not use the twin's tangent rules:
+
+* the twin's output equals the Keras model's (`model(x, training=False)`);
+* the output Jacobian equals `tf.GradientTape.batch_jacobian` of the model's
+  logits (before a folded softmax / sigmoid);
+* the neuron Jacobians of the tangent pass equal the tape's Jacobian of the
+  neurons' values computed by the forward pass (reverse mode through the primal
+  rules against forward mode through the tangent rules);
+* the pre-activations of every ReLU / LeakyReLU / PReLU / Activation layer, and
+  their Jacobians, equal the tape's on the Keras model cut at that layer;
+* all of the above again for the float64 twin (`lin.at_dtype("float64")`);
+* the rounding guards of `rigor="strict"` and `rigor="float64"` are finite,
+  not vacuous, and cover the observed error of the float32 neurons;
+* each op's `training_dependent` flag says whether its layer computes something
+  else with `training=True` (the layer's state is restored afterwards).
+
+A failure raises one `AssertionError` that lists every check that failed and
+names the first layer whose own output Jacobian differs from the tape's.
+docs/design.md, section "Rules"; docs/guide.md, section "Custom rules".
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_roll.certification.margins import rounding_errors
+from keras_roll.compile.twin import Linearized, linearize
+
+__all__ = ["RuleCheck", "check_rule"]
+
+_VISIBLE_ACTIVATIONS = (keras.layers.ReLU, keras.layers.LeakyReLU, keras.layers.PReLU,
+                        keras.layers.Activation)
+_MERGES = (keras.layers.Add, keras.layers.Subtract, keras.layers.Average,
+           keras.layers.Concatenate, keras.layers.Multiply, keras.layers.Maximum,
+           keras.layers.Minimum, keras.layers.Dot)
+_RIGORS = ("strict", "float64")
+
+
+class RuleCheck(NamedTuple):
+    """What `check_rule` measured.
+
+    Attributes:
+        model: the model that was checked (built around the layer if one was given).
+        x: the float32 inputs it was checked on.
+        errors: per check, the largest deviation relative to the reference's
+            largest magnitude; for the rounding guards, the largest excess of
+            the observed error over the bound, as a fraction of the bound.
+        training_flags: per layer call, `(step name, the ops' flag, what the
+            layer does)`, whether it computes something else with `training=True`.
+        inference_equals_training: what the twin says of the whole model.
+    """
+
+    model: keras.Model
+    x: np.ndarray
+    errors: dict[str, float]
+    training_flags: list[tuple[str, bool, bool]]
+    inference_equals_training: bool
+
+    def failures(self, rtol: float) -> list[str]:
+        """One line per check that failed with tolerance `rtol`."""
+        lines = [f"{name}: off by {err:.2e}, relative to the reference (tolerance {rtol:.0e})"
+                 for name, err in self.errors.items() if not err <= rtol]
+        lines += [f"'{name}': its ops say training_dependent={flag}, but the layer "
+                  f"{'does' if actual else 'does not'} compute something else with "
+                  f"training=True" for name, flag, actual in self.training_flags
+                  if flag != actual]
+        if self.inference_equals_training and any(a for _, _, a in self.training_flags):
+            lines.append("the twin says inference equals training, but a layer computes "
+                         "something else with training=True")
+        return lines
+
+
+def check_rule(layer_or_model, input_shape=None, input_data=None, *, batch_size: int = 3,
+               rtol: float = 1e-5, seed: int = 0) -> RuleCheck:
+    """Checks the linearization rules of a layer (or of every layer of a model).
+
+    A layer is built into `Input(input_shape) -> layer -> ReLU -> Flatten ->
+    Dense(3)`, so that its output feeds neurons; pass a model instead for a layer
+    that needs several inputs, a mask or other layers around it (the model must be
+    one keras_roll can linearize). The checks are listed in the module docstring.
+
+    Args:
+        layer_or_model: a `keras.layers.Layer` instance whose class has a rule
+            (`keras_roll.register_rule`), or a `keras.Model`.
+        input_shape: per-example input shape, without the batch axis. Needed for
+            a layer unless `input_data` is given; a model's own shape by default.
+        input_data: the inputs to check on, with a batch axis; by default
+            `batch_size` standard-normal examples drawn with `seed`.
+        batch_size: examples drawn when `input_data` is None.
+        rtol: tolerance of every check, relative to the reference's largest
+            magnitude (float32 arithmetic).
+        seed: seed of the drawn inputs and of the weights of the added layers.
+
+    Returns:
+        A `RuleCheck` with every measured deviation.
+
+    Raises:
+        AssertionError: when a check fails; the message names the layer and
+            lists what differed.
+        keras_roll.UnsupportedModelError: when the model cannot be linearized
+            (a layer without a rule).
+
+    Example:
+
+    ```python
+    keras_roll.testing.check_rule(MyScale(2.0), input_shape=(4,))
+    ```
+    """
+    if not (isinstance(rtol, (int, float)) and rtol > 0):
+        raise ValueError(f"`rtol` must be a positive number, got {rtol!r}.")
+    model = _model_for(layer_or_model, input_shape, input_data, seed)
+    x = _inputs_for(model, input_data, batch_size, seed)
+    lin = linearize(model)
+    errors = {**_float32_errors(model, x, lin), **_float64_errors(model, x, lin),
+              **_guard_errors(lin, x)}
+    flags = _training_flags(model, x, lin)
+    result = RuleCheck(model, x, errors, flags, lin.inference_equals_training)
+    failed = result.failures(rtol)
+    if failed:
+        culprit = _first_deviating_layer(model, x, rtol)
+        where = f"; first layer whose output Jacobian differs: {culprit}" if culprit else ""
+        raise AssertionError(
+            f"check_rule: the rules of model '{model.name}' ({_describe(layer_or_model)}) "
+            f"disagree with the references{where}:\n  " + "\n  ".join(failed))
+    return result
+
+
+def _describe(layer_or_model) -> str:
+    kind = type(layer_or_model).__name__
+    return f"layer '{layer_or_model.name}' of class {kind}" if not isinstance(
+        layer_or_model, keras.Model) else f"{kind} model"
+
+
+def _model_for(layer_or_model, input_shape, input_data, seed) -> keras.Model:
+    if isinstance(layer_or_model, keras.Model):
+        return layer_or_model
+    if not isinstance(layer_or_model, keras.layers.Layer):
+        raise TypeError(f"check_rule takes a keras.layers.Layer or a keras.Model, got "
+                        f"{type(layer_or_model).__name__}.")
+    if input_shape is None and input_data is None:
+        raise ValueError(f"check_rule needs `input_shape` (or `input_data`) to build a model "
+                         f"around layer '{layer_or_model.name}', e.g. input_shape=(4,).")
+    shape = tuple(input_shape) if input_shape is not None else np.shape(input_data)[1:]
+    keras.utils.set_random_seed(seed)
+    inp = keras.Input(shape)
+    h = layer_or_model(inp)
+    h = keras.layers.ReLU(name="check_rule_relu")(h)
+    h = keras.layers.Flatten(name="check_rule_flatten")(h)
+    out = keras.layers.Dense(3, name="check_rule_logits")(h)
+    return keras.Model(inp, out, name=f"check_rule_{layer_or_model.name}")
+
+
+def _inputs_for(model, input_data, batch_size, seed) -> np.ndarray:
+    if input_data is not None:
+        return np.asarray(input_data, dtype="float32")
+    shape = tuple(model.inputs[0].shape[1:])
+    if None in shape:
+        raise ValueError(f"Model '{model.name}' has an input of unknown size {shape}: "
+                         f"pass `input_data` to check_rule.")
+    return np.random.default_rng(seed).normal(size=(batch_size, *shape)).astype("float32")
+
+
+def _relative(actual, expected) -> float:
+    """Max |actual - expected| relative to max |expected| (0 when both vanish)."""
+    expected = np.asarray(expected, dtype=np.float64)
+    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-12)
+    return float(np.max(np.abs(np.asarray(actual) - expected), initial=0.0)) / scale
+
+
+def _tape_jacobian(fn, x):
+    """`(values [B, n], Jacobian [B, n, D])` of the flattened `fn(x)` by back-propagation.
+
+    `fn` may return several tensors; they are flattened and concatenated."""
+    xt = tf.convert_to_tensor(x)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(xt)
+        outs = tf.nest.flatten(fn(xt))
+        flat = tf.concat([tf.reshape(o, (x.shape[0], -1)) for o in outs], axis=1)
+    # A loop of reverse passes is cheaper than vectorizing them for a few outputs.
+    jac = tape.batch_jacobian(flat, xt, experimental_use_pfor=flat.shape[1] > 8)
+    return flat.numpy(), tf.reshape(jac, (x.shape[0], flat.shape[1], -1)).numpy()
+
+
+def _logits_tensor(model: keras.Model, lin: Linearized):
+    if lin.output_link is None:
+        return model.outputs[0]
+    return model.layers[-1].input  # before the folded link
+
+
+def _float32_errors(model, x, lin) -> dict[str, float]:
+    out = model(x, training=False).numpy()
+    errors = {"output": _relative(lin.apply_output_link(lin(x)).numpy().reshape(out.shape),
+                                  out)}
+    layout = lin.layout(x.shape[1:])
+    units = {u.name for u in layout.units}
+    visible = [layer for layer in model.layers
+               if isinstance(layer, _VISIBLE_ACTIVATIONS) and layer.name in units]
+    # One tape for the logits and every visible pre-activation: the model cut there.
+    cut = keras.Model(model.inputs[0], [_logits_tensor(model, lin)]
+                      + [layer.input for layer in visible])
+    values, ref = _tape_jacobian(lambda t: cut(t, training=False), x)
+    n_out = int(np.prod(cut.outputs[0].shape[1:]))
+    errors["output jacobian"] = _relative(lin.output_jacobian(x), ref[:, :n_out])
+    jac = lin.jacobian(x)
+    _, neuron_ref = _tape_jacobian(lambda t: lin.primal(t).neurons.z, x)
+    errors["neuron jacobians"] = _relative(jac, neuron_ref)
+    z = lin.forward(x).neurons.z.numpy()
+    start = n_out
+    for layer in visible:
+        rows = layout.rows(layer.name)
+        size = int(np.prod(layer.input.shape[1:]))
+        part = slice(start, start + size)
+        start += size
+        errors[f"'{layer.name}' pre-activations"] = _relative(z[:, rows], values[:, part])
+        errors[f"'{layer.name}' jacobian"] = _relative(jac[:, rows], ref[:, part])
+    return errors
+
+
+def _float64_errors(model, x, lin) -> dict[str, float]:
+    twin = lin.at_dtype("float64")
+    out = model(x, training=False).numpy().astype(np.float64)
+    x64 = x.astype(np.float64)
+    _, ref = _tape_jacobian(lambda t: twin.primal(t).neurons.z, x64)
+    return {
+        "float64 output": _relative(
+            twin.apply_output_link(twin(x)).numpy().reshape(out.shape), out),
+        "float64 neuron jacobians": _relative(twin.jacobian(x), ref),
+    }
+
+
+def _guard_errors(lin, x) -> dict[str, float]:
+    """The guards certificates subtract against the float32 neurons' observed error.
+
+    Each guard bounds `|z32 - z64|` (the model's float32 evaluation against the
+    float64 twin) per neuron at `x`. Reported: by how much the observed error
+    exceeds the bound, as a fraction of the bound (0 when the bound holds; inf
+    where a bound of 0 is exceeded); a bound that is not finite or vanishes
+    everywhere counts as inf too.
+    """
+    twin = lin.at_dtype("float64")
+    fwd = twin.forward(x)
+    z64 = fwd.neurons.z.numpy()
+    valid = fwd.neurons.valid.numpy()
+    observed = np.where(valid, np.abs(lin.forward(x).neurons.z.numpy() - z64), 0.0)
+    errors = {}
+    for rigor in _RIGORS:
+        bound = rounding_errors(twin, fwd, rigor).at_x
+        usable = bool(np.all(np.isfinite(bound[valid]))) and (
+            not valid.any() or bool(np.any(bound[valid] > 0)))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            excess = np.where(observed > bound, observed / bound - 1.0, 0.0)
+        errors[f"rounding guard of rigor '{rigor}'"] = (
+            float(np.max(excess, initial=0.0)) if usable else float("inf"))
+    return errors
+
+
+def _training_flags(model, x, lin) -> list[tuple[str, bool, bool]]:
+    flags = []
+    for step in lin.program.steps:
+        if not step.ops or not isinstance(step.layer, keras.layers.Layer):
+            continue
+        actual = _changes_in_training(step.layer, model, x)
+        if actual is None:
+            continue
+        flag = any(op.training_dependent for op in step.ops)
+        flags.append((step.name, flag, actual))
+    return flags
+
+
+def _changes_in_training(layer, model, x) -> bool | None:
+    """Whether `layer` computes something else with training=True (None: a shared
+    layer, whose input is not one tensor of the model). Its variables are restored."""
+    try:
+        inputs = keras.Model(model.inputs[0], layer.input)(x, training=False)
+    except (AttributeError, ValueError):
+        return None
+    if isinstance(inputs, (list, tuple)) and not isinstance(layer, _MERGES):
+        inputs = inputs[0]  # a recurrent layer's input also lists its mask
+    saved = [v.numpy() for v in layer.variables]
+    try:
+        train = keras.ops.convert_to_numpy(layer(inputs, training=True))
+        infer = keras.ops.convert_to_numpy(layer(inputs, training=False))
+    finally:
+        for v, value in zip(layer.variables, saved):
+            v.assign(value)
+    return not np.allclose(train, infer)
+
+
+def _first_deviating_layer(model, x, rtol) -> str | None:
+    """The first layer, in model order, whose output's Jacobian (the model cut at
+    that layer, linearized) differs from the tape's."""
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.InputLayer):
+            continue
+        try:
+            cut = keras.Model(model.inputs[0], layer.output)
+            lin = linearize(cut)
+        except (AttributeError, ValueError):
+            continue  # a shared layer, or a cut keras_roll refuses
+        if lin.output_link is not None:
+            continue
+        _, ref = _tape_jacobian(lambda t, m=cut: m(t, training=False), x)
+        if not _relative(lin.output_jacobian(x), ref) <= rtol:
+            return f"'{layer.name}' ({type(layer).__name__})"
+    return None
