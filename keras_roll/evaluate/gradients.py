@@ -154,8 +154,9 @@ class LogitGradients:
 
     # ------------------------------------------------------------------ compiled
 
-    def select(self, x, index, sign):
-        """Traceable core: `(grad, logits [n, L], neurons)` of `sign * logits[:, index]`.
+    def select(self, x, index, sign, trace: bool = False):
+        """Traceable core: `(grad, logits [n, L], neurons)` of `sign * logits[:, index]`,
+        and the forward pass's `Trace` with `trace=True`.
 
         For use inside a `tf.function` (the other methods are compiled already).
         """
@@ -168,6 +169,8 @@ class LogitGradients:
         grad = tape.gradient(total, x)
         if grad is None:  # the selected logit does not depend on the input
             grad = tf.zeros_like(x)
+        if trace:
+            return grad, logits, fwd.neurons, fwd.trace
         return grad, logits, fwd.neurons
 
     def _grad_impl(self, x, index, sign):

@@ -17,12 +17,10 @@ result is exact up to round-off, its attributions sum to `f(x) - f(x0)`
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.certification.margins import directional_margins
 from keras_roll.evaluate.gradients import (
     LogitGradients,
     check_count,
@@ -30,13 +28,12 @@ from keras_roll.evaluate.gradients import (
     check_labels,
     label_classes,
 )
+from keras_roll.evaluate.path_walk import exact_walk
 from keras_roll.options import check_verbose, fixed_budget, progress_bar
 
 __all__ = ["IntegratedGradients", "integrated_gradients"]
 
 DEFAULT_MAX_REGIONS = 100_000
-_PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_MAX_SHRINKS = 200  # halvings of the probe step before giving up on one region
 
 
 @dataclasses.dataclass(repr=False)
@@ -139,7 +136,7 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
     f_b = sign * logits_b.astype(np.float64)[rows, index]
     with progress_bar(n, verbose, "integrated gradients") as bar:
         if steps is None:
-            attr, regions = _exact(engine, x, base, index, sign, max_regions, budget, bar)
+            attr, regions = exact_walk(engine, x, base, index, sign, max_regions, budget, bar)
         else:
             attr, regions = _riemann(engine, x, base, index, sign, steps, budget, bar), None
     delta = attr.reshape(n, int(np.prod(x.shape[1:]))).sum(axis=1) - (f_x - f_b)
@@ -180,96 +177,3 @@ def _riemann(engine, x, base, index, sign, steps, budget, bar):
         np.add.at(total, e, grad.astype(np.float64))
         bar.update(int(np.sum(i == steps)))  # examples whose last point is done
     return (x64 - b64) * total / steps
-
-
-def _probe_fn(engine: LogitGradients):
-    """Compiled probe: margins forward / backward along the path, and the gradient."""
-    fn = _PROBES.get(engine)
-    if fn is None:
-        lin = engine.lin
-
-        def probe(pts, d, index, sign):
-            grad, _, neurons = engine.select(pts, index, sign)
-            rates = lin.jvp(pts, d).neurons  # [a, 1, N]
-            both = tf.concat([rates, -rates], axis=1)
-            eps, _ = directional_margins(both, neurons.below, neurons.above, neurons.valid)
-            pattern = tf.where(neurons.valid, neurons.piece, -tf.ones_like(neurons.piece))
-            return eps, grad, pattern
-
-        fn = _PROBES[engine] = tf.function(probe, reduce_retracing=True, autograph=False)
-    return fn
-
-
-def _exact(engine, x, base, index, sign, max_regions, budget, bar):
-    lin = engine.lin
-    n = x.shape[0]
-    ex_shape = x.shape[1:]
-    dtype = np.dtype(lin.dtype)
-    eps_f = float(np.finfo(dtype).eps)
-    tol = 64 * eps_f  # path-parameter slivers thinner than this are merged
-    tau0 = float(np.sqrt(eps_f))  # first probe step beyond the current point
-    d = int(np.prod(ex_shape))
-    b64 = base.reshape(n, d).astype(np.float64)
-    d64 = x.reshape(n, d).astype(np.float64) - b64
-    d_model = d64.astype(dtype).reshape(n, 1, *ex_shape)
-    attr = np.zeros_like(d64)
-    regions = np.zeros(n, np.int64)
-    segments = np.zeros(n, np.int64)
-    shrinks = np.zeros(n, np.int64)
-    t = np.zeros(n)
-    s = np.full(n, min(tau0, 0.5))
-    chunk = engine.chunk_size(ex_shape, budget, total=n, scale=2.0)  # + the JVP
-    active = np.arange(n)
-    probe = _probe_fn(engine)
-    last = [None] * n  # pattern key of the last segment of every path
-    while active.size:
-        for c0 in range(0, active.size, chunk):
-            act = active[c0:c0 + chunk]
-            pts = (b64[act] + s[act, None] * d64[act]).astype(dtype).reshape(-1, *ex_shape)
-            eps, grad, pattern = probe(tf.constant(pts), tf.constant(d_model[act]),
-                                       tf.constant(index[act]),
-                                       tf.constant(sign[act].astype(dtype)))
-            eps = eps.numpy().astype(np.float64)
-            forward, backward = eps[:, 0], eps[:, 1]
-            start = s[act] - backward
-            ok = start <= t[act] + tol
-            acc = act[ok]
-            if acc.size:
-                grad = grad.numpy()[ok]
-                end = np.minimum(1.0, s[acc] + forward[ok])
-                end = np.where(end >= 1.0 - tol, 1.0, end)
-                attr[acc] += grad.reshape(acc.size, d) * d64[acc] * (end - t[acc])[:, None]
-                # A segment with the pattern of the previous one is the same region (its
-                # end was found a little early by round-off): count it once.
-                keys = [hash(row.tobytes()) for row in pattern.numpy()[ok]]
-                for e, key in zip(acc, keys):
-                    if key != last[e]:
-                        regions[e] += 1
-                        last[e] = key
-                t[acc] = end
-                shrinks[acc] = 0
-                s[acc] = t[acc] + np.minimum(tau0, (1.0 - t[acc]) / 2)
-                segments[acc] += 1
-                over = acc[(segments[acc] >= max_regions) & (t[acc] < 1.0)]
-                if over.size:
-                    raise RuntimeError(
-                        f"The path from the baseline to example {int(over[0])} crossed "
-                        f"{max_regions} linear regions and reached only t={t[over[0]]:.6g} "
-                        f"of 1; raise max_regions, or use steps=k for a Riemann sum."
-                    )
-                finished = int(np.sum(t[acc] >= 1.0))
-                if finished:
-                    bar.update(finished)
-            bad = act[~ok]
-            if bad.size:  # the probe's region starts after t: probe closer to t
-                shrinks[bad] += 1
-                if np.any(shrinks[bad] > _MAX_SHRINKS):
-                    e = int(bad[np.argmax(shrinks[bad])])
-                    raise RuntimeError(
-                        f"Could not find the linear region after t={t[e]:.17g} on the path "
-                        f"of example {e} after {_MAX_SHRINKS} halvings of the probe step; "
-                        f"use steps=k for a Riemann sum."
-                    )
-                s[bad] = t[bad] + (start[~ok] - t[bad]) / 2
-        active = active[t[active] < 1.0]
-    return attr.reshape(n, *ex_shape), regions

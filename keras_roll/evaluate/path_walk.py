@@ -1,0 +1,219 @@
+"""The exact integrated-gradients walk: the linear regions of a straight path.
+
+Along the path `x0 + t d`, `t in [0, 1]`, a piecewise-linear network is linear
+on intervals of `t`, one per linear region the path crosses. A *probe* at a
+point `t` of the path (one batched, compiled call: forward pass, the frozen-pattern
+tangent along `d`, and the input gradient of the label logit) returns the
+interval `[t - back, t + forward]` of its region (its directional margins both
+ways along the path), the region's gradient and a key of its activation
+pattern. The walk covers `[0, 1]` with such intervals:
+
+* every round probes all uncovered gaps of all paths at once: next to both ends
+  of each gap (a region found there either reaches the end, or the gap shrinks
+  to the part between them and the next probe goes half as far), and, in gaps
+  longer than the average region, evenly spaced inside;
+* the average region width is estimated from the inside probes (a region holding
+  a uniformly placed probe is length-biased; the mean of `1 / width` is not);
+* a region claims its interval up to the edges already claimed by its
+  neighbours, so the claimed intervals partition `[0, 1]`; gaps narrower than
+  64 machine epsilons of `t` (slivers) go to the region that closes them.
+
+The integral of the gradient is the sum of each region's gradient times its
+claimed length. The cost is one probe per region crossed plus the probes that
+land in a region found already (about a third), in about `log2` of the largest
+gap's region count rounds of batched calls. See docs/design.md, section
+"Exact integrated gradients".
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from keras_roll.evaluate.path_program import PathTwin, first_crossings
+
+__all__ = ["exact_walk"]
+
+SLIVER_EPSILONS = 64  # path-parameter gaps thinner than this many epsilons are merged
+FIRST_PROBES = 16  # probes of a path's first round, evenly spaced
+_MAX_IDLE_ROUNDS = 200  # rounds in a row without a new region before giving up
+
+
+class _Path:
+    """The claimed intervals of one path, sorted, disjoint, and their pattern keys."""
+
+    __slots__ = ("left", "right", "keys", "covered", "idle")
+
+    def __init__(self):
+        self.left: list[float] = []
+        self.right: list[float] = []
+        self.keys: list[tuple] = []
+        self.covered = 0.0  # claimed length
+        self.idle = 0
+
+    def density(self) -> float:
+        """Estimated regions per unit of `t`: claimed regions per claimed length (an
+        underestimate, as regions holding an inside probe are longer than average)."""
+        if not self.keys or self.covered <= 0.0:
+            return float(FIRST_PROBES)
+        return len(self.keys) / self.covered
+
+    def gaps(self, tol: float) -> list[tuple[float, float]]:
+        edges = [0.0, *self.right], [*self.left, 1.0]
+        return [(a, b) for a, b in zip(*edges) if b - a > tol]
+
+    def claim(self, p: float, lo: float, hi: float, key: tuple, tol: float) -> float:
+        """Claims the region `[lo, hi]` found at `p`; returns its claimed length (0: a
+        region claimed already)."""
+        i = bisect.bisect_right(self.left, p)
+        if i and p <= self.right[i - 1]:
+            return 0.0
+        a = self.right[i - 1] if i else 0.0
+        b = self.left[i] if i < len(self.left) else 1.0
+        left = a if lo <= a + tol else lo
+        right = b if hi >= b - tol else hi
+        if right <= left:
+            return 0.0
+        self.left.insert(i, left)
+        self.right.insert(i, right)
+        self.keys.insert(i, key)
+        self.covered += right - left
+        return right - left
+
+    def regions(self) -> int:
+        """Regions crossed: runs of equal pattern keys (a segment ended early by
+        round-off continues the same region)."""
+        return sum(1 for i, k in enumerate(self.keys) if i == 0 or k != self.keys[i - 1])
+
+
+def _plan(path: _Path, tau0: float, tol: float) -> tuple[list[float], list[bool]]:
+    """The probes of a path's next round and whether each is an inside probe."""
+    points, inside = [], []
+    rho = path.density()
+    for a, b in path.gaps(tol):
+        length = b - a
+        step = min(tau0, length / 2)
+        points.append(a + step)
+        inside.append(False)
+        expected = length * rho
+        if expected > 1.0:
+            points.append(b - step)
+            inside.append(False)
+            k = int(expected) - 1
+            points.extend(a + length * (np.arange(k) + 1.0) / (k + 1))
+            inside.extend([True] * k)
+    return points, inside
+
+
+def exact_walk(engine, x, base, index, sign, max_regions, budget, bar):
+    """Exact integrated gradients of a batch (see the module docstring).
+
+    Args:
+        engine: the `LogitGradients` of the model.
+        x, base: `[n, *input_shape]` inputs and baselines (model dtype).
+        index, sign: `[n]` selected logit and sign per example.
+        max_regions: the most regions a path may cross.
+        budget: bytes per compiled call, or None.
+        bar: a progress bar over examples.
+
+    Returns:
+        `(attributions [n, *input_shape] float64, regions [n] int64)`.
+    """
+    n, ex_shape = x.shape[0], x.shape[1:]
+    dtype = np.dtype(engine.lin.dtype)
+    eps_f = float(np.finfo(dtype).eps)
+    tol = SLIVER_EPSILONS * eps_f
+    tau0 = float(np.sqrt(eps_f))  # probe step beyond a covered end
+    b64 = base.reshape(n, -1).astype(np.float64)
+    d64 = x.reshape(n, -1).astype(np.float64) - b64
+    twin = PathTwin.of(engine)
+    u0, u1 = twin.ends(base.astype(dtype), d64.astype(dtype).reshape(x.shape))
+    crossings = (first_crossings(u0.numpy(), u1.numpy(), twin.first.breakpoints)
+                 if twin.hoists_first_unit else None)
+    walk = _Walk(twin, u0, u1, crossings, index, sign.astype(dtype), tol)
+    paths = walk.paths
+    active = list(range(n))
+    chunk = engine.chunk_size(ex_shape, budget, scale=2.0)  # + the tangent pass
+    while active:
+        owner, points, inside = [], [], []
+        for e in active:
+            pts, ins = _plan(paths[e], tau0, tol)
+            owner.extend([e] * len(pts))
+            points.extend(pts)
+            inside.extend(ins)
+        owner, points = np.asarray(owner), np.asarray(points, np.float64)
+        for c0 in range(0, owner.size, chunk):
+            walk.run(owner[c0:c0 + chunk], points[c0:c0 + chunk], inside[c0:c0 + chunk])
+        still = []
+        for e in active:
+            if paths[e].gaps(tol):
+                _check_limits(paths[e], e, max_regions)
+                still.append(e)
+            else:
+                bar.update(1)
+        active = still
+    grad = twin.pull_back(walk.total, ex_shape).reshape(n, -1)
+    attr = (d64 * grad).reshape(n, *ex_shape)
+    return attr, np.array([p.regions() for p in paths], np.int64)
+
+
+class _Walk:
+    """Runs rounds of probes and claims their regions; sums the weighted gradients."""
+
+    def __init__(self, twin, u0, u1, crossings, index, sign, tol):
+        self.twin, self.u0, self.u1 = twin, u0, u1
+        self.crossings = crossings
+        self.index, self.sign, self.tol = index, sign, tol
+        n = int(u0.shape[0])
+        self.paths = [_Path() for _ in range(n)]
+        self.total = np.zeros((n, int(np.prod(u0.shape[1:]))))
+
+    def run(self, owner, points, inside):
+        forward, back, keys, grad = self.twin.probe(self.u0, self.u1, owner, points,
+                                                    self.index[owner], self.sign[owner])
+        lo = points - back.astype(np.float64)
+        hi = points + forward.astype(np.float64)
+        keys = keys.tolist()
+        if self.crossings is not None:
+            lo, hi, keys = self._first_unit(owner, points, lo, hi, keys)
+        weights = np.zeros(owner.size)
+        for j, (e, p, a, b) in enumerate(zip(owner.tolist(), points.tolist(), lo.tolist(),
+                                             hi.tolist())):
+            path = self.paths[e]
+            a, b = max(a, 0.0), min(b, 1.0)
+            weights[j] = path.claim(p, a, b, tuple(keys[j]), self.tol)
+        grad = grad.reshape(owner.size, -1)
+        for e in np.unique(owner[weights > 0]):
+            rows = np.flatnonzero(owner == e)
+            self.total[e] += weights[rows] @ grad[rows].astype(np.float64)
+            self.paths[e].idle = 0
+
+    def _first_unit(self, owner, points, lo, hi, keys):
+        """Adds the first activation's crossings (known for the whole path)."""
+        lo, hi = lo.copy(), hi.copy()
+        for e in np.unique(owner):
+            rows = np.flatnonzero(owner == e)
+            times = np.concatenate([[-np.inf], self.crossings[e], [np.inf]])
+            k = np.searchsorted(times, points[rows], side="right")  # >= 1
+            after, before = times[k], times[k - 1]
+            hi[rows] = np.minimum(hi[rows], after)
+            lo[rows] = np.maximum(lo[rows], before)
+            for j, kk in zip(rows.tolist(), k.tolist()):
+                keys[j] = (*keys[j], kk)
+        return lo, hi, keys
+
+
+def _check_limits(path: _Path, e: int, max_regions: int):
+    path.idle += 1
+    if len(path.keys) >= max_regions:
+        covered = sum(r - left for left, r in zip(path.left, path.right))
+        raise RuntimeError(
+            f"The path from the baseline to example {e} crossed {max_regions} linear "
+            f"regions and covered only {covered:.6g} of its length; raise max_regions, or "
+            f"use steps=k for a Riemann sum.")
+    if path.idle > _MAX_IDLE_ROUNDS:
+        a, _ = path.gaps(0.0)[0]
+        raise RuntimeError(
+            f"Could not find the linear region after t={a:.17g} on the path of example {e} "
+            f"in {_MAX_IDLE_ROUNDS} rounds of probes; use steps=k for a Riemann sum.")
