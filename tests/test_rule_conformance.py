@@ -289,12 +289,23 @@ def test_check_rule_catches_a_wrong_training_flag(scale_rule):
 
 
 def test_check_rule_catches_a_wrong_rounding_magnitude(scale_rule):
-    """A `magnitude=` that claims the layer's outputs are 0: the observed float32
+    """A rounding rule that claims the layer's outputs are 0: the observed float32
     error exceeds the guard built on it."""
-    scale_rule(lambda layer, x: x * layer.factor,
-               magnitude=lambda bounds, affine: 0.0 * bounds[0])
-    with pytest.raises(AssertionError, match="rounding guard of rigor 'strict': off by"):
-        check_rule(Scale(1.1, name="scale"), input_shape=(4,))
+    scale_rule(lambda layer, x: x * layer.factor)
+
+    class Zero(keras_roll.rounding.RoundingRule):
+        def magnitude(self, op, bounds, record, affine, mask=None, values=None):
+            return 0.0 * bounds[0]
+
+        def roundings(self, op, inputs):
+            return 1
+
+    keras_roll.rounding.register_rounding_rule(Scale, Zero())
+    try:
+        with pytest.raises(AssertionError, match="rounding guard of rigor 'strict': off by"):
+            check_rule(Scale(1.1, name="scale"), input_shape=(4,))
+    finally:
+        keras_roll.rounding.unregister_rounding_rule(Scale)
 
 
 def test_check_rule_refuses_what_it_cannot_check():

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -43,7 +42,6 @@ from keras_roll.arguments import (
     check_bisect_tol,
     check_directions,
     check_method,
-    for_rigor,
 )
 from keras_roll.batches import is_stream, iter_input_batches, stream_length
 from keras_roll.certification.bisection import bisect_region, bisect_slice
@@ -81,8 +79,7 @@ from keras_roll.options import (
     parse_norms,
     progress_bar,
 )
-from keras_roll.rounding.noise import KAPPA, LAMBDA, noise_bound
-from keras_roll.rounding.worst_case import unit_roundoff
+from keras_roll.rounding.guard import BOUND_SAFETY, RoundingErrors, guard_for  # noqa: F401
 
 __all__ = [
     "Certificate",
@@ -103,9 +100,6 @@ __all__ = [
 ]
 
 INF = math.inf
-# The bounds themselves are computed in float64: inflate them by far more than
-# their own rounding (docs/design.md, section "The rounding bound").
-BOUND_SAFETY = 1.0 + 2.0**-20
 
 
 def _check_arguments(method, bisect_tol, batch_size, memory_budget, verbose, rigor):
@@ -117,61 +111,10 @@ def _check_arguments(method, bisect_tol, batch_size, memory_budget, verbose, rig
     Rigor.parse(rigor)
 
 
-class RoundingErrors(NamedTuple):
-    """What `rigor="float64"` / `"strict"` subtract, for one example slice (numpy, float64).
-
-    Attributes:
-        at_x: `[b, N]` bound on `|computed z_j - exact z_j|` at `x` (the model's
-            evaluation and the float64 twin together).
-        per_radius: `[b, N]` its growth per unit of `||x' - x||_inf` (so of any
-            lp radius), which also bounds the l1 error of the twin's gradient `g_j`.
-        slack: relative error bound of the float64 gradient norms.
-        overflow: `[b]` bool, the model's evaluation may overflow.
-        exact_at_x: `[b, N]` the float64 twin's share of `at_x` (for patterns).
-        strict_at_x: under rigor "float64", the worst-case bound of rigor
-            "strict" (`at_x` is then the probabilistic one): a neuron is safe
-            where either guard keeps it on its piece; None otherwise.
-        strict_per_radius: its growth, likewise.
-    """
-
-    at_x: np.ndarray
-    per_radius: np.ndarray
-    slack: float
-    overflow: np.ndarray
-    exact_at_x: np.ndarray
-    strict_at_x: np.ndarray | None = None
-    strict_per_radius: np.ndarray | None = None
-
-    def terms(self, rows=slice(None), scale=None) -> tuple:
-        """`(E, F, slack)` for `margin_math` (lists of guard alternatives where there
-        are two), for the example rows `rows`; `F` times `scale` if given."""
-        pairs = [(self.at_x, self.per_radius)]
-        if self.strict_at_x is not None:
-            pairs.append((self.strict_at_x, self.strict_per_radius))
-        out_e, out_f = [], []
-        for e, f in pairs:
-            f = f[rows]
-            out_e.append(e[rows])
-            out_f.append(f if scale is None else f[:, None, :] * scale)
-        if len(pairs) == 1:
-            return out_e[0], out_f[0], self.slack
-        return out_e, out_f, self.slack
-
-
 def rounding_errors(twin, fwd, rigor: Rigor = "float64", l1=None,
                     memory_budget: int | None = None) -> RoundingErrors:
-    """The `RoundingErrors` of a float64 forward pass `fwd` of `twin` (see `certify`).
-
-    Args:
-        twin: the float64 `Linearized`.
-        fwd: its `ForwardPass` on a batch.
-        rigor: "float64": the probabilistic guard of `keras_roll.rounding.noise`
-            (`LAMBDA KAPPA` estimated standard deviations of the model's own
-            rounding, plus a rigorous bound on the float64 twin's); "strict":
-            the worst-case bound of `keras_roll.rounding.worst_case`.
-        l1: optional `[b, N]` l1 norms of the neuron gradients (`GradNorms.l1`);
-            they tighten the growth term of rigor "float64".
-        memory_budget: bytes per chunk of the noise pass.
+    """The `RoundingErrors` of a float64 forward pass `fwd` of `twin` under `rigor`
+    ("float64" or "strict"): `keras_roll.rounding.guard_for(rigor).errors(...)`.
 
     Example:
 
@@ -180,54 +123,17 @@ def rounding_errors(twin, fwd, rigor: Rigor = "float64", l1=None,
     err = rounding_errors(twin, twin.forward(x))
     ```
     """
-    d = int(np.prod(fwd.trace.input.shape[1:]))
-    # A sum of D squares (or absolute values), its square root and a division.
-    slack = 4.0 * (d + 16) * unit_roundoff("float64")
-    if Rigor.parse(rigor) is Rigor.STRICT:
-        return _worst_case_errors(twin, fwd, slack)
-    if rigor != "float64":
+    guard = guard_for(rigor)
+    if guard.rigor is Rigor.FLOAT32:
         raise ValueError(f"rounding_errors computes rigor 'float64' or 'strict', got {rigor!r}.")
-    nb = noise_bound(twin, fwd, l1=l1, memory_budget=memory_budget, slack=slack)
-    # The estimates inflated by KAPPA (chi-square lower tail) and LAMBDA (Hoeffding),
-    # and by 1.6 % for the rounding of the pass itself (float32 tangents); the twin's
-    # rigorous bounds doubled for their second-order terms and the bounds' rounding.
-    factor = LAMBDA * KAPPA * (1.0 + 2.0**-6)
-    exact_at_x = 2.0 * nb.exact_at_x * BOUND_SAFETY
-    # The worst-case bound as a second guard: the smaller one for small fan-ins and
-    # under float16. Its magnitudes compound |W| and may overflow where the model's do
-    # not: it then allows nothing (inf), and only the actual magnitudes flag overflow.
-    strict = _worst_case_errors(twin, fwd, slack)
-
-    def finite(t):
-        return np.where(np.isfinite(t), t, np.inf)
-
-    return RoundingErrors((factor * nb.sigma_at_x + 2.0 * nb.exact_at_x) * BOUND_SAFETY,
-                          (factor * nb.sigma_per_radius + 2.0 * nb.exact_per_radius)
-                          * BOUND_SAFETY, slack, nb.overflow,
-                          np.fmin(exact_at_x, strict.exact_at_x), finite(strict.at_x),
-                          finite(strict.per_radius))
-
-
-def _worst_case_errors(twin, fwd, slack) -> RoundingErrors:
-    """Rigor "strict": the worst-case bound (`keras_roll.rounding.worst_case`)."""
-    rb = twin.compiled.rounding(fwd.trace)
-    at_x, per_r = rb.at_x.numpy(), rb.per_radius.numpy()
-    g_eval, g_exact = rb.g_eval.numpy(), rb.g_exact.numpy()
-    # |error| <= (1 + g)(g m + a): the second-order term of relative and absolute errors.
-    grow = (1.0 + g_eval + g_exact) * BOUND_SAFETY
-    absolute = rb.abs_eval.numpy() + rb.abs_exact.numpy()
-    return RoundingErrors(((g_eval + g_exact) * at_x + absolute) * grow,
-                          (g_eval + g_exact) * per_r * grow, slack, rb.overflow.numpy(),
-                          (g_exact * at_x + rb.abs_exact.numpy()) * grow)
+    return guard.errors(twin, fwd, l1=l1, memory_budget=memory_budget)
 
 
 def _errors_and_norms(twin, x, batch_size, budget, rigor):
     """`(example_slice, forward_pass, GradNorms, RoundingErrors or None)` per slice."""
+    guard = guard_for(rigor)
     for sl, fwd, gn in iter_gradient_norms(twin, x, batch_size, budget):
-        err = None
-        if rigor != "float32":
-            err = rounding_errors(twin, fwd, rigor, l1=gn.l1, memory_budget=budget)
-        yield sl, fwd, gn, err
+        yield sl, fwd, gn, guard.errors(twin, fwd, l1=gn.l1, memory_budget=budget)
 
 
 def _nonfinite(fwd, valid, err: RoundingErrors | None) -> np.ndarray:
@@ -377,7 +283,7 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
         raise ValueError("norms=() and no directions: there is nothing to certify. Pass "
                          "norms=(1, 2, np.inf) (or a subset), or directions=.")
     lin = as_linearized(model)
-    twin = for_rigor(lin, rigor)
+    twin = guard_for(rigor).twin(lin)
     budget = int(memory_budget or lin.memory_budget)
     stream = is_stream(x)
     if stream and directions is not None and np.ndim(directions) != len(lin.input_shape) + 1:
@@ -478,7 +384,7 @@ def _assemble(parts, norms, method, rigor, twin) -> Certificate:
         margins=margins, binding=binding, binding_index=index,
         directional=directional, directional_index=directional_index,
         logits=concat_padded([q["logits"] for q in parts], np.nan), method=method,
-        rigor=rigor, evaluation=twin.evaluation_precision.describe(), mask=mask,
+        rigor=rigor, evaluation=guard_for(rigor).evaluation(twin), mask=mask,
         nonfinite=np.concatenate([q["nonfinite"] for q in parts]))
 
 
@@ -517,7 +423,7 @@ def lp_margins(model: ModelOrTwin, x, p: Norm = 2, batch_size: int | None = None
     check_batch_size(batch_size)
     check_memory_budget(memory_budget)
     lin = as_linearized(model)
-    twin = for_rigor(lin, rigor)
+    twin = guard_for(rigor).twin(lin)
     outs, bad_total = [], 0
     for xb in _stream_batches(x, lin, batch_size):
         out = np.full(int(xb.shape[0]), INF)
@@ -533,7 +439,7 @@ def lp_margins(model: ModelOrTwin, x, p: Norm = 2, batch_size: int | None = None
             out[sl][bad] = np.nan
             bad_total += int(bad.sum())
     out = np.concatenate(outs) if outs else np.zeros(0)
-    _warn_nonfinite(bad_total, out.size, twin.evaluation_precision.describe(), "margins")
+    _warn_nonfinite(bad_total, out.size, guard_for(rigor).evaluation(twin), "margins")
     return out
 
 
@@ -614,7 +520,7 @@ def stability_bounds(model: ModelOrTwin, x, batch_size: int | None = None,
     """
     _check_arguments(method, bisect_tol, batch_size, memory_budget, verbose, rigor)
     lin = as_linearized(model)
-    twin = for_rigor(lin, rigor)
+    twin = guard_for(rigor).twin(lin)
     budget = int(memory_budget or lin.memory_budget)
     parts = []
     batches, total = _batches_and_total(x, lin, batch_size)
@@ -625,7 +531,7 @@ def stability_bounds(model: ModelOrTwin, x, batch_size: int | None = None,
     fields = [concat_padded([q[i] for q in parts], fill)
               for i, fill in enumerate((-INF, INF, -1, -1))]
     bad = np.concatenate([q[4] for q in parts])
-    _warn_nonfinite(int(bad.sum()), bad.size, twin.evaluation_precision.describe(), "bounds")
+    _warn_nonfinite(int(bad.sum()), bad.size, guard_for(rigor).evaluation(twin), "bounds")
     return StabilityBounds(*fields, method, rigor=rigor, nonfinite=bad)
 
 
@@ -647,8 +553,7 @@ def _stability_batch(twin, x, batch_size, budget, method, bisect_tol, rigor, bar
             if start == 0:
                 n = fwd.neurons
                 ref = (n.below, n.above, n.valid)
-                err = None if rigor == "float32" else rounding_errors(
-                    twin, fwd, rigor, memory_budget=budget)
+                err = guard_for(rigor).errors(twin, fwd, memory_budget=budget)
                 if err is not None:
                     e, f, slack = err.terms(scale=np.ones((1, 1, 1)))
                     ref = ref + (tf.nest.map_structure(tf.constant, e),

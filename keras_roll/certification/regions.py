@@ -24,11 +24,10 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.api_types import ModelOrTwin
-from keras_roll.arguments import as_linearized, for_rigor
+from keras_roll.arguments import as_linearized
 from keras_roll.batches import is_stream, iter_input_batches, stream_length
 from keras_roll.certification.gradient_norms import iter_gradient_norms
 from keras_roll.certification.margin_math import neuron_arrays
-from keras_roll.certification.margins import BOUND_SAFETY, rounding_errors
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.streaming import check_input_keep_float
 from keras_roll.options import (
@@ -39,7 +38,7 @@ from keras_roll.options import (
     check_verbose,
     progress_bar,
 )
-from keras_roll.rounding.noise import noise_bound
+from keras_roll.rounding.guard import guard_for
 
 __all__ = ["RegionCount", "count_regions"]
 
@@ -164,7 +163,7 @@ def count_regions(model: ModelOrTwin, x, batch_size: int | None = None,
     if int(projections) != projections or projections < 1:
         raise ValueError(f"projections must be a positive integer, got {projections!r}.")
     lin = as_linearized(model)
-    twin = for_rigor(lin, rigor)
+    twin = guard_for(rigor).twin(lin)
     budget = int(memory_budget or lin.memory_budget)
     itemsize = np.dtype(twin.dtype).itemsize
 
@@ -231,7 +230,7 @@ def _patterns_of_batch(twin, x, keys, batch_size, budget, itemsize, rigor, bar, 
     for sl in plan.example_slices():
         fwd = twin.forward(tf.cast(x[sl], twin.dtype))
         below, above, valid, piece = neuron_arrays(fwd)
-        tol, overflow = _twin_tolerance(twin, fwd, rigor, budget)
+        tol, overflow = guard_for(rigor).pattern_tolerance(twin, fwd, budget)
         bad = _nonfinite_rows(fwd, valid) | overflow
         if bad.any():
             raise ValueError(
@@ -260,24 +259,6 @@ def _patterns_of_batch(twin, x, keys, batch_size, budget, itemsize, rigor, bar, 
             on = valid & (np.minimum(below, above) <= tolerance[cand[sl]]) & (gn.linf > 0)
             boundary[cand[sl]] = np.any(on, axis=1)
     return pattern_ids, boundary, new
-
-
-def _twin_tolerance(twin, fwd, rigor, budget):
-    """`([b, N] bound on the float64 twin's error of every neuron, [b] overflow flags)`.
-
-    Patterns are those of exact arithmetic: only the twin's own error matters
-    (rigor "float64": the rigorous term of `keras_roll.rounding.noise` alone,
-    no noise samples; "strict": the worst-case pass; "float32": exact zeros).
-    """
-    b = int(fwd.trace.input.shape[0])
-    n = int(fwd.neurons.z.shape[-1])
-    if rigor == "float32":
-        return np.zeros((b, n)), np.zeros(b, bool)
-    if rigor == "strict":
-        err = rounding_errors(twin, fwd, "strict")
-        return err.exact_at_x, err.overflow
-    nb = noise_bound(twin, fwd, memory_budget=budget, samples=0)
-    return 2.0 * nb.exact_at_x * BOUND_SAFETY, nb.overflow
 
 
 def _nonfinite_rows(fwd, valid) -> np.ndarray:

@@ -15,9 +15,10 @@ back-propagation.
   input shape);
 * `keras_roll.compile.streaming` streams Jacobians in chunks planned by
   `keras_roll.compile.chunking`;
-* `keras_roll.inputs` validates inputs and directions;
-* `keras_roll.rounding.worst_case` bounds the rounding error of every neuron
-  (`rounding_bound`, used by certificates under `rigor="float64"`).
+* `keras_roll.inputs` validates inputs and directions.
+
+The rounding analyses of certificates are passes of `keras_roll.rounding` over
+the same program (`Linearized.program`, `Linearized.interpreter`).
 
 `lin.at_dtype("float64")` is the same twin computing in float64 from the
 model's float32 weights (exact in float64): certificates use it by default.
@@ -42,8 +43,6 @@ from keras_roll.compile.interpreter import JVP, ForwardPass, Interpreter, Trace
 from keras_roll.compile.layout import NeuronLayout
 from keras_roll.compile.streaming import MAX_DENSE_RESULT  # noqa: F401  (re-exported)
 from keras_roll.options import fixed_budget
-from keras_roll.rounding.worst_case import EvaluationPrecision, RoundingBound, evaluation_precision
-from keras_roll.rounding.worst_case import rounding_bound as _rounding_bound
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
@@ -68,7 +67,6 @@ class CompiledPasses(NamedTuple):
     primal: tf.types.experimental.PolymorphicFunction
     tangent: tf.types.experimental.PolymorphicFunction
     axes_tangent: tf.types.experimental.PolymorphicFunction
-    rounding: tf.types.experimental.PolymorphicFunction
 
 
 def linearize(model: ModelOrTwin, memory_budget: int | str = DEFAULT_MEMORY_BUDGET) -> Linearized:
@@ -159,7 +157,7 @@ class Linearized:
                                autograph=False)
 
         return CompiledPasses(compiled(self.primal), compiled(self.tangent_from_trace),
-                              compiled(self.axes_tangent), compiled(self.rounding_bound))
+                              compiled(self.axes_tangent))
 
     def at_dtype(self, dtype: str) -> Linearized:
         """This twin computing in `dtype` ("float32" or "float64"), cached.
@@ -186,11 +184,6 @@ class Linearized:
             twin.compiled = twin._compile()
             self._siblings[dtype] = twin
         return self._siblings[dtype]
-
-    @property
-    def evaluation_precision(self) -> EvaluationPrecision:
-        """How the Keras model evaluates itself (its compute dtypes, TF32)."""
-        return evaluation_precision(self.program)
 
     # ------------------------------------------------------------------ structure
 
@@ -331,20 +324,6 @@ class Linearized:
         """
         return self.interpreter.axes_tangent(trace, start, k, example_shape, reduce=reduce,
                                              per_neuron=per_neuron, entry=entry, dtype=dtype)
-
-    def rounding_bound(self, trace: Trace) -> RoundingBound:
-        """Per-neuron rounding error bounds for the examples of `trace` (not compiled).
-
-        See `keras_roll.rounding.worst_case`: magnitudes of every neuron at `x` and per
-        unit of `||x' - x||_inf`, the relative error bounds of the model's own
-        evaluation and of the float64 twin, and a per-example overflow flag.
-        Computed in float64 whatever the twin's dtype.
-        """
-        interp = self.interpreter if self.dtype == "float64" else \
-            Interpreter(self.program, "float64")
-        trace64 = tf.nest.map_structure(
-            lambda t: tf.cast(t, tf.float64) if t.dtype.is_floating else t, trace)
-        return _rounding_bound(interp, trace64, self.evaluation_precision)
 
     # ------------------------------------------------------------------ public API
 

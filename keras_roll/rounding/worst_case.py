@@ -1,4 +1,4 @@
-"""A bound on floating-point rounding: how far computed neurons stray from exact ones.
+"""The worst-case rounding bound (`rigor="strict"`): how far computed neurons may stray.
 
 A certificate is a statement about exact arithmetic on the model's (float32)
 weights; the model itself runs in float32 (float16 / bfloat16 under mixed
@@ -7,31 +7,31 @@ whose value is smaller than its rounding error can come out on the wrong
 side of its breakpoint. This module bounds that error for every neuron by a
 standard forward error analysis (Higham, *Accuracy and Stability of Numerical
 Algorithms*, 2nd ed., Sec. 3.1), run as one more pass of the interpreter
-(`RoundingTransform`):
+(`RoundingTransform`) with every op's `RoundingRule` (`keras_roll.rounding.rules`):
 
 * magnitudes `m`: every op maps bounds on `|inputs|` to a bound on `|output|`
-  (`|A| m + |b|` for an affine op: `Op.magnitude`), starting from `|x|`;
-* relative error bounds `g`: an op that rounds each output `n` times
-  (`Op.roundings`: the fan-in of a sum and a few more) in unit roundoff `u`
-  has relative error `gamma_n = n u / (1 - n u)` of its magnitude, and errors
-  compose as `(1 + g_in)(1 + gamma_n) - 1` (`Op.rounding_growth`);
+  (`|A| m + |b|` for an affine op), starting from `|x|`;
+* relative error bounds `g`: an op that rounds each output `n` times in unit
+  roundoff `u` has relative error `gamma_n = n u / (1 - n u)` of its
+  magnitude, and errors compose as `(1 + g_in)(1 + gamma_n) - 1`;
 * absolute error bounds `a` for results near zero (subnormals, or
   flush-to-zero as TensorFlow sets on CPUs): each rounding and each flushed
   input adds at most `eta` (`underflow_unit`), carried through the ops'
-  linear parts (`Op.absolute_growth`);
+  linear parts;
 
 so that the model's computed neuron `z^_j` and the exact `z_j` satisfy
-`|z^_j - z_j| <= (1 + g_j)(g_j m_j + a_j)`. The same recursion with the unit roundoff of
-float64 bounds the error of the float64 twin that certificates are computed
-with. `margins` turns both into smaller, sound radii; docs/design.md, section
-"The rounding bound", has the derivation and its assumptions.
+`|z^_j - z_j| <= (1 + g_j)(g_j m_j + a_j)`. The same recursion with the unit
+roundoff of float64 bounds the error of the float64 twin that certificates are
+computed with. How `g` and `a` grow through an op is the op's `ErrorGrowth`,
+from a table keyed by op type (a SimpleRNN rounds at every step of its
+recursion). docs/design.md, section "The rounding bound", has the derivation
+and its assumptions.
 
 Example:
 
 ```python
 twin = lin.at_dtype("float64")
-fwd = twin.forward(x)
-rb = twin.compiled.rounding(fwd.trace)     # RoundingBound: [B, N] bounds
+rb = rounding_bound(twin, twin.forward(x).trace)     # RoundingBound: [B, N] bounds
 err = (rb.g_eval + rb.g_exact) * rb.at_x + rb.abs_eval + rb.abs_exact   # per neuron
 ```
 """
@@ -39,184 +39,35 @@ err = (rb.g_eval + rb.g_exact) * rb.at_x + rb.abs_eval + rb.abs_exact   # per ne
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
+import weakref
 from typing import NamedTuple
 
-import keras
-import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.interpreter import Trace, Transform, propagate
+from keras_roll.compile.interpreter import Interpreter, Trace, Transform, propagate
 from keras_roll.compile.records import Record
 from keras_roll.compile.rules.base import flatten_examples
+from keras_roll.compile.rules.recurrent import SimpleRNNOp
+from keras_roll.rounding import rules
+from keras_roll.rounding.layer_rules import RecurrentRule
+from keras_roll.rounding.precision import (
+    EvaluationPrecision,
+    evaluation_precision,
+    gamma,
+    largest_finite,
+    underflow_unit,
+    unit_roundoff,
+)
 
 __all__ = [
     "Bound",
+    "ErrorGrowth",
     "RoundingBound",
     "RoundingTransform",
-    "evaluation_precision",
-    "gamma",
+    "register_error_growth",
     "rounding_bound",
-    "tensor_float_32_active",
-    "underflow_unit",
-    "unit_roundoff",
 ]
-
-_UNIT_ROUNDOFF = {
-    "float16": 2.0**-11,
-    "bfloat16": 2.0**-8,
-    "float32": 2.0**-24,
-    "float64": 2.0**-53,
-}
-TF32_UNIT_ROUNDOFF = 2.0**-11  # TensorFloat-32 keeps 10 mantissa bits
-
-
-def unit_roundoff(dtype) -> float:
-    """`u`: half the distance from 1 to the next float of `dtype` (round to nearest).
-
-    Example:
-
-    ```python
-    unit_roundoff("float32")      # 5.96e-08
-    ```
-    """
-    name = keras.backend.standardize_dtype(dtype)
-    if name not in _UNIT_ROUNDOFF:
-        raise ValueError(f"No unit roundoff for dtype {name!r}; expected one of "
-                         f"{sorted(_UNIT_ROUNDOFF)}.")
-    return _UNIT_ROUNDOFF[name]
-
-
-# The absolute error of one rounding near zero: the smallest normal number where
-# CPUs may flush subnormal results and inputs to zero (TensorFlow sets
-# flush-to-zero and denormals-are-zero for float32 / float64 / bfloat16 on CPUs);
-# float16 keeps IEEE gradual underflow on GPUs and in CPU conversions, so its
-# error there is half the subnormal spacing (we take the full spacing).
-_UNDERFLOW = {
-    "float16": 2.0**-24,
-    "bfloat16": 2.0**-126,
-    "float32": 2.0**-126,
-    "float64": 2.0**-1022,
-}
-
-
-def underflow_unit(dtype) -> float:
-    """`eta`: the absolute error one rounding near zero may add in `dtype`.
-
-    Example:
-
-    ```python
-    underflow_unit("float16")     # 5.96e-08 (subnormal spacing)
-    ```
-    """
-    return _UNDERFLOW[keras.backend.standardize_dtype(dtype)]
-
-
-def gamma(n, u: float) -> float:
-    """`gamma_n = n u / (1 - n u)`: the relative error of `n` roundings (inf if `n u >= 1`)."""
-    nu = float(n) * float(u)
-    return math.inf if nu >= 1.0 else nu / (1.0 - nu)
-
-
-def tensor_float_32_active() -> bool:
-    """Whether float32 matmuls and convolutions may run in TensorFloat-32 here.
-
-    TensorFlow enables TF32 by default on GPUs that have it (Ampere and later);
-    it rounds both operands to 10-bit mantissas before an exact product and a
-    float32 sum. keras_roll cannot see where an op will be placed, so any
-    visible GPU with TF32 enabled counts.
-    """
-    if not tf.config.experimental.tensor_float_32_execution_enabled():
-        return False
-    return bool(tf.config.list_physical_devices("GPU"))
-
-
-def _compute_dtype(layer) -> str | None:
-    policy = getattr(layer, "dtype_policy", None)
-    name = getattr(policy, "compute_dtype", None) or getattr(layer, "compute_dtype", None)
-    return keras.backend.standardize_dtype(name) if name else None
-
-
-class EvaluationPrecision(NamedTuple):
-    """How the model evaluates itself, op by op.
-
-    Attributes:
-        default: the coarsest compute dtype of the model's layers (ops of
-            Keras operations, which have no dtype policy, use it).
-        tf32: whether float32 matmuls / convolutions may run in TensorFloat-32.
-    """
-
-    default: str
-    tf32: bool
-
-    def dtype_of(self, op) -> str:
-        """The compute dtype the model evaluates `op` in."""
-        return _compute_dtype(op.layer) or self.default
-
-    def gamma_fn(self, op):
-        """`gamma(n, matmul_like)` of `op`'s evaluation (input and weight casts included)."""
-        dtype = self.dtype_of(op)
-        u = unit_roundoff(dtype)
-        narrow = u > unit_roundoff("float32")  # float16 / bfloat16: inputs and weights cast
-        tf32 = self.tf32 and dtype == "float32"
-
-        def fn(n, matmul_like=False):
-            extra = 2 if narrow else 0
-            if tf32 and matmul_like:  # operands rounded to TF32, exact products, f32 sums
-                return (1 + TF32_UNIT_ROUNDOFF) ** 2 * (1 + gamma(n, u)) - 1
-            return gamma(n + extra, u)
-
-        return fn
-
-    def noise_unit(self, op, n: int, matmul_like: bool | None = None) -> float:
-        """`c` such that `c m` is the Hoeffding scale of one evaluation of `op`.
-
-        In the probabilistic model of rounding (Higham & Mary, SIAM J. Sci.
-        Comput. 41(5), 2019: independent, mean-zero relative errors bounded by
-        `u`), an output of `op` computed with `n` roundings in unit roundoff
-        `u` from inputs of magnitude `m` (`Op.magnitude`: `|A| |a| + |b|`) has
-        an error that is a sum of independent terms with `sum c_i^2 <= n u^2
-        m^2` (every partial sum is at most `m`); rounding the inputs and
-        weights to float16 / bfloat16 adds `2 u^2 m^2` (as 2 more roundings),
-        TF32 operands `2 u_tf32^2 m^2` before float32 sums. Returns
-        `sqrt(sum c_i^2) / m` (see `keras_roll.rounding.noise`).
-
-        Example:
-
-        ```python
-        evaluation_precision(lin.program).noise_unit(op, 785)   # sqrt(785) 2^-24
-        ```
-        """
-        dtype = self.dtype_of(op)
-        u = unit_roundoff(dtype)
-        matmul_like = op.matmul_like if matmul_like is None else matmul_like
-        if self.tf32 and dtype == "float32" and matmul_like:
-            return math.sqrt(n * u * u + 2 * TF32_UNIT_ROUNDOFF**2) * (1 + TF32_UNIT_ROUNDOFF)
-        narrow = u > unit_roundoff("float32")
-        return math.sqrt(n + (2 if narrow else 0)) * u
-
-    def describe(self) -> str:
-        """E.g. 'float32', 'float16 (mixed precision)', 'float32 (TF32 matmuls)'."""
-        if self.default in ("float16", "bfloat16"):
-            return f"{self.default} (mixed precision)"
-        if self.tf32 and self.default == "float32":
-            return "float32 (TensorFloat-32 matmuls and convolutions)"
-        return self.default
-
-
-def evaluation_precision(program) -> EvaluationPrecision:
-    """The `EvaluationPrecision` of a compiled program's model.
-
-    Example:
-
-    ```python
-    evaluation_precision(lin.program).describe()    # 'float32'
-    ```
-    """
-    dtypes = [d for d in (_compute_dtype(step.layer) for step in program.steps) if d]
-    dtypes = [d for d in dtypes if d in _UNIT_ROUNDOFF] or ["float32"]
-    coarsest = max(dtypes, key=unit_roundoff)
-    return EvaluationPrecision(coarsest, tensor_float_32_active())
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -224,6 +75,7 @@ class Bound(Record):
     """Magnitude bounds of one tensor of the model, and its relative error bounds.
 
     Attributes:
+        value: `[B, *shape]` its value at `x` (float64).
         at_x: `[B, *shape]` bound on `|value(x)|`.
         per_radius: `[B, *shape]` bound on `|value(x') - value(x)| / ||x' - x||_inf`
             (the magnitudes of the linear part, from an all-ones input).
@@ -234,6 +86,7 @@ class Bound(Record):
         abs_exact: the same for the float64 twin.
     """
 
+    value: tf.Tensor
     at_x: tf.Tensor
     per_radius: tf.Tensor
     g_eval: tf.Tensor
@@ -272,6 +125,92 @@ class RoundingBound(NamedTuple):
     overflow: tf.Tensor
 
 
+# --------------------------------------------------------------------------- error growth
+
+
+class ErrorGrowth:
+    """How relative and absolute error bounds grow through one kind of op.
+
+    The default fits an op that rounds each output `n` times
+    (`RoundingRule.roundings`) after its inputs' errors reach it.
+    """
+
+    def relative(self, op, g_in, gamma_fn, inputs):
+        """`(g_out, g_neurons)`: the relative error bound of the output and of the
+        neurons, from that of the inputs (`|error| <= g m`) and `gamma_fn(n,
+        matmul_like)`, the relative error of `n` roundings in the op's precision.
+        Errors compose as `(1 + g_in)(1 + gamma) - 1`."""
+        g = gamma_fn(rules.roundings(op, inputs), rules.matmul_like(op))
+        return (1.0 + g_in) * (1.0 + g) - 1.0, g_in
+
+    def absolute(self, op, errors, record, mask, eta, values=None):
+        """`(output bound, [B, n] neuron bound or None)` of absolute (underflow) errors:
+        `|A| (errors + eta) + n eta` (inputs may be flushed to zero, each of the `n`
+        roundings may underflow) and the neurons' share of `errors`."""
+        n = rules.roundings(op, errors)
+        out, _ = rules.magnitudes(op, [e + eta for e in errors], record, False, mask, values)
+        neurons = None
+        if op.owns_neurons:
+            neurons = rules.rounding_rule(op).neuron_magnitude(op, errors, record, False, mask,
+                                                               values)
+        return out + n * eta, neurons
+
+
+class RecurrentGrowth(ErrorGrowth):
+    """A SimpleRNN layer rounds its sums and its activation again at every step."""
+
+    def relative(self, op, g_in, gamma_fn, inputs):
+        """The neurons of step `t` (processing order, as laid out) have
+        `(1 + g_in) ((1 + g_sum) (1 + g_act))^t / (1 + g_act) - 1`."""
+        g_sum = gamma_fn(rules.roundings(op, inputs), True)
+        g_act = gamma_fn(rules.roundings(op.act, inputs), False)
+        steps = tf.shape(inputs[0])[1]
+        t = tf.cast(tf.range(1, steps + 1), tf.float64)
+        growth = tf.constant((1.0 + g_sum) * (1.0 + g_act), tf.float64)
+        g_in = tf.cast(g_in, tf.float64)
+        g_z = (1.0 + g_in) * tf.pow(growth, t) / (1.0 + g_act) - 1.0  # [T]
+        g_neurons = tf.reshape(tf.tile(g_z[:, None], [1, op.cell.units]), [1, -1])
+        g_out = (1.0 + g_in) * tf.pow(growth, tf.cast(steps, tf.float64)) - 1.0
+        return g_out, g_neurons
+
+    def absolute(self, op, errors, record, mask, eta, values=None):
+        """Every step's sums add `n eta`, its inputs and state may be flushed
+        (`+ eta`), its activation adds `eta`s: the recursion on absolute errors."""
+        dtype = errors[0].dtype
+        recurrent = tf.abs(tf.cast(op.cell.recurrent_kernel, dtype))
+        n = rules.roundings(op, errors)
+        bias = eta * (n + tf.reduce_sum(recurrent, axis=0))
+        slope = tf.abs(tf.cast(record.slope, dtype))
+        offset = eta * (slope + rules.roundings(op.act, errors) + 1.0)
+        return RecurrentRule.recursion(op, errors[0] + eta, record, bias, offset)
+
+
+_DEFAULT_GROWTH = ErrorGrowth()
+_GROWTH: dict[type, ErrorGrowth] = {SimpleRNNOp: RecurrentGrowth()}
+
+
+def register_error_growth(op_class: type, growth: ErrorGrowth) -> None:
+    """Registers how errors grow through ops of `op_class` (an op that rounds inside
+    itself, such as a recursion), for the worst-case bound.
+
+    Example:
+
+    ```python
+    register_error_growth(MyRecurrentOp, MyGrowth())
+    ```
+    """
+    if not isinstance(growth, ErrorGrowth):
+        raise TypeError(f"Expected an ErrorGrowth, got {growth!r}.")
+    _GROWTH[op_class] = growth
+
+
+def _growth(op) -> ErrorGrowth:
+    return _GROWTH.get(type(op), _DEFAULT_GROWTH)
+
+
+# --------------------------------------------------------------------------- the pass
+
+
 class RoundingTransform(Transform):
     """The magnitude pass: `Bound`s flow along the edges, neuron bounds are collected.
 
@@ -290,23 +229,25 @@ class RoundingTransform(Transform):
         return record.mask
 
     def apply(self, op, inputs, mask, record):
-        at_x, at_x_n = op.magnitudes([b.at_x for b in inputs], record, True, mask)
-        per_r, per_r_n = op.magnitudes([b.per_radius for b in inputs], record, False, mask)
-        g_in_eval = _max_g([b.g_eval for b in inputs])
-        g_in_exact = _max_g([b.g_exact for b in inputs])
+        values = [b.value for b in inputs]
+        value = tf.cast(op.forward(values, mask)[0], tf.float64)
+        at_x, at_x_n = rules.magnitudes(op, [b.at_x for b in inputs], record, True, mask, values)
+        per_r, per_r_n = rules.magnitudes(op, [b.per_radius for b in inputs], record, False,
+                                          mask, values)
+        growth = _growth(op)
         shapes = [b.at_x for b in inputs]
-        g_eval, gn_eval = op.rounding_growth(g_in_eval, self.precision.gamma_fn(op), shapes)
-        g_exact, gn_exact = op.rounding_growth(
-            g_in_exact, lambda n, matmul_like=False: gamma(n, self.exact_u), shapes)
-        eta_eval = underflow_unit(self.precision.dtype_of(op))
-        eta_exact = underflow_unit("float64")
-        a_eval, an_eval = op.absolute_growth([b.abs_eval for b in inputs], record, mask,
-                                             eta_eval)
-        a_exact, an_exact = op.absolute_growth([b.abs_exact for b in inputs], record, mask,
-                                               eta_exact)
+        g_eval, gn_eval = growth.relative(op, _max_g([b.g_eval for b in inputs]),
+                                          self.precision.gamma_fn(op), shapes)
+        g_exact, gn_exact = growth.relative(op, _max_g([b.g_exact for b in inputs]),
+                                            lambda n, matmul_like=False: gamma(n, self.exact_u),
+                                            shapes)
         dtype = self.precision.dtype_of(op)
-        limit = float(np.finfo(dtype).max) if dtype != "bfloat16" else 3.38e38
-        big = tf.reduce_any(flatten_examples(at_x) * (1.0 + g_eval) > limit, axis=1)
+        a_eval, an_eval = growth.absolute(op, [b.abs_eval for b in inputs], record, mask,
+                                          underflow_unit(dtype), values)
+        a_exact, an_exact = growth.absolute(op, [b.abs_exact for b in inputs], record, mask,
+                                            underflow_unit("float64"), values)
+        big = tf.reduce_any(flatten_examples(at_x) * (1.0 + g_eval) > largest_finite(dtype),
+                            axis=1)
         self.overflow = tf.logical_or(self.overflow, big)
         if op.owns_neurons:
             shape = tf.shape(at_x_n)
@@ -314,8 +255,8 @@ class RoundingTransform(Transform):
                                  tf.broadcast_to(tf.cast(gn_eval, tf.float64), shape),
                                  tf.broadcast_to(tf.cast(gn_exact, tf.float64), shape),
                                  an_eval, an_exact))
-        return Bound(at_x, per_r, tf.cast(g_eval, tf.float64), tf.cast(g_exact, tf.float64),
-                     a_eval, a_exact)
+        return Bound(value, at_x, per_r, tf.cast(g_eval, tf.float64),
+                     tf.cast(g_exact, tf.float64), a_eval, a_exact)
 
 
 def _max_g(values):
@@ -325,21 +266,12 @@ def _max_g(values):
     return out
 
 
-def rounding_bound(interpreter, trace: Trace, precision: EvaluationPrecision) -> RoundingBound:
-    """Runs the magnitude pass over a float64 trace (see the module docstring).
-
-    Args:
-        interpreter: a float64 `Interpreter`.
-        trace: the `Trace` of its forward pass on the batch.
-        precision: how the model evaluates itself.
-
-    Returns:
-        A `RoundingBound` (neurons in the twin's row order).
-    """
+def _bound_pass(interpreter, trace: Trace, precision: EvaluationPrecision) -> RoundingBound:
     x = tf.cast(trace.input, tf.float64)
     batch = tf.shape(x)[0]
     zero = tf.constant(0.0, tf.float64)
-    start = Bound(tf.abs(x), tf.ones_like(x), zero, zero, tf.zeros_like(x), tf.zeros_like(x))
+    start = Bound(x, tf.abs(x), tf.ones_like(x), zero, zero, tf.zeros_like(x),
+                  tf.zeros_like(x))
     transform = RoundingTransform(precision, batch)
     propagate(interpreter.program, transform, start, trace)
     if not transform.neurons:
@@ -347,3 +279,35 @@ def rounding_bound(interpreter, trace: Trace, precision: EvaluationPrecision) ->
         return RoundingBound(empty, empty, empty, empty, empty, empty, transform.overflow)
     parts = [tf.concat(list(p), axis=1) for p in zip(*transform.neurons)]
     return RoundingBound(*parts, transform.overflow)
+
+
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def rounding_bound(twin, trace: Trace) -> RoundingBound:
+    """Runs the worst-case pass over a trace of `twin` (see the module docstring).
+
+    Computed in float64 whatever the twin's dtype, compiled once per twin.
+
+    Args:
+        twin: a `Linearized` model.
+        trace: the `Trace` of its forward pass on the batch.
+
+    Returns:
+        A `RoundingBound` (neurons in the twin's row order).
+
+    Example:
+
+    ```python
+    rb = rounding_bound(twin, twin.forward(x).trace)
+    ```
+    """
+    fn = _COMPILED.get(twin)
+    if fn is None:  # a partial per twin: TensorFlow counts retracings per function
+        interp = Interpreter(twin.program, "float64")
+        fn = tf.function(functools.partial(_bound_pass, interp), reduce_retracing=True,
+                         autograph=False)
+        _COMPILED[twin] = fn
+    trace64 = tf.nest.map_structure(
+        lambda t: tf.cast(t, tf.float64) if t.dtype.is_floating else t, trace)
+    return fn(trace64, evaluation_precision(twin.program))

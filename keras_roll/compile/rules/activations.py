@@ -83,10 +83,6 @@ class Activation(Op):
         self.slopes = tuple(slopes)
         self._plain_relu = self.breakpoints == (0.0,) and all(
             isinstance(s, (int, float)) for s in self.slopes) and self.slopes == (0.0, 1.0)
-        # ReLU, ReLU6 and max_value caps are max / min of the input: exact in floating point.
-        self._exact = self.breakpoints[0] == 0.0 and all(
-            isinstance(s, (int, float)) for s in self.slopes) and self.slopes[:2] == (0.0, 1.0) \
-            and all(s == 0.0 for s in self.slopes[2:])
 
     def slope(self, z):
         """The frozen slope of every unit: the slope of the piece `z` is on."""
@@ -134,24 +130,6 @@ class Activation(Op):
 
     def neuron_shape(self, record):
         return tuple(int(d) for d in record.z.shape[1:])
-
-    def magnitude(self, bounds, record, affine, mask=None):
-        """`|s| m + |c|` on the recorded piece `f(z) = s z + c` of every unit.
-
-        The certificate keeps every neuron on its piece throughout the ball (the
-        bound of later layers may assume it: docs/design.md, "The rounding
-        bound"), so a ReLU on its zero piece contributes exactly 0.
-        """
-        m = bounds[0]
-        slope = tf.cast(record.slope, m.dtype)
-        out = tf.abs(slope) * m
-        if affine:
-            z = tf.cast(record.z, m.dtype)
-            out += tf.abs(tf.cast(self.fn(z), m.dtype) - slope * z)
-        return out
-
-    def roundings(self, inputs):
-        return 0 if self._exact else 3
 
 
 class OutputLink(Op):

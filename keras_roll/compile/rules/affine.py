@@ -2,25 +2,22 @@
 
 Dense and the convolutions are written out so that a fused `activation=` can be
 split off; layers that are linear in their input (reshapes, paddings, average
-pooling, merges) reuse their own `call`; BatchNormalization (inference
-statistics), Rescaling and Normalization apply their scale only; Dropout-like
-layers are the identity at inference. BatchNormalization, dropout and noise
-layers compute something else in training mode: their ops say so
-(`Op.training_dependent`). The table of rules is in docs/design.md, section
-"Rules".
+pooling, merges) reuse their own `call`; Dropout-like layers are the identity
+at inference, and compute something else in training mode: their ops say so
+(`Op.training_dependent`). The scaling layers (BatchNormalization, Rescaling,
+Normalization) are in `keras_roll.compile.rules.scales`. The table of rules is
+in docs/design.md, section "Rules".
 """
 
 from __future__ import annotations
 
 import keras
-import numpy as np
 import tensorflow as tf
 from keras import ops
 
 from keras_roll.compile.keras_internals import (
     call_layer,
     causal_padding,
-    normalization_statistics,
     numpy_operation,
     takes_mask,
 )
@@ -30,9 +27,8 @@ from keras_roll.compile.rules.base import (
     Linear,
     Op,
     Tangent,
+    WeightedSum,
     apply_linear,
-    dense_abs_magnitude,
-    dense_abs_roundings,
     merge_batch,
     split_batch,
 )
@@ -47,11 +43,6 @@ class LayerCall(Op):
     The forward pass calls the layer in inference mode. The tangent pass calls it
     again on the tangents; if `bias_free` is False the layer's value at zero is
     subtracted, which turns any affine layer into its linear part.
-
-    Its rounding bound (`magnitude`, `roundings`) knows the layers keras_roll
-    registers (all but subtractions have nonnegative coefficients, so the layer
-    applied to magnitudes is `|A| m`); for any other layer it builds the dense
-    `|A|` from the layer itself (small layers only).
     """
 
     def __init__(self, layer, bias_free=True, name=None):
@@ -129,32 +120,6 @@ class LayerCall(Op):
             out = out * size + coords[d] + (pads[d][0] if d < rank else 0)
         return tf.where(t.axes >= 0, out, -1)
 
-    def magnitude(self, bounds, record, affine, mask=None):
-        kind = _positive_kind(self.layer)
-        if kind is None or not self.bias_free:
-            return dense_abs_magnitude(self, bounds, affine)
-        if kind == "subtract":  # |x - y| <= |x| + |y|
-            return bounds[0] + bounds[1]
-        return self._call(bounds, mask)
-
-    def roundings(self, inputs):
-        kind = _positive_kind(self.layer)
-        if kind is None or not self.bias_free:
-            return dense_abs_roundings(self, inputs)
-        layer = self.layer
-        if kind == "merge":
-            return max(len(inputs) - 1, 0) + isinstance(layer, keras.layers.Average)
-        if kind == "subtract":
-            return 1
-        if kind == "pool":
-            return int(np.prod(layer.pool_size)) + 1
-        if kind == "global":
-            return int(np.prod([d for d in inputs[0].shape[1:-1]])) + 2
-        if kind == "resize":
-            return 8 if getattr(layer, "interpolation", "nearest") == "bilinear" else 0
-        return 0  # reshapes, paddings, croppings: exact
-
-
 def _zero_padding(layer):
     """`((before, after), ...)` per spatial dimension of a channels-last ZeroPadding
     layer, else None."""
@@ -191,29 +156,6 @@ def _avg_pool3d(layer, x):
     return out
 
 
-def _positive_kind(layer) -> str | None:
-    """How a registered linear layer rounds; None for a layer of unknown coefficients."""
-    L = keras.layers
-    if isinstance(layer, (L.Subtract, numpy_operation("Subtract"))):
-        return "subtract"
-    if isinstance(layer, (L.Add, L.Average, numpy_operation("Add"))):
-        return "merge"
-    if isinstance(layer, (L.AveragePooling1D, L.AveragePooling2D, L.AveragePooling3D)):
-        return "pool"
-    if isinstance(layer, (L.GlobalAveragePooling1D, L.GlobalAveragePooling2D,
-                          L.GlobalAveragePooling3D)):
-        return "global"
-    if isinstance(layer, (L.UpSampling1D, L.UpSampling2D, L.UpSampling3D)):
-        if getattr(layer, "interpolation", "nearest") in ("nearest", "bilinear"):
-            return "resize"
-        return None  # bicubic / lanczos have negative coefficients
-    if isinstance(layer, (L.Flatten, L.Reshape, L.Permute, L.RepeatVector, L.Concatenate,
-                          L.ZeroPadding1D, L.ZeroPadding2D, L.ZeroPadding3D,
-                          L.Cropping1D, L.Cropping2D, L.Cropping3D)):
-        return "exact"
-    return None
-
-
 class Identity(Op):
     """The identity (Dropout and noise layers at inference)."""
 
@@ -222,12 +164,6 @@ class Identity(Op):
 
     def tangent(self, tangents, record, mask):
         return tangents[0], None
-
-    def magnitude(self, bounds, record, affine, mask=None):
-        return bounds[0]
-
-    def roundings(self, inputs):
-        return 0
 
 
 def _channel_shape(rank: int, data_format: str, channels: int) -> tuple[int, ...]:
@@ -241,22 +177,21 @@ def _cast(v, like):
     return tf.cast(v, like.dtype)
 
 
-def _with_bias(layer, linear, kernels, bias, bias_shape=None, rows=None, fan_in=None,
-               one_hot=None, channel_last_kernel=False):
+def _with_bias(layer, linear, kernels, bias, bias_shape=None, rows=None, one_hot=None,
+               channel_last_kernel=False):
     """ops: `[Linear(x -> linear(x, kernels()) + bias), *activation ops]`.
 
-    `linear(x, ks)` applies the kernels `ks` (a list) to `x`; applied to
-    `|x|` and `|ks|` it is `|A| |x|`, the op's rounding magnitude.
-    `channel_last_kernel`: one kernel whose last axis is the output channel of
-    a channels-last output, so a per-channel scale after the op folds into it.
+    `linear(x, ks)` applies the kernels `ks` (a list) to `x`: sums of products,
+    described to analyses by the op's `WeightedSum`. `channel_last_kernel`: one
+    kernel whose last axis is the output channel of a channels-last output, so
+    a per-channel scale after the op folds into it.
     """
 
-    def weights(x, absolute=False):
-        ks = [_cast(k, x) for k in kernels()]
-        return [tf.abs(k) for k in ks] if absolute else ks
+    def weights(x):
+        return [_cast(k, x) for k in kernels()]
 
-    def bias_value(x):
-        b = _cast(bias(), x)
+    def bias_value(like):
+        b = _cast(bias(), like)
         return tf.reshape(b, bias_shape) if bias_shape else b
 
     def forward(inputs, mask):
@@ -265,21 +200,15 @@ def _with_bias(layer, linear, kernels, bias, bias_shape=None, rows=None, fan_in=
             out = out + bias_value(out)
         return out
 
-    def magnitude(bounds, affine):
-        out = linear(bounds[0], weights(bounds[0], absolute=True))
-        if affine and bias is not None:
-            out = out + tf.abs(bias_value(out))
-        return out
-
     def scaled(xs, scale):  # one kernel whose last axis is the output channel
         ks = weights(xs[0])
         return linear(xs[0], [ks[0] * tf.cast(scale, ks[0].dtype)])
 
     lin = Linear(layer, lambda xs: linear(xs[0], weights(xs[0])), forward=forward,
-                 rows=None if rows is None else (lambda idx: rows(idx)),
-                 magnitude=magnitude, roundings=lambda inputs: fan_in() + 2,
-                 matmul_like=True, one_hot=one_hot,
-                 scaled=scaled if channel_last_kernel else None)
+                 rows=None if rows is None else (lambda idx: rows(idx)), one_hot=one_hot,
+                 scaled=scaled if channel_last_kernel else None,
+                 weighted_sum=WeightedSum(linear, kernels,
+                                          None if bias is None else bias_value))
     return [lin, *activation_ops(layer, layer.activation)]
 
 
@@ -294,7 +223,6 @@ def _dense_rule(layer):
         lambda: [layer.kernel],
         (lambda: layer.bias) if layer.bias is not None else None,
         rows=lambda idx: tf.gather(layer.kernel, idx),
-        fan_in=lambda: int(layer.kernel.shape[0]),
         channel_last_kernel=True,
     )
 
@@ -315,7 +243,6 @@ def _conv_rule(layer):
     bias_shape = _channel_shape(layer.rank, layer.data_format, layer.filters)
     return _with_bias(layer, _conv_linear(layer), lambda: [layer.kernel],
                       (lambda: layer.bias) if layer.use_bias else None, bias_shape,
-                      fan_in=lambda: int(np.prod(layer.kernel.shape[:-1])),
                       one_hot=_conv_taps(layer),
                       channel_last_kernel=layer.data_format == "channels_last"
                       and getattr(layer, "groups", 1) == 1)
@@ -336,8 +263,6 @@ def _conv_taps(layer):
     if layer.data_format != "channels_last" or getattr(layer, "groups", 1) != 1:
         return None
     rank = layer.rank
-    kernel_size, strides = tuple(layer.kernel_size), tuple(layer.strides)
-    dilation, padding = tuple(layer.dilation_rate), layer.padding
 
     def one_hot(t, scale=None):
         spatial = t.value.shape[-rank - 1:-1]
@@ -345,46 +270,21 @@ def _conv_taps(layer):
         if t.value.shape.rank != rank + (2 if t.shared else 3) or None in spatial \
                 or channels is None:
             return None
-        before, sizes = [], []
-        for n, k, s, d in zip(spatial, kernel_size, strides, dilation):
-            span = (k - 1) * d + 1
-            if padding == "valid":
-                out, pad = (n - span) // s + 1, 0
-            elif padding == "same":
-                out = -(-n // s)
-                pad = max((out - 1) * s + span - n, 0) // 2
-            else:  # causal (Conv1D): all padding before
-                out, pad = (n + (k - 1) * d - span) // s + 1, (k - 1) * d
-            if out < 1:
-                return None
-            before.append(pad)
-            sizes.append(out)
+        geometry = _conv_geometry(layer, spatial)
+        if geometry is None:
+            return None
+        before, sizes = geometry
         axes = tf.reshape(t.axes, [-1])  # [M] flat input axes, -1: a zero direction
-        live = axes >= 0
         rest = tf.maximum(axes, 0)
         coords = []
         for n in reversed([*spatial, channels]):
             coords.append(rest % n)
             rest = rest // n
         coords = coords[::-1]  # [i_1 .. i_r, c], each [M]
+        taps, places, ok = _tap_positions(layer, coords, before, sizes, axes >= 0)
         kernel = tf.cast(layer.kernel, t.value.dtype)
         if scale is not None:
             kernel *= tf.cast(scale, kernel.dtype)
-        taps, places = [], []
-        ok = tf.reshape(live, [-1] + [1] * rank)  # -> [M, n_1 .. n_r]
-        for dim in range(rank):
-            k, s, d = kernel_size[dim], strides[dim], dilation[dim]
-            m = tf.range(((k - 1) * d) // s + 1)  # candidate output positions
-            i = coords[dim][:, None] + before[dim]
-            p = i // s - m[None, :]  # [M, n_dim]
-            num = i - p * s
-            tap = num // d
-            fits = (num % d == 0) & (tap < k) & (p >= 0) & (p < sizes[dim])
-            view = [-1] + [1] * rank
-            view[dim + 1] = int(m.shape[0])
-            taps.append(tf.reshape(tf.clip_by_value(tap, 0, k - 1), view))
-            places.append(tf.reshape(tf.clip_by_value(p, 0, sizes[dim] - 1), view))
-            ok = ok & tf.reshape(fits, view)
         ok_shape = tf.shape(ok)
         channel = tf.broadcast_to(tf.reshape(coords[-1], [-1] + [1] * rank), ok_shape)
         rows = tf.broadcast_to(tf.reshape(tf.range(tf.shape(axes)[0]), [-1] + [1] * rank),
@@ -403,6 +303,49 @@ def _conv_taps(layer):
     return one_hot
 
 
+def _conv_geometry(layer, spatial):
+    """`(padding before, output size)` per spatial dimension of a convolution of inputs
+    of spatial shape `spatial`, or None if some output size is below 1."""
+    before, sizes = [], []
+    for n, k, s, d in zip(spatial, layer.kernel_size, layer.strides, layer.dilation_rate):
+        span = (k - 1) * d + 1
+        if layer.padding == "valid":
+            out, pad = (n - span) // s + 1, 0
+        elif layer.padding == "same":
+            out = -(-n // s)
+            pad = max((out - 1) * s + span - n, 0) // 2
+        else:  # causal (Conv1D): all padding before
+            out, pad = (n + (k - 1) * d - span) // s + 1, (k - 1) * d
+        if out < 1:
+            return None
+        before.append(pad)
+        sizes.append(out)
+    return before, sizes
+
+
+def _tap_positions(layer, coords, before, sizes, live):
+    """`(taps, places, ok)`: for one-hot inputs at `coords` (`[M]` per dimension), the
+    kernel tap and output position of every candidate output per spatial dimension
+    (`[M, 1 .. n_d .. 1]` each) and whether each combination exists (`[M, n_1 .. n_r]`)."""
+    rank = layer.rank
+    taps, places = [], []
+    ok = tf.reshape(live, [-1] + [1] * rank)  # -> [M, n_1 .. n_r]
+    for dim in range(rank):
+        k, s, d = layer.kernel_size[dim], layer.strides[dim], layer.dilation_rate[dim]
+        m = tf.range(((k - 1) * d) // s + 1)  # candidate output positions
+        i = coords[dim][:, None] + before[dim]
+        p = i // s - m[None, :]  # [M, n_dim]
+        num = i - p * s
+        tap = num // d
+        fits = (num % d == 0) & (tap < k) & (p >= 0) & (p < sizes[dim])
+        view = [-1] + [1] * rank
+        view[dim + 1] = int(m.shape[0])
+        taps.append(tf.reshape(tf.clip_by_value(tap, 0, k - 1), view))
+        places.append(tf.reshape(tf.clip_by_value(p, 0, sizes[dim] - 1), view))
+        ok = ok & tf.reshape(fits, view)
+    return taps, places, ok
+
+
 for _cls in (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D):
     register_rule(_cls, _conv_rule)
 
@@ -418,8 +361,7 @@ def _depthwise_rule(layer):
     channels = int(layer.kernel.shape[-2]) * layer.depth_multiplier
     bias_shape = _channel_shape(layer.rank, layer.data_format, channels)
     return _with_bias(layer, linear, lambda: [layer.kernel],
-                      (lambda: layer.bias) if layer.use_bias else None, bias_shape,
-                      fan_in=lambda: int(np.prod(layer.kernel.shape[:-2])))
+                      (lambda: layer.bias) if layer.use_bias else None, bias_shape)
 
 
 @register_rule(keras.layers.SeparableConv2D)
@@ -432,134 +374,8 @@ def _separable_rule(layer):
                                   data_format=layer.data_format)
 
     bias_shape = _channel_shape(layer.rank, layer.data_format, layer.filters)
-    # Depthwise then pointwise: the two sums round one after the other.
     return _with_bias(layer, linear, lambda: [layer.depthwise_kernel, layer.pointwise_kernel],
-                      (lambda: layer.bias) if layer.use_bias else None, bias_shape,
-                      fan_in=lambda: int(np.prod(layer.depthwise_kernel.shape[:-2]))
-                      + int(layer.pointwise_kernel.shape[-2]) + 1)
-
-
-# --------------------------------------------------------------------------- scales
-
-
-def _broadcast_shape(axes, rank, shape):
-    """Shape that broadcasts a per-`axes` vector against `[N, *per_example]`."""
-    out = [1] * rank
-    for a in axes:
-        out[a] = shape[a]
-    return out
-
-
-def _work_dtype(dtype):
-    """float32 for a 16-bit dtype (statistics are combined before the cast), else `dtype`."""
-    dtype = tf.as_dtype(dtype)
-    return tf.float32 if dtype in (tf.float16, tf.bfloat16) else dtype
-
-
-def _batch_norm_parts(layer, x):
-    """`(inv, mean, beta)` of the inference map `(x - mean) * inv + beta`, shaped for `x`
-    (combined in float32 for 16-bit tangents, then cast)."""
-    axes = [layer.axis] if isinstance(layer.axis, int) else list(layer.axis)
-    rank = len(x.shape)
-    axes = [a % rank for a in axes]
-    shape = _broadcast_shape(axes, rank, x.shape)
-    work = _work_dtype(x.dtype)
-    inv = tf.math.rsqrt(tf.cast(layer.moving_variance, work) + layer.epsilon)
-    if layer.gamma is not None:
-        inv *= tf.cast(layer.gamma, work)
-    mean = _cast(layer.moving_mean, x)
-    beta = _cast(layer.beta, x) if layer.beta is not None else tf.zeros_like(mean)
-    return (tf.reshape(tf.cast(inv, x.dtype), shape), tf.reshape(mean, shape),
-            tf.reshape(beta, shape))
-
-
-@register_rule(keras.layers.BatchNormalization)
-def _batch_norm_rule(layer):
-    """Inference statistics: y = gamma * (x - mean) / sqrt(var + eps) + beta."""
-
-    def linear(xs):
-        inv, _, _ = _batch_norm_parts(layer, xs[0])
-        return xs[0] * inv
-
-    def magnitude(bounds, affine):
-        inv, mean, beta = _batch_norm_parts(layer, bounds[0])
-        if not affine:
-            return bounds[0] * tf.abs(inv)
-        return (bounds[0] + tf.abs(mean)) * tf.abs(inv) + tf.abs(beta)
-
-    def channel_scale(dtype, rank):
-        """`gamma / sqrt(var + eps)` as a `[C]` vector when the layer scales the last
-        axis of its `[N, ...]` input of rank `rank`, else None."""
-        axes = [layer.axis] if isinstance(layer.axis, int) else list(layer.axis)
-        if [a % rank for a in axes] != [rank - 1]:
-            return None
-        work = _work_dtype(dtype)
-        inv = tf.math.rsqrt(tf.cast(layer.moving_variance, work) + layer.epsilon)
-        if layer.gamma is not None:
-            inv *= tf.cast(layer.gamma, work)
-        return tf.cast(inv, dtype)
-
-    # rsqrt, scale, centre, shift, and the offset Keras folds: 8 roundings at most.
-    return Linear(layer, linear, magnitude=magnitude, roundings=lambda inputs: 8,
-                  training_dependent=True,  # batch statistics in training
-                  channel_scale=channel_scale)
-
-
-
-@register_rule(keras.layers.Rescaling)
-def _rescaling_rule(layer):
-    """`x * scale + offset`, in the dtype of the pass (Keras casts to its compute dtype)."""
-
-    def parts(x):
-        scale = tf.constant(np.asarray(layer.scale, np.float64), x.dtype)
-        offset = tf.constant(np.asarray(layer.offset, np.float64), x.dtype)
-        if scale.shape.rank and keras.config.image_data_format() == "channels_first":
-            scale = tf.reshape(scale, list(scale.shape) + [1] * (3 - scale.shape.rank))
-        return scale, offset
-
-    def forward(inputs, mask):
-        scale, offset = parts(inputs[0])
-        return inputs[0] * scale + offset
-
-    def linear(xs):
-        return xs[0] * parts(xs[0])[0]
-
-    def magnitude(bounds, affine):
-        scale, offset = parts(bounds[0])
-        out = bounds[0] * tf.abs(scale)
-        return out + tf.abs(offset) if affine else out
-
-    return Linear(layer, linear, forward=forward, magnitude=magnitude,
-                  roundings=lambda inputs: 2)
-
-
-@register_rule(keras.layers.Normalization)
-def _normalization_rule(layer):
-    """`(x - mean) / std` (or `mean + x * std` with invert=True), `std >= epsilon`."""
-    get_mean, get_var = normalization_statistics(layer)
-
-    def parts(x):
-        mean = tf.cast(get_mean(), x.dtype)
-        std = tf.maximum(tf.sqrt(tf.cast(get_var(), x.dtype)), keras.backend.epsilon())
-        return mean, std
-
-    def forward(inputs, mask):
-        mean, std = parts(inputs[0])
-        return mean + inputs[0] * std if layer.invert else (inputs[0] - mean) / std
-
-    def linear(xs):
-        _, std = parts(xs[0])
-        return xs[0] * std if layer.invert else xs[0] / std
-
-    def magnitude(bounds, affine):
-        mean, std = parts(bounds[0])
-        if layer.invert:
-            out = bounds[0] * std
-            return out + tf.abs(mean) if affine else out
-        return (bounds[0] + tf.abs(mean)) / std if affine else bounds[0] / std
-
-    return Linear(layer, linear, forward=forward, magnitude=magnitude,
-                  roundings=lambda inputs: 4)
+                      (lambda: layer.bias) if layer.use_bias else None, bias_shape)
 
 
 # --------------------------------------------------------------------------- linear layers

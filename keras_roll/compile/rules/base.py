@@ -9,13 +9,12 @@ A Keras layer call becomes one or more *ops*. Each op knows how to
   op (docs/design.md, section "The frozen-pattern twin");
 * describe the *neurons* it owns: the hyperplanes that bound the input's linear
   region, each a value `z` with the distance `below = z - lo` and
-  `above = hi - z` to the breakpoints around it (Lee et al., ICLR 2019, Prop. 6);
-* bound its floating-point rounding: `magnitude` maps componentwise bounds on
-  the absolute values of its inputs to a bound on its output (`|A| m + |b|`
-  for an affine op), and `roundings` says how many roundings each output
-  element takes (its fan-in and a few more), so that `keras_roll.rounding.worst_case` can
-  bound how far the model's own evaluation strays from exact arithmetic
-  (docs/design.md, section "The rounding bound").
+  `above = hi - z` to the breakpoints around it (Lee et al., ICLR 2019, Prop. 6).
+
+How an op rounds in floating point is not the op's business: the rounding
+analyses of `keras_roll.rounding` keep their per-op rules in tables keyed by
+op type (`keras_roll.rounding.rules`), and derive a default rule for any other
+op from its linear map (docs/design.md, section "The rounding bound").
 
 Records are small typed dataclasses (`keras_roll.compile.records.Record`), so that the
 trace of a forward pass passes through `tf.function`, `tf.nest` and custom
@@ -33,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
-import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.keras_internals import call_layer
@@ -189,98 +187,30 @@ class Op:
         """Per-example shape of the neuron tensor, from a record with static shapes."""
         return None
 
-    # ------------------------------------------------------------ rounding bound
 
-    #: whether the op is a matrix product or a convolution (TensorFloat-32 on GPUs
-    #: rounds its operands to 10-bit mantissas; see `keras_roll.rounding.worst_case`).
-    matmul_like = False
+class WeightedSum(NamedTuple):
+    """An affine op written as sums of products with its weights.
 
-    def magnitude(self, bounds: list[tf.Tensor], record: Record, affine: bool,
-                  mask=None) -> tf.Tensor:
-        """A componentwise bound on `|output|` from bounds on `|inputs|`.
+    The op computes `apply(x, weights()) + bias(y)` (`bias` shaped and cast
+    like the output `y`); `apply` is linear in `x` and in each weight, so
+    `apply(|x|, [|w| for w in weights()])` is `|A| |x|`. Rounding analyses use
+    it (`keras_roll.rounding.rules`).
 
-        Args:
-            bounds: one `[B, *shape]` nonnegative tensor per input, `m >= |input|`.
-            record: the op's record from the forward pass.
-            affine: True for the op itself (`|A| m + |b|`); False for its linear
-                part alone (`|A| m`), which bounds how differences propagate.
-            mask: the Keras mask of the step's input (as `tangent` gets it).
+    Attributes:
+        apply: `fn(x, kernels) -> y`, the linear part with the given kernels.
+        weights: `fn() -> list` of the kernels (variables or tensors).
+        bias: `fn(like) -> tensor` broadcastable to `like` in its dtype, or None.
 
-        Must be monotone in `bounds` and satisfy, for the affine map `f` of
-        the op (with the pattern of `record`), `|f(x)| <= magnitude(|x|)` and
-        `|f(x) - f(y)| <= magnitude(|x - y|, affine=False)`.
-        """
-        raise NotImplementedError(
-            f"The op {type(self).__name__} of layer '{self.name}' has no rounding bound "
-            f"(`magnitude` / `roundings`), which rigor='float64' needs. Implement them on "
-            f"the op (docs/design.md, section 'The rounding bound') or pass rigor='float32'."
-        )
+    Example:
 
-    def roundings(self, inputs: list[tf.Tensor]) -> int:
-        """Roundings per output element when the model evaluates the op.
+    ```python
+    WeightedSum(lambda x, ks: x @ ks[0], lambda: [layer.kernel], lambda y: layer.bias)
+    ```
+    """
 
-        The computed output `y^` of exact inputs satisfies
-        `|y^ - y| <= gamma_n * magnitude(|inputs|)` with `n` the value returned
-        and `gamma_n = n u / (1 - n u)` (u: the unit roundoff of the layer's
-        compute dtype); e.g. the fan-in plus one for a dense layer. Shapes are
-        static here.
-        """
-        raise NotImplementedError(
-            f"The op {type(self).__name__} of layer '{self.name}' has no rounding bound; "
-            f"implement `magnitude` and `roundings` or pass rigor='float32'."
-        )
-
-    def neuron_magnitude(self, bounds: list[tf.Tensor], record: Record, affine: bool,
-                         mask=None) -> tf.Tensor:
-        """`[B, n]` bounds on `|z_j|` of the op's neurons from bounds on `|inputs|`.
-
-        The default fits ops whose neurons are their input (activations).
-        """
-        return flatten_examples(bounds[0])
-
-    def magnitudes(self, bounds: list[tf.Tensor], record: Record, affine: bool, mask=None):
-        """`(output bound, [B, n] neuron bound or None)`; see `magnitude`."""
-        out = self.magnitude(bounds, record, affine, mask)
-        neurons = (self.neuron_magnitude(bounds, record, affine, mask)
-                   if self.owns_neurons else None)
-        return out, neurons
-
-    def absolute_growth(self, errors: list[tf.Tensor], record: Record, mask, eta: float):
-        """How absolute errors (underflow: subnormals, flush-to-zero) grow through the op.
-
-        Args:
-            errors: one `[B, *shape]` bound per input on its absolute error.
-            record, mask: as for `magnitude`.
-            eta: the absolute error of one rounding near zero in the op's dtype
-                (`keras_roll.rounding.worst_case.underflow_unit`).
-
-        Returns:
-            `(output bound, [B, n] neuron bound or None)`: by default
-            `|A| (errors + eta) + n eta` (inputs may be flushed to zero, each of
-            the `n` roundings may underflow) and the neurons' share of `errors`.
-        """
-        n = self.roundings(errors)
-        out, _ = self.magnitudes([e + eta for e in errors], record, False, mask)
-        neurons = (self.neuron_magnitude(errors, record, False, mask)
-                   if self.owns_neurons else None)
-        return out + n * eta, neurons
-
-    def rounding_growth(self, g_in, gamma, inputs: list[tf.Tensor]):
-        """How the relative error bound `g` grows through the op.
-
-        Args:
-            g_in: the relative error bound of the inputs (`|error| <= g m`).
-            gamma: `gamma(n, matmul_like)`, the relative error of `n` roundings
-                in the op's evaluation precision.
-            inputs: the op's inputs (static shapes).
-
-        Returns:
-            `(g_out, g_neurons)`: the bound of the output and of the neurons
-            (a scalar, or a tensor broadcastable to `[B, n]`); errors compose
-            as `(1 + g_in)(1 + gamma) - 1` (docs/design.md, "The rounding bound").
-        """
-        g = gamma(self.roundings(inputs), self.matmul_like)
-        return (1.0 + g_in) * (1.0 + g) - 1.0, g_in
+    apply: Any
+    weights: Any
+    bias: Any = None
 
 
 class Linear(Op):
@@ -307,6 +237,9 @@ class Linear(Op):
             scale of the last axis of `[N, ...]` inputs of rank `rank`
             (BatchNormalization in inference), the scale, so that the op can be
             folded into the op before it.
+        weighted_sum: a `WeightedSum` when the op is sums of products with its
+            weights (Dense, convolutions), so that analyses can apply the same
+            sums to other weights (their absolute values, for rounding bounds).
 
     Example:
 
@@ -318,8 +251,8 @@ class Linear(Op):
     """
 
     def __init__(self, layer, linear, forward=None, name=None, rows=None,
-                 training_dependent=False, magnitude=None, roundings=None,
-                 matmul_like=False, one_hot=None, scaled=None, channel_scale=None):
+                 training_dependent=False, one_hot=None, scaled=None, channel_scale=None,
+                 weighted_sum: WeightedSum | None = None):
         super().__init__(layer, name, training_dependent=training_dependent)
         self._linear = linear
         self._forward = forward
@@ -327,19 +260,7 @@ class Linear(Op):
         self._one_hot = one_hot
         self._scaled = scaled
         self._channel_scale = channel_scale
-        self._magnitude = magnitude
-        self._roundings = roundings
-        self.matmul_like = bool(matmul_like)
-
-    def magnitude(self, bounds, record, affine, mask=None):
-        if self._magnitude is not None:
-            return self._magnitude(bounds, affine)
-        return dense_abs_magnitude(self, bounds, affine)
-
-    def roundings(self, inputs):
-        if self._roundings is not None:
-            return int(self._roundings(inputs))
-        return dense_abs_roundings(self, inputs)
+        self.weighted_sum = weighted_sum
 
     def bias(self, inputs: list[tf.Tensor]) -> tf.Tensor:
         """The op's value at zero (its bias), batch 1."""
@@ -394,60 +315,3 @@ class Linear(Op):
         if scale is None:
             return apply_linear(self._linear, tangents)
         return apply_linear(lambda xs: self._scaled(xs, scale), tangents)
-
-
-# --------------------------------------------------------------------------- generic bounds
-
-MAX_DENSE_ABS = 2**24  # entries of the dense |A| the generic bound may build
-
-
-def _dense_abs(op, inputs: list[tf.Tensor]) -> tf.Tensor:
-    """`[D_in, D_out]` |A| of a linear op, from the op's linear part on unit vectors.
-
-    The generic rounding bound of ops that say nothing about their coefficients
-    (a user's `Linear` rule without `magnitude=`): exact, but it costs one
-    evaluation per input element, so it is refused above `MAX_DENSE_ABS` entries.
-    """
-    shapes = [tuple(int(d) for d in x.shape[1:]) for x in inputs]
-    sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
-    d_in = sum(sizes)
-    if not all(d is not None for s in shapes for d in s):
-        raise ValueError(f"Layer '{op.name}': the generic rounding bound needs static "
-                         f"shapes, got {shapes}; pass magnitude= to its rule or "
-                         f"rigor='float32'.")
-    dtype = inputs[0].dtype
-    eye = tf.eye(d_in, dtype=dtype)
-    parts, start = [], 0
-    for shape, size in zip(shapes, sizes):
-        parts.append(tf.reshape(eye[:, start:start + size], (d_in, *shape)))
-        start += size
-    cols = op.tangent([Tangent(p, shared=True) for p in parts], NO_RECORD, None)[0].value
-    cols = tf.reshape(cols, (d_in, -1))
-    if d_in * int(cols.shape[-1]) > MAX_DENSE_ABS:
-        raise ValueError(
-            f"Layer '{op.name}' ({type(op.layer).__name__}): its rule gives no rounding "
-            f"bound, and the generic one would build a dense [{d_in}, {cols.shape[-1]}] "
-            f"matrix. Pass magnitude= and roundings= to its rule (docs/design.md, section "
-            f"'The rounding bound') or use rigor='float32'.")
-    return tf.abs(cols)
-
-
-def dense_abs_magnitude(op, bounds: list[tf.Tensor], affine: bool) -> tf.Tensor:
-    """`|A| m (+ |b|)` for any linear op through its dense `|A|` (see `_dense_abs`)."""
-    absa = _dense_abs(op, bounds)
-    flat = tf.concat([flatten_examples(m) for m in bounds], axis=1)
-    out = tf.matmul(flat, absa)
-    ref = op.forward([m[:1] for m in bounds], None)[0]
-    if affine and isinstance(op, Linear):
-        out += tf.reshape(tf.abs(op.bias(bounds)), (1, -1))
-    return tf.reshape(out, tf.concat([tf.shape(bounds[0])[:1], tf.shape(ref)[1:]], 0))
-
-
-def dense_abs_roundings(op, inputs: list[tf.Tensor]) -> int:
-    """Fan-in of the widest output of a linear op (nonzeros of its `|A|` column), plus 2."""
-    absa = _dense_abs(op, inputs)
-    fan_in = tf.get_static_value(tf.reduce_max(tf.reduce_sum(tf.cast(absa > 0, tf.int32), 0)))
-    if fan_in is None:  # inside a graph: every input element may contribute
-        fan_in = int(absa.shape[0])
-    return int(fan_in) + 2
-

@@ -113,22 +113,6 @@ class MaxWindows(Op):
     def neuron_shape(self, record):
         return tuple(int(d) for d in record.patches.shape[1:])
 
-    def magnitude(self, bounds, record, affine, mask=None):
-        """The recorded winner's bound (the certificate keeps every winner; a max
-        is exact in floating point)."""
-        return tf.reduce_sum(self.windows(bounds[0]) * tf.cast(record.one_hot, bounds[0].dtype),
-                             axis=-2)
-
-    def roundings(self, inputs):
-        return 0
-
-    def neuron_magnitude(self, bounds, record, affine, mask=None):
-        """`|v_winner - v_k| <= max_window m + m_k` (the model compares them exactly)."""
-        m = bounds[0]
-        patches = self.windows(m)
-        z = patches + tf.reduce_max(patches, axis=-2, keepdims=True)
-        return flatten_examples(z)
-
 
 def _check_channels_last(layer):
     if getattr(layer, "data_format", "channels_last") != "channels_last":

@@ -23,8 +23,6 @@ from keras_roll.compile.rules.base import (
     Op,
     Tangent,
     apply_linear,
-    flatten_directions,
-    flatten_examples,
 )
 from keras_roll.compile.rules.registry import register_rule
 from keras_roll.errors import UnsupportedModelError
@@ -55,160 +53,119 @@ class SimpleRNNOp(Op):
         self.cell = layer.cell
         self.act = activation
 
-    def _time_major(self, t):
-        perm = [1, 0] + list(range(2, len(t.shape)))
-        return tf.transpose(t, perm)
+    # ------------------------------------------------------------ the recurrence
+
+    def time_major(self, t):
+        """`[B, T, ...]` -> `[T, B, ...]` (and back: the permutation is its own inverse)."""
+        return tf.transpose(t, [1, 0] + list(range(2, len(t.shape))))
+
+    def in_processing_order(self, t, axis: int = 1):
+        """`t` with its time axis in the order the layer processes it (reversed for
+        `go_backwards`)."""
+        return tf.reverse(t, [axis]) if self.layer.go_backwards else t
+
+    def recurrence(self, step, sequences, initial, extras, keep):
+        """Runs `step` over the time steps in processing order: the layer's one loop.
+
+        Every pass over the layer (values, tangents, rounding bounds, noise)
+        is this loop with its own `step`.
+
+        Args:
+            step: `fn(state, elems) -> (new_state, new_extras)`: `state` a tuple
+                of `[B, ...]` tensors, `elems` one time step of `sequences`.
+            sequences: time-major `[T, B, ...]` tensors in processing order.
+            initial: the state before the first step.
+            extras: zeros shaped like the per-step extras (e.g. the neurons).
+            keep: `[T, B]` bool, False at padded steps, where every state entry
+                keeps its value.
+
+        Returns:
+            `(states, extras)`: tuples of time-major `[T, B, ...]` tensors, the
+            state after every step and the extras of every step.
+        """
+
+        def body(carry, elems):
+            state = carry[0]
+            k_t, xs = elems[0], elems[1:]
+            new, more = step(state, xs)
+            held = tuple(tf.where(tf.reshape(k_t, [-1] + [1] * (len(n.shape) - 1)), n, o)
+                         for n, o in zip(new, state))
+            return held, tuple(more)
+
+        states, more = tf.scan(body, (keep, *sequences), initializer=(tuple(initial),
+                                                                      tuple(extras)))
+        return states, more
+
+    def outputs(self, states, keep):
+        """The layer's output from time-major per-step states `[T, B, ..., units]`:
+        `[B, ..., T, units]` (`return_sequences`) or `[B, ..., units]`, zero at
+        padded steps under `zero_output_for_mask`."""
+        if self.layer.zero_output_for_mask:
+            k = tf.reshape(keep, tf.concat([tf.shape(keep), tf.ones(len(states.shape) - 2,
+                                                                    tf.int32)], 0))
+            states = tf.where(k, states, tf.zeros_like(states))
+        rank = len(states.shape)
+        seq = tf.transpose(states, list(range(1, rank - 1)) + [0, rank - 1])
+        return seq if self.layer.return_sequences else seq[..., -1, :]
+
+    def neuron_sequence(self, per_step):
+        """`[B, ..., T * units]` neuron rows (processing order) from time-major
+        per-step `[T, B, ..., units]` values."""
+        rank = len(per_step.shape)
+        seq = tf.transpose(per_step, list(range(1, rank - 1)) + [0, rank - 1])
+        shape = tf.shape(seq)
+        return tf.reshape(seq, tf.concat([shape[:-2], [-1]], 0))
+
+    # ------------------------------------------------------------ passes
 
     def forward(self, inputs, mask):
         x = inputs[0]
-        cell, layer = self.cell, self.layer
+        cell = self.cell
         dtype = x.dtype
-        kernel = tf.cast(cell.kernel, dtype)
         recurrent = tf.cast(cell.recurrent_kernel, dtype)
-        xw = tf.matmul(x, kernel)
+        xw = tf.matmul(x, tf.cast(cell.kernel, dtype))
         if cell.bias is not None:
             xw += tf.cast(cell.bias, dtype)
-        batch = tf.shape(x)[0]
-        steps = tf.shape(x)[1]
-        if mask is None:
-            m = tf.ones(tf.stack([batch, steps]), tf.bool)
-        else:
-            m = tf.cast(mask, tf.bool)
-        if layer.go_backwards:
-            xw, m = tf.reverse(xw, [1]), tf.reverse(m, [1])
+        batch, steps = tf.shape(x)[0], tf.shape(x)[1]
+        m = tf.ones(tf.stack([batch, steps]), tf.bool) if mask is None else tf.cast(mask, tf.bool)
+        keep = self.in_processing_order(m)
         h0 = tf.zeros(tf.stack([batch, cell.units]), dtype)
 
-        def step(carry, elems):
-            h, _, _ = carry
-            xw_t, m_t = elems
-            z = xw_t + tf.matmul(h, recurrent)
-            new = tf.cast(self.act.fn(z), dtype)
-            keep = m_t[:, None]
-            out = tf.where(keep, new, tf.zeros_like(new) if layer.zero_output_for_mask else h)
-            return tf.where(keep, new, h), z, out
+        def step(state, elems):
+            z = elems[0] + tf.matmul(state[0], recurrent)
+            return (tf.cast(self.act.fn(z), dtype),), (z,)
 
-        _, z, outs = tf.scan(step, (self._time_major(xw), self._time_major(m)),
-                             initializer=(h0, h0, h0))
-        z, outs = self._time_major(z), self._time_major(outs)
-        record = ActivationRecord(z, self.act.slope(z), m)
-        output = outs if layer.return_sequences else outs[:, -1]
-        return output, record
+        (hs,), (z,) = self.recurrence(step, [self.time_major(self.in_processing_order(xw))],
+                                      (h0,), (h0,), self.time_major(keep))
+        z = self.time_major(z)
+        return self.outputs(hs, self.time_major(keep)), ActivationRecord(z, self.act.slope(z),
+                                                                         keep)
 
     def tangent(self, tangents, record, mask):
         cell = self.cell
-        slope, m = record.slope, record.mask
-        dtype = slope.dtype
-        batch = tf.shape(slope)[0]
-        kernel = tf.cast(cell.kernel, dtype)
+        dtype = record.slope.dtype
+        batch = tf.shape(record.slope)[0]
         recurrent = tf.cast(cell.recurrent_kernel, dtype)
+        kernel = tf.cast(cell.kernel, dtype)
         tw = apply_linear(lambda xs: tf.matmul(xs[0], kernel), tangents).per_example(batch)
-        if self.layer.go_backwards:
-            tw = tf.reverse(tw, [2])
-        k = tf.shape(tw)[1]
-        tw = tf.transpose(tw, [2, 0, 1, 3])  # [T, B, K, units]
-        slope_t = self._time_major(slope)[:, :, None]  # [T, B, 1, units]
-        keep_t = self._time_major(m)[:, :, None, None]
-        dh0 = tf.zeros(tf.stack([batch, k, cell.units]), dtype)
+        tw = tf.transpose(self.in_processing_order(tw, axis=2), [2, 0, 1, 3])  # [T, B, K, u]
+        slope = self.time_major(record.slope)[:, :, None]  # [T, B, 1, units]
+        dh0 = tf.zeros(tf.stack([batch, tf.shape(tw)[2], cell.units]), dtype)
 
-        def step(carry, elems):
-            dh, _ = carry
-            tw_t, s_t, keep = elems
-            dz = tw_t + tf.matmul(dh, recurrent)
-            return tf.where(keep, s_t * dz, dh), dz
+        def step(state, elems):
+            tw_t, s_t = elems
+            dz = tw_t + tf.matmul(state[0], recurrent)
+            return (s_t * dz,), (dz,)
 
-        dhs, dzs = tf.scan(step, (tw, slope_t, keep_t), initializer=(dh0, dh0))
-        if self.layer.zero_output_for_mask:
-            outs = tf.where(keep_t, dhs, tf.zeros_like(dhs))
-        else:
-            outs = dhs
-        outs = tf.transpose(outs, [1, 2, 0, 3])
-        out = outs if self.layer.return_sequences else outs[:, :, -1]
-        neuron_t = flatten_directions(tf.transpose(dzs, [1, 2, 0, 3]))
-        return Tangent(out), neuron_t
+        keep = self.time_major(record.mask)
+        (dhs,), (dzs,) = self.recurrence(step, [tw, slope], (dh0,), (dh0,), keep)
+        return Tangent(self.outputs(dhs, keep)), self.neuron_sequence(dzs)
 
     def neurons(self, record):
         return self.act.neurons(record)
 
     def neuron_shape(self, record):
         return self.act.neuron_shape(record)
-
-    # ------------------------------------------------------------ rounding bound
-
-    def magnitudes(self, bounds, record, affine, mask=None):
-        """The recursion of the layer on magnitudes: `m_z,t = m_x,t |K| + |b| +
-        m_h,t-1 |U|`, `m_h,t = |s| m_z,t + |c|` at unpadded steps, with `f = s z + c`
-        the recorded piece of every unit and step (see `Activation.magnitude`)."""
-        dtype = bounds[0].dtype
-        bias = None
-        if affine and self.cell.bias is not None:
-            bias = tf.abs(tf.cast(self.cell.bias, dtype))
-        offset = None
-        if affine:  # |f(z) - s z| on the recorded piece of every unit and step (0 for ReLU)
-            z_rec = tf.cast(record.z, dtype)
-            offset = tf.abs(tf.cast(self.act.fn(z_rec), dtype)
-                            - tf.cast(record.slope, dtype) * z_rec)
-        return self._recursion(bounds[0], record, bias, offset)
-
-    def absolute_growth(self, errors, record, mask, eta):
-        """The absolute (underflow) error recursion: every step's sums add `n eta`,
-        its inputs and state may be flushed (`+ eta`), its activation adds `eta`s."""
-        dtype = errors[0].dtype
-        recurrent = tf.abs(tf.cast(self.cell.recurrent_kernel, dtype))
-        n = self.roundings(errors)
-        bias = eta * (n + tf.reduce_sum(recurrent, axis=0))
-        slope = tf.abs(tf.cast(record.slope, dtype))
-        offset = eta * (slope + self.act.roundings(errors) + 1.0)
-        return self._recursion(errors[0] + eta, record, bias, offset)
-
-    def _recursion(self, m, record, bias, offset):
-        """Runs `m_z,t = m_t |K| + bias + m_h,t-1 |U|`, `m_h,t = |s_t| m_z,t + offset_t`."""
-        cell, layer = self.cell, self.layer
-        dtype = m.dtype
-        kernel = tf.abs(tf.cast(cell.kernel, dtype))
-        recurrent = tf.abs(tf.cast(cell.recurrent_kernel, dtype))
-        xw = tf.matmul(m, kernel)
-        if bias is not None:
-            xw += bias
-        keep = tf.cast(record.mask, tf.bool)  # in processing order (see `forward`)
-        if layer.go_backwards:
-            xw = tf.reverse(xw, [1])
-        h0 = tf.zeros(tf.stack([tf.shape(m)[0], cell.units]), dtype)
-        slope = tf.abs(tf.cast(record.slope, dtype))
-        if offset is None:
-            offset = tf.zeros_like(slope)
-
-        def step(carry, elems):
-            h, _, _ = carry
-            xw_t, k_t, s_t, c_t = elems
-            z = xw_t + tf.matmul(h, recurrent)
-            new = s_t * z + c_t
-            k_t = k_t[:, None]
-            out = tf.where(k_t, new, tf.zeros_like(new) if layer.zero_output_for_mask else h)
-            return tf.where(k_t, new, h), z, out
-
-        elems = tuple(self._time_major(t) for t in (xw, keep, slope, offset))
-        _, z, outs = tf.scan(step, elems, initializer=(h0, h0, h0))
-        z, outs = self._time_major(z), self._time_major(outs)
-        output = outs if layer.return_sequences else outs[:, -1]
-        return output, flatten_examples(z)
-
-    def roundings(self, inputs):
-        return int(inputs[0].shape[-1]) + self.cell.units + 3
-
-    def rounding_growth(self, g_in, gamma, inputs):
-        """Every step rounds its sums and its activation again: the bound of the
-        neurons of step `t` is `(1 + g_in) ((1 + g_sum) (1 + g_act))^t / (1 + g_act) - 1`
-        (in processing order, as the neurons are laid out)."""
-        g_sum = gamma(self.roundings(inputs), True)
-        g_act = gamma(self.act.roundings(inputs), False)
-        steps = tf.shape(inputs[0])[1]
-        t = tf.cast(tf.range(1, steps + 1), tf.float64)
-        growth = tf.constant((1.0 + g_sum) * (1.0 + g_act), tf.float64)
-        g_in = tf.cast(g_in, tf.float64)
-        g_z = (1.0 + g_in) * tf.pow(growth, t) / (1.0 + g_act) - 1.0  # [T]
-        g_neurons = tf.reshape(tf.tile(g_z[:, None], [1, self.cell.units]), [1, -1])
-        g_out = (1.0 + g_in) * tf.pow(growth, tf.cast(steps, tf.float64)) - 1.0
-        return g_out, g_neurons
 
 
 def simple_rnn_op(layer, hint: str = "Build it with activation='relu' (or leaky_relu).",
@@ -277,12 +234,6 @@ class MaskingOp(Op):
 
     def tangent(self, tangents, record, mask):
         return tangents[0].masked(record.keep), None
-
-    def magnitude(self, bounds, record, affine, mask=None):
-        return bounds[0] * tf.cast(record.keep, bounds[0].dtype)
-
-    def roundings(self, inputs):
-        return 0
 
 
 register_rule(keras.layers.Masking, MaskingOp)
