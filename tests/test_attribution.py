@@ -260,7 +260,7 @@ def test_bad_input_names_the_argument(setup):
         (dict(y=np.array([0, 1, 3, 1])), r"y must be in \[0, 3\)"),
         (dict(y=y[:, None]), "y must have shape"),
         (dict(x=np.where(np.eye(4, 8, dtype=bool), np.nan, x)), "x contains 4 non-finite"),
-        (dict(baseline=np.zeros(5)), "baseline must be shaped like"),
+        (dict(baseline=np.zeros(5)), "baseline must be a number, shaped like"),
         (dict(baseline=np.full(8, np.nan)), "baseline contains 32 non-finite"),
         (dict(steps=0), "steps must be"),
         (dict(max_regions=0), "max_regions must be"),

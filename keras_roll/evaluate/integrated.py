@@ -6,34 +6,33 @@ Integrated gradients (Sundararajan, Taly & Yan, ICML 2017) attribute
     IG(x) = (x - x0) * integral_0^1 grad f(x0 + t (x - x0)) dt.
 
 For a piecewise-linear network the gradient is constant inside each linear
-region, so the integral is a finite sum: walk the straight path from the baseline
-`x0` to `x` region by region; in each region the directional margin along
-`d = x - x0` (the frozen-pattern twin's JVP along `d` with
-`keras_roll.certification.margins.directional_margins`) says where the path leaves it. The
-result is exact up to round-off, its attributions sum to `f(x) - f(x0)`
-(completeness), and the walk reports how many regions the path crosses.
+region, so the integral is a finite sum over the regions the straight path from
+the baseline `x0` to `x` crosses (`keras_roll.evaluate.path_walk`): exact up to
+round-off, complete (the attributions sum to `f(x) - f(x0)`), and with the
+number of regions crossed. A Riemann sum (`steps=k`, with a `rule`) works for any
+differentiable model. See docs/design.md, section "Exact integrated gradients".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.evaluate.gradients import (
-    LogitGradients,
-    check_count,
-    check_inputs,
-    check_labels,
-    label_classes,
-)
+from keras_roll.errors import UnsupportedModelError
+from keras_roll.evaluate.gradients import check_count
 from keras_roll.evaluate.path_walk import exact_walk
+from keras_roll.evaluate.tape_gradients import gradient_engine
+from keras_roll.evaluate.targets import check_baseline, read_inputs, resolve_targets
 from keras_roll.options import check_verbose, fixed_budget, progress_bar
 
-__all__ = ["IntegratedGradients", "integrated_gradients"]
+__all__ = ["RULES", "IntegratedGradients", "integrated_gradients", "riemann_points"]
 
 DEFAULT_MAX_REGIONS = 100_000
+RULES = ("right", "left", "midpoint", "trapezoid")
+_RIEMANN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(repr=False)
@@ -45,11 +44,18 @@ class IntegratedGradients:
         regions: `[B]` int, linear regions crossed by the path (exact method),
             None for a Riemann sum.
         delta: `[B]` completeness gap `sum(attributions) - (f(x) - f(baseline))`.
-        f_x: `[B]` the label logit at `x`.
-        f_baseline: `[B]` the label logit at the baseline.
-        labels: `[B]` the class whose logit was attributed.
+        f_x: `[B]` the attributed function at `x` (the target's logit, or the sum of
+            the targets' logits).
+        f_baseline: `[B]` the same at the baseline.
+        labels: `[B]` the class whose logit was attributed (-1 for a target of
+            several classes).
         method: "exact" or "riemann".
         steps: the number of Riemann points, or None.
+        rule: the Riemann rule, or None.
+        targets: `[B, L]` the weights of the attributed logits.
+        piecewise_linear: False for a model that is not piecewise linear (Riemann
+            sums through `tf.GradientTape`: no exact integral, no regions).
+        note: why, in words, for such a model.
     """
 
     attributions: np.ndarray
@@ -60,6 +66,10 @@ class IntegratedGradients:
     labels: np.ndarray
     method: str
     steps: int | None = None
+    rule: str | None = None
+    targets: np.ndarray | None = None
+    piecewise_linear: bool = True
+    note: str | None = None
 
     def __repr__(self) -> str:
         n = self.attributions.shape[0]
@@ -71,41 +81,50 @@ class IntegratedGradients:
 
 
 def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = None,
-                         max_regions: int = DEFAULT_MAX_REGIONS,
+                         rule: str = "right", max_regions: int = DEFAULT_MAX_REGIONS,
                          memory_budget: int | None = None,
                          verbose="auto") -> IntegratedGradients:
-    """Integrated gradients of the label logit, exact by default.
+    """Integrated gradients of the target logit, exact by default.
 
-    * `steps=None`: the **exact** integral. The straight path from the
-      baseline to `x` is walked region by region: at the current point `t` of
-      the path, a probe a tiny step further (shrunk until its linear region
-      reaches back to `t`, so paths that start on or run along a region
-      boundary are handled) fixes the gradient of the next open segment, and
-      its directional margins along the path say where that segment ends.
-      Regions thinner than about 64 machine epsilons of the path are merged
-      into their neighbour. Work in float64 (a float64 model) for
-      completeness to ~1e-12; float32 models give ~1e-5.
-    * `steps=k`: the usual right Riemann sum over the `k` points
-      `x0 + (i / k) (x - x0)`, `i = 1..k`; it converges to the exact integral.
+    * `steps=None`: the **exact** integral over the linear regions the straight
+      path from the baseline to `x` crosses (batched rounds of probes; each finds
+      one region's interval along the path, its gradient and its pattern). Regions
+      thinner than 64 machine epsilons of the path are merged into a neighbour.
+      Float64 models are complete to ~1e-12 (relative); float32 models to about
+      1e-6, and their region counts merge such slivers. Needs a piecewise-linear
+      model.
+    * `steps=k`: a Riemann sum over `k` gradient evaluations with `rule`:
+      "right" (`t = i / k`, `i = 1..k`), "left" (`i = 0..k-1`), "midpoint"
+      (`t = (i + 1/2) / k`) or "trapezoid" (`t = i / (k - 1)`, `i = 0..k-1`, the
+      end points weighted 1/2). Gradients are summed in float64. Works for any
+      differentiable model (through `tf.GradientTape` when it is not piecewise
+      linear).
 
     The logit is the model output before a final softmax / sigmoid.
 
     Args:
         model: a Keras model or a `Linearized`.
-        x: `[B, *input_shape]` inputs.
-        y: `[B]` integer labels; None for the predicted class.
-        baseline: `[*input_shape]` or `[B, *input_shape]`; None for zeros.
+        x: `[B, *input_shape]` inputs, or a stream (`tf.data.Dataset`, generator,
+            `PyDataset`) of `x` or `(x, y)` elements, batched or not.
+        y: the targets: None (the predicted class; a stream's labels if it has
+            them), an int, `[B]` integer labels, or `[B, L]` one-hot / multi-hot
+            targets (the sum of the hot logits is attributed).
+        baseline: a number, one example `[*input_shape]`, or `[B, *input_shape]`;
+            None for zeros.
         steps: None (exact) or a positive number of Riemann points.
+        rule: the Riemann rule for `steps=k` (see above).
         max_regions: the most regions one path may cross before the walk stops
             with an error (a safeguard against runaway walks).
         memory_budget: bytes of live tensors per compiled chunk.
-        verbose: "auto" (a progress bar for walks longer than a second), True or False.
+        verbose: "auto" (a progress bar for runs longer than a second), True or False.
 
     Returns:
         An `IntegratedGradients`.
 
     Raises:
-        ValueError: naming the argument, for bad inputs, labels or baselines.
+        ValueError: naming the argument, for bad inputs, targets, baselines or rules.
+        keras_roll.UnsupportedModelError: for `steps=None` on a model that is not
+            piecewise linear (naming the layer).
         RuntimeError: when a path crosses more than `max_regions` regions.
 
     Example:
@@ -114,66 +133,118 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
     ig = keras_roll.integrated_gradients(model, x, y)           # exact
     ig.attributions.sum(axis=(1, 2, 3)) - (ig.f_x - ig.f_baseline)   # ~0
     ig.regions                                                  # regions crossed
-    approx = keras_roll.integrated_gradients(model, x, y, steps=50)
+    approx = keras_roll.integrated_gradients(model, x, y, steps=64, rule="trapezoid")
     ```
     """
     check_verbose(verbose)
     budget = fixed_budget(memory_budget)
     if steps is not None:
         steps = check_count(steps, "steps")
+        riemann_points(steps, rule)  # checks the rule
     max_regions = check_count(max_regions, "max_regions")
-    engine = LogitGradients.of(model)
-    lin = engine.lin
-    x = check_inputs(lin, x, "x")
+    engine = _engine(model, exact=steps is None)
+    x, y = read_inputs(x, y, engine.input_shape)
+    x = engine.check(x, "x")
     n = x.shape[0]
-    base = _check_baseline(lin, baseline, x)
-    _, logits_x = engine.gradients(x, np.zeros(n, np.int32), np.ones(n), budget)
-    index, sign = check_labels(y, n, engine.num_logits(x.shape[1:]), lin.output_link,
-                               default_logits=logits_x)
-    _, logits_b = engine.gradients(base, np.zeros(n, np.int32), np.ones(n), budget)
-    rows = np.arange(n)
-    f_x = sign * logits_x.astype(np.float64)[rows, index]
-    f_b = sign * logits_b.astype(np.float64)[rows, index]
+    base = check_baseline(baseline, x, engine.check)
+    logits = engine.logits(np.concatenate([x, base]), budget).astype(np.float64)
+    logits_x, logits_b = logits[:n], logits[n:]
+    targets = resolve_targets(y, n, logits.shape[1], engine.output_link, logits_x)
+    f_x = np.sum(targets.weights * logits_x, axis=1)
+    f_b = np.sum(targets.weights * logits_b, axis=1)
     with progress_bar(n, verbose, "integrated gradients") as bar:
         if steps is None:
-            attr, regions = exact_walk(engine, x, base, index, sign, max_regions, budget, bar)
+            attr, regions = exact_walk(engine, x, base, targets.weights, max_regions, budget,
+                                       bar)
         else:
-            attr, regions = _riemann(engine, x, base, index, sign, steps, budget, bar), None
-    delta = attr.reshape(n, int(np.prod(x.shape[1:]))).sum(axis=1) - (f_x - f_b)
-    labels = label_classes(index, sign, logits_x.shape[1], lin.output_link)
-    return IntegratedGradients(attributions=attr, regions=regions, delta=delta, f_x=f_x,
-                               f_baseline=f_b, labels=labels,
-                               method="exact" if steps is None else "riemann", steps=steps)
+            attr = _riemann(engine, x, base, targets.weights, steps, rule, budget, bar)
+            regions = None
+    delta = attr.reshape(n, -1).sum(axis=1) - (f_x - f_b)
+    return IntegratedGradients(
+        attributions=attr, regions=regions, delta=delta, f_x=f_x, f_baseline=f_b,
+        labels=targets.labels, method="exact" if steps is None else "riemann", steps=steps,
+        rule=None if steps is None else rule, targets=targets.weights,
+        piecewise_linear=engine.piecewise_linear, note=engine.note)
 
 
-def _check_baseline(lin, baseline, x):
-    if baseline is None:
-        return np.zeros_like(x)
+def _engine(model, exact: bool):
     try:
-        arr = np.asarray(baseline.numpy() if tf.is_tensor(baseline) else baseline)
-    except Exception as e:  # ragged lists and the like
-        raise ValueError(f"baseline could not be read as an array: {e}") from None
-    if arr.shape == x.shape[1:]:
-        arr = np.broadcast_to(arr, x.shape)
-    elif arr.shape != x.shape:
-        raise ValueError(f"baseline must be shaped like one example {x.shape[1:]} or like "
-                         f"x {x.shape}, got shape {arr.shape}.")
-    return check_inputs(lin, arr, "baseline")
+        return gradient_engine(model, need_linear=exact)
+    except UnsupportedModelError as e:
+        raise UnsupportedModelError(
+            f"{e} The exact integral (steps=None) needs a piecewise-linear model; pass "
+            f"steps=k for a Riemann sum, which works for any differentiable model.") from None
 
 
-def _riemann(engine, x, base, index, sign, steps, budget, bar):
+def riemann_points(steps: int, rule: str) -> tuple[np.ndarray, np.ndarray]:
+    """`(t [k], weights [k])` float64 of a Riemann rule with `k = steps` points.
+
+    Raises:
+        ValueError: for an unknown rule, or "trapezoid" with fewer than 2 points.
+
+    Example:
+
+    ```python
+    riemann_points(4, "trapezoid")   # t = 0, 1/3, 2/3, 1; weights 1/6, 1/3, 1/3, 1/6
+    ```
+    """
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {', '.join(map(repr, RULES))}, got {rule!r}.")
+    k = int(steps)
+    i = np.arange(k, dtype=np.float64)
+    if rule == "trapezoid":
+        if k < 2:
+            raise ValueError(f"rule='trapezoid' needs steps >= 2 (both end points), got {k}.")
+        w = np.full(k, 1.0 / (k - 1))
+        w[[0, -1]] /= 2
+        return i / (k - 1), w
+    offset = {"right": 1.0, "left": 0.0, "midpoint": 0.5}[rule]
+    return (i + offset) / k, np.full(k, 1.0 / k)
+
+
+def _riemann_fn(engine):
+    """Compiled: the weighted sums `[m, D]` float64 of the gradients at the points
+    `base + t (x - base)` of `m` examples (all in the graph, one call per chunk)."""
+    fn = _RIEMANN.get(engine)
+    if fn is None:
+
+        def riemann(x, base, t, w, weights):
+            m, k = tf.shape(x)[0], tf.shape(t)[0]
+            rank = len(x.shape) - 1
+            alpha = tf.reshape(tf.cast(t, x.dtype), [1, -1] + [1] * rank)
+            pts = base[:, None] + alpha * (x - base)[:, None]
+            pts = tf.reshape(pts, tf.concat([[m * k], tf.shape(x)[1:]], 0))
+            grad, _ = engine.objective_gradient(pts, tf.repeat(weights, k, axis=0))
+            grad = tf.reshape(tf.cast(grad, tf.float64), tf.stack([m, k, -1]))
+            return tf.einsum("mkd,k->md", grad, w)
+
+        fn = _RIEMANN[engine] = tf.function(riemann, reduce_retracing=True, autograph=False)
+    return fn
+
+
+def _riemann(engine, x, base, weights, steps, rule, budget, bar):
     n = x.shape[0]
-    ex_shape = x.shape[1:]
-    x64, b64 = x.astype(np.float64), base.astype(np.float64)
-    total = np.zeros((n, *ex_shape))
-    chunk = engine.chunk_size(ex_shape, budget, total=n * steps)
-    flat = n * steps
-    for f0 in range(0, flat, chunk):
-        f = np.arange(f0, min(flat, f0 + chunk))
-        e, i = f // steps, f % steps + 1
-        alpha = (i / steps).reshape(-1, *([1] * len(ex_shape)))
-        pts = (b64[e] + alpha * (x64[e] - b64[e])).astype(x.dtype)
-        grad, _ = engine.gradients(pts, index[e], sign[e], budget)
-        np.add.at(total, e, grad.astype(np.float64))
-        bar.update(int(np.sum(i == steps)))  # examples whose last point is done
-    return (x64 - b64) * total / steps
+    t, w = riemann_points(steps, rule)
+    chunk = engine.chunk_size(x.shape[1:], budget, total=n * steps)
+    fn = _riemann_fn(engine)
+    weights = weights.astype(engine.dtype)
+    total = np.zeros((n, int(np.prod(x.shape[1:]))))
+    if steps <= chunk:
+        group = max(1, chunk // steps)
+        for e0 in range(0, n, group):
+            sl = slice(e0, e0 + group)
+            total[sl] = fn(tf.constant(x[sl]), tf.constant(base[sl]), tf.constant(t),
+                           tf.constant(w), tf.constant(weights[sl])).numpy()
+            bar.update(x[sl].shape[0])
+    else:
+        blocks = -(-steps // chunk)
+        size = -(-steps // blocks)
+        for e in range(n):
+            sl = slice(e, e + 1)
+            for b0 in range(0, steps, size):
+                total[e] += fn(tf.constant(x[sl]), tf.constant(base[sl]),
+                               tf.constant(t[b0:b0 + size]), tf.constant(w[b0:b0 + size]),
+                               tf.constant(weights[sl])).numpy()[0]
+            bar.update(1)
+    diff = x.reshape(n, -1).astype(np.float64) - base.reshape(n, -1).astype(np.float64)
+    return (diff * total).reshape(x.shape)

@@ -20,7 +20,7 @@ Example:
 ```python
 twin = PathTwin.of(LogitGradients.of(model))
 u0, u1 = twin.ends(base, d)                # [n, *u_shape] each
-fwd, back, keys, grad_u = twin.probe(u0, u1, owner, t, index, sign)
+fwd, back, keys, grad_u = twin.probe(u0, u1, owner, t, weights[owner])
 grad_x = twin.pull_back(weighted_grad_u)   # [n, *input_shape]
 ```
 """
@@ -157,7 +157,7 @@ class PathTwin:
             u = self._prefix(x)
         return tape.gradient(u, x, output_gradients=s)
 
-    def _probe_impl(self, u0, u1, owner, t, index, sign):
+    def _probe_impl(self, u0, u1, owner, t, weights):
         program = self.lin.program
         rate = tf.gather(u1, owner)
         shape = tf.concat([[-1], tf.ones(tf.rank(rate) - 1, tf.int32)], 0)
@@ -167,7 +167,7 @@ class PathTwin:
             primal = _PathPrimal(program, u, self.dtype, self.skipped)
             logits = propagate(program, primal, u)
             logits = tf.reshape(logits, tf.stack([tf.shape(u)[0], -1]))
-            total = tf.reduce_sum(tf.gather(logits, index, axis=1, batch_dims=1) * sign)
+            total = tf.reduce_sum(logits * weights)
         grad = tape.gradient(total, u)
         if grad is None:  # the selected logit does not depend on the input
             grad = tf.zeros_like(u)
@@ -191,11 +191,12 @@ class PathTwin:
         self._u_shape = tuple(u0.shape[1:])
         return u0, u1
 
-    def probe(self, u0, u1, owner, t, index, sign):
-        """Probes points `t` of the paths `owner`: `(forward [P], back [P], keys [P, 2],
-        grad_u [P, *u_shape])` as numpy (margins in units of `t`)."""
+    def probe(self, u0, u1, owner, t, weights):
+        """Probes points `t` of the paths `owner` for the targets `weights [P, L]`:
+        `(forward [P], back [P], keys [P, 2], grad_u [P, *u_shape])` as numpy (margins
+        in units of `t`; `grad_u` the gradient of `sum(weights * logits)`)."""
         out = self._probe(u0, u1, tf.constant(owner, tf.int32), tf.constant(t, self.dtype),
-                          tf.constant(index, tf.int32), tf.constant(sign, self.dtype))
+                          tf.constant(weights, self.dtype))
         return tuple(o.numpy() for o in out)
 
     def pull_back(self, s: np.ndarray, ex_shape) -> np.ndarray:

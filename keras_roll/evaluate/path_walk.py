@@ -106,13 +106,13 @@ def _plan(path: _Path, tau0: float, tol: float) -> tuple[list[float], list[bool]
     return points, inside
 
 
-def exact_walk(engine, x, base, index, sign, max_regions, budget, bar):
+def exact_walk(engine, x, base, weights, max_regions, budget, bar):
     """Exact integrated gradients of a batch (see the module docstring).
 
     Args:
         engine: the `LogitGradients` of the model.
         x, base: `[n, *input_shape]` inputs and baselines (model dtype).
-        index, sign: `[n]` selected logit and sign per example.
+        weights: `[n, L]` the attributed weighted sum of logits of each example.
         max_regions: the most regions a path may cross.
         budget: bytes per compiled call, or None.
         bar: a progress bar over examples.
@@ -131,7 +131,7 @@ def exact_walk(engine, x, base, index, sign, max_regions, budget, bar):
     u0, u1 = twin.ends(base.astype(dtype), d64.astype(dtype).reshape(x.shape))
     crossings = (first_crossings(u0.numpy(), u1.numpy(), twin.first.breakpoints)
                  if twin.hoists_first_unit else None)
-    walk = _Walk(twin, u0, u1, crossings, index, sign.astype(dtype), tol)
+    walk = _Walk(twin, u0, u1, crossings, weights.astype(dtype), tol)
     paths = walk.paths
     active = list(range(n))
     chunk = engine.chunk_size(ex_shape, budget, scale=2.0)  # + the tangent pass
@@ -161,17 +161,17 @@ def exact_walk(engine, x, base, index, sign, max_regions, budget, bar):
 class _Walk:
     """Runs rounds of probes and claims their regions; sums the weighted gradients."""
 
-    def __init__(self, twin, u0, u1, crossings, index, sign, tol):
+    def __init__(self, twin, u0, u1, crossings, weights, tol):
         self.twin, self.u0, self.u1 = twin, u0, u1
         self.crossings = crossings
-        self.index, self.sign, self.tol = index, sign, tol
+        self.weights, self.tol = weights, tol
         n = int(u0.shape[0])
         self.paths = [_Path() for _ in range(n)]
         self.total = np.zeros((n, int(np.prod(u0.shape[1:]))))
 
     def run(self, owner, points, inside):
         forward, back, keys, grad = self.twin.probe(self.u0, self.u1, owner, points,
-                                                    self.index[owner], self.sign[owner])
+                                                    self.weights[owner])
         lo = points - back.astype(np.float64)
         hi = points + forward.astype(np.float64)
         keys = keys.tolist()

@@ -13,12 +13,9 @@ import dataclasses
 import numpy as np
 
 from keras_roll.certification.margins import certify
-from keras_roll.evaluate.gradients import (
-    LogitGradients,
-    check_inputs,
-    check_labels,
-    label_classes,
-)
+from keras_roll.errors import UnsupportedModelError
+from keras_roll.evaluate.tape_gradients import gradient_engine
+from keras_roll.evaluate.targets import read_inputs, resolve_targets
 from keras_roll.options import check_verbose, fixed_budget
 
 __all__ = ["Saliency", "postprocess_saliency", "saliency", "stable_radius"]
@@ -31,13 +28,20 @@ class Saliency:
     Attributes:
         maps: `[B, ...]` the maps: the raw gradient, or the post-processed maps in
             [0, 1] (`[B, H, W]` for images) with `postprocess=True`.
-        gradient: `[B, *input_shape]` the input gradient of the label logit.
-        labels: `[B]` the class whose logit was differentiated.
+        gradient: `[B, *input_shape]` the input gradient of the target logit (or of
+            the sum of the target logits).
+        labels: `[B]` the class whose logit was differentiated (-1 for a target of
+            several classes).
         logits: `[B, L]` the (flattened) logits at `x`.
         postprocessed: whether `maps` are post-processed.
+        targets: `[B, L]` the weights of the differentiated logits.
+        piecewise_linear: False for a model that is not piecewise linear (gradients
+            from `tf.GradientTape`, no radius).
+        note: why, in words, for such a model.
         radius: `{p: [B]}` certified l2 and l_inf radii within which `gradient`
             (hence `maps`) is provably unchanged: the margins of the examples'
-            linear regions. Computed on first access (`keras_roll.certify`).
+            linear regions. Computed on first access (`keras_roll.certify`); a model
+            that is not piecewise linear has none (`UnsupportedModelError`).
     """
 
     maps: np.ndarray
@@ -45,12 +49,17 @@ class Saliency:
     labels: np.ndarray
     logits: np.ndarray
     postprocessed: bool
+    targets: np.ndarray | None = None
+    piecewise_linear: bool = True
+    note: str | None = None
     _model: object = dataclasses.field(default=None, repr=False)
     _inputs: np.ndarray | None = dataclasses.field(default=None, repr=False)
     _radius: dict | None = dataclasses.field(default=None, repr=False)
 
     @property
     def radius(self) -> dict:
+        if not self.piecewise_linear:
+            raise UnsupportedModelError(f"No certified radius for these maps: {self.note}.")
         if self._radius is None:
             self._radius = stable_radius(self._model, self._inputs, verbose=False)
         return self._radius
@@ -72,10 +81,14 @@ def saliency(model, x, y=None, postprocess: bool = False, channel_axis="auto",
     99th percentile, clipping to [0, 1] (`postprocess_saliency`).
 
     Args:
-        model: a Keras model or a `Linearized`.
-        x: `[B, *input_shape]` inputs.
-        y: `[B]` integer labels; None for the predicted class. A single sigmoid
-            output takes 0 / 1 (class 0 is the negated logit).
+        model: a Keras model or a `Linearized`; a model that is not piecewise
+            linear is differentiated by `tf.GradientTape` (no radius).
+        x: `[B, *input_shape]` inputs, or a stream (`tf.data.Dataset`, generator,
+            `PyDataset`) of `x` or `(x, y)` elements, batched or not.
+        y: the targets: None (the predicted class; a stream's labels if it has
+            them), an int, `[B]` integer labels (a single sigmoid output takes
+            0 / 1: class 0 is the negated logit), or `[B, L]` one-hot / multi-hot
+            targets (the sum of the hot logits is differentiated).
         postprocess: apply the Appendix K post-processing to `maps`.
         channel_axis: the channel axis summed by the post-processing: "auto"
             (the last axis of image-like inputs of rank >= 3, none otherwise),
@@ -98,20 +111,18 @@ def saliency(model, x, y=None, postprocess: bool = False, channel_axis="auto",
     ```
     """
     budget = fixed_budget(memory_budget)
-    engine = LogitGradients.of(model)
-    lin = engine.lin
-    x = check_inputs(lin, x, "x")
+    engine = gradient_engine(model)
+    x, y = read_inputs(x, y, engine.input_shape)
+    x = engine.check(x, "x")
     n = x.shape[0]
-    num_logits = engine.num_logits(x.shape[1:])
-    logits = None
-    if y is None:
-        logits = engine.gradients(x, np.zeros(n, np.int32), np.ones(n), budget)[1]
-    index, sign = check_labels(y, n, num_logits, lin.output_link, default_logits=logits)
-    grad, logits = engine.gradients(x, index, sign, budget)
-    labels = label_classes(index, sign, num_logits, lin.output_link)
+    logits = engine.logits(x, budget) if y is None else None
+    targets = resolve_targets(y, n, engine.num_logits(x.shape[1:]), engine.output_link, logits)
+    grad, logits = engine.weighted_gradients(x, targets.weights, budget)
     maps = postprocess_saliency(grad, channel_axis) if postprocess else grad
-    return Saliency(maps=maps, gradient=grad, labels=labels, logits=logits,
-                    postprocessed=bool(postprocess), _model=lin, _inputs=x)
+    return Saliency(maps=maps, gradient=grad, labels=targets.labels, logits=logits,
+                    postprocessed=bool(postprocess), targets=targets.weights,
+                    piecewise_linear=engine.piecewise_linear, note=engine.note,
+                    _model=engine.lin if engine.piecewise_linear else None, _inputs=x)
 
 
 def postprocess_saliency(maps, channel_axis="auto", percentile: float = 99.0) -> np.ndarray:
@@ -168,8 +179,8 @@ def stable_radius(model, x, norms=(2, np.inf), memory_budget: int | None = None,
     exact lp margins of `keras_roll.certify` (Lee et al., ICLR 2019, Prop. 6).
 
     Args:
-        model: a Keras model or a `Linearized`.
-        x: `[B, *input_shape]` inputs.
+        model: a piecewise-linear Keras model or a `Linearized`.
+        x: `[B, *input_shape]` inputs, or a stream of them.
         norms: any of 1, 2, np.inf.
         memory_budget: bytes of tangents per chunk.
         verbose: "auto", True or False.
@@ -186,6 +197,7 @@ def stable_radius(model, x, norms=(2, np.inf), memory_budget: int | None = None,
     """
     check_verbose(verbose)
     budget = fixed_budget(memory_budget)
-    engine = LogitGradients.of(model)
-    x = check_inputs(engine.lin, x, "x")
+    engine = gradient_engine(model, need_linear=True)
+    x, _ = read_inputs(x, None, engine.input_shape)
+    x = engine.check(x, "x")
     return certify(engine.lin, x, norms=norms, memory_budget=budget, verbose=verbose).margins
