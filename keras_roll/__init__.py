@@ -36,8 +36,10 @@ from keras_roll.errors import UnsupportedModelError
 from keras_roll.evaluate import (
     IntegratedGradients,
     Saliency,
+    SmoothGrad,
     integrated_gradients,
     saliency,
+    smoothgrad,
     stable_radius,
 )
 from keras_roll.evaluate.distortion import Distortion, gradient_distortion
@@ -59,6 +61,8 @@ __all__ = [
     "integrated_gradients",
     "plots",
     "saliency",
+    "SmoothGrad",
+    "smoothgrad",
     "stable_radius",
     "MarginMonitor",
     "RollModel",

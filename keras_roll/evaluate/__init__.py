@@ -19,13 +19,16 @@ from keras_roll.evaluate.saliency import (
     saliency,
     stable_radius,
 )
+from keras_roll.evaluate.smoothgrad import SmoothGrad, smoothgrad
 
 __all__ = [
     "IntegratedGradients",
     "LogitGradients",
     "Saliency",
+    "SmoothGrad",
     "integrated_gradients",
     "postprocess_saliency",
     "saliency",
+    "smoothgrad",
     "stable_radius",
 ]
