@@ -20,12 +20,12 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import keras_roll  # noqa: E402
+from benchmarks._models import mlp, small_cnn  # noqa: E402
 from benchmarks._util import interleaved_medians  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -36,27 +36,6 @@ flags.DEFINE_integer("repeats", 3, "Timed repetitions (the median is reported)."
 flags.DEFINE_integer("batch", 256, "Batch size of the tf.GradientTape baselines.")
 
 EPS = 8 / 256
-
-
-def mlp() -> keras.Model:
-    keras.utils.set_random_seed(0)
-    bias = keras.initializers.RandomNormal(stddev=0.05)
-    inp = keras.Input((784,))
-    h = inp
-    for i in range(4):
-        h = keras.layers.Dense(300, activation="relu", bias_initializer=bias, name=f"fc{i}")(h)
-    return keras.Model(inp, keras.layers.Dense(10, name="logits")(h), name="mlp_784_300x4_10")
-
-
-def small_cnn() -> keras.Model:
-    keras.utils.set_random_seed(0)
-    bias = keras.initializers.RandomNormal(stddev=0.05)
-    inp = keras.Input((28, 28, 1))
-    h = keras.layers.Conv2D(16, 3, activation="relu", bias_initializer=bias)(inp)
-    h = keras.layers.Conv2D(32, 3, strides=2, activation="relu", bias_initializer=bias)(h)
-    h = keras.layers.Flatten()(h)
-    h = keras.layers.Dense(100, activation="relu", bias_initializer=bias)(h)
-    return keras.Model(inp, keras.layers.Dense(10)(h), name="small_cnn")
 
 
 def tape_step(model):
