@@ -17,6 +17,7 @@ from keras_roll.data import (
     load_caltech256,
     make_synthetic_caltech256,
 )
+from keras_roll.data.caltech256 import pipeline
 
 FILE_NAME = re.compile(r"^(\d{3})_(\d{4})\.jpg$")
 
@@ -160,24 +161,24 @@ def test_pipeline_shuffle_batch_and_cache(tree, tmp_path, cache):
 
 def test_cache_auto_fits_the_memory(tree, monkeypatch):
     gib = 2**30
-    assert c256._cache_mode("auto", gib, available=4 * gib) == "memory"
-    assert c256._cache_mode("auto", gib, available=int(1.5 * gib)) is None  # over half of it
-    assert c256._cache_mode("auto", 1, available=None) is None  # unknown: do not cache
-    assert c256._cache_mode(True, 10**15, available=0) == "memory"  # explicit: as asked
-    assert c256._cache_mode(False, 1, available=gib) is None
+    assert pipeline.cache_mode("auto", gib, available=4 * gib) == "memory"
+    assert pipeline.cache_mode("auto", gib, available=int(1.5 * gib)) is None  # over half of it
+    assert pipeline.cache_mode("auto", 1, available=None) is None  # unknown: do not cache
+    assert pipeline.cache_mode(True, 10**15, available=0) == "memory"  # explicit: as asked
+    assert pipeline.cache_mode(False, 1, available=gib) is None
 
     # caltech256_splits shares one budget: val, test, then train while it fits
     seen = {}
-    real = c256.caltech256_dataset
+    real = pipeline.caltech256_dataset
 
     def spy(files, labels, **kwargs):
         seen["train" if kwargs["shuffle"] else len(files)] = kwargs["cache"]
         return real(files, labels, **kwargs)
 
-    monkeypatch.setattr(c256, "caltech256_dataset", spy)
+    monkeypatch.setattr(pipeline, "caltech256_dataset", spy)
     per_image = 8 * 8 * 3
     # val: 20 images, test: 60, train: 16 -> 80 images fit, 96 do not
-    monkeypatch.setattr(c256, "_available_memory", lambda: 2 * 80 * per_image)
+    monkeypatch.setattr(pipeline, "available_memory", lambda: 2 * 80 * per_image)
     data = caltech256_splits(tree, image_size=8, batch_size=4)
     assert seen == {20: "memory", 60: "memory", "train": False}
     assert [len(list(d)) for d in (data.train, data.val, data.test)] == [4, 5, 15]
@@ -243,6 +244,26 @@ def test_empty_or_broken_class_folders(tree, tmp_path):
     (root / "5.bear").mkdir()
     with pytest.raises(ValueError, match=r"\[5\].*more than one folder"):
         index_caltech256(root, scheme="fraction")
+
+
+def test_quick_tree_check(tree, tmp_path):
+    """check_tree reads no image: the class folders and their file names only."""
+    assert c256.check_tree(tree) == tree / "256_ObjectCategories"
+    assert c256.check_tree(tree / "256_ObjectCategories") == tree / "256_ObjectCategories"
+    root = _copy(tree, tmp_path)
+    for f in (root / "003.backpack").iterdir():
+        f.unlink()
+    (root / "003.backpack" / "notes.txt").write_text("not an image")
+    with pytest.raises(ValueError, match=r"1 class folder\(s\) .* hold no image files: "
+                                         r"003.backpack"):
+        c256.check_tree(root)
+    for folder in root.iterdir():
+        shutil.rmtree(folder)
+    (root / "not-a-class").mkdir()
+    with pytest.raises(FileNotFoundError, match="No class folders"):
+        c256.check_tree(root.parent)
+    with pytest.raises(FileNotFoundError, match="is not a directory"):
+        c256.check_tree(tmp_path / "nowhere")
 
 
 def test_missing_data_says_where_to_get_it(tmp_path):
