@@ -38,8 +38,8 @@ EXTRAS = {
     ],
     "gpu": [f"tensorflow[and-cuda]>={TF_MIN}"],
     "tf": [f"tensorflow>={TF_MIN}"],
-    "test": ["pytest", "ruff", "matplotlib"],
-    "examples": ["matplotlib", "tensorflow-datasets", "importlib_resources"],
+    "test": ["pytest", "ruff", "matplotlib", "tensorboard"],
+    "examples": ["matplotlib", "tensorboard", "tensorflow-datasets", "importlib_resources"],
 }
 
 setup(

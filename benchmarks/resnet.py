@@ -58,7 +58,7 @@ flags.DEFINE_integer("warmup", 0, "Untimed steps of every variant after its firs
 flags.DEFINE_float("max_seconds", 0, "Stop the repetitions after the round that passes this "
                    "many seconds (at least one round; 0: no limit).")
 flags.DEFINE_integer("memory_budget", 2**30, "Bytes of ROLL tangents per chunk (as "
-                     "examples/caltech256.py's default).")
+                     "the Caltech-256 example's default).")
 flags.DEFINE_bool("mixed_precision", False, "mixed_float16 on a GPU, mixed_bfloat16 on a "
                   "CPU; ROLL tangents in that 16-bit dtype.")
 flags.DEFINE_string("tangent_dtype", "auto", "ROLL tangent dtype: 'auto' (the compute "

@@ -1,4 +1,4 @@
-"""The compiled train steps that `benchmarks/step_time.py` and `examples/mnist.py --timing`
+"""The compiled train steps that `benchmarks/step_time.py` and `python -m examples.mnist --timing`
 time: the paper's MNIST setting (784-300x4-10 ReLU, SGD), cross-entropy + lam * ROLL.
 
 No flags are defined here, so the examples can import it.

@@ -1,29 +1,52 @@
-"""The examples (toy2d, mnist, japanese_vowel, demo) run end to end on tiny data.
+"""The examples (toy2d, mnist, japanese_vowel, demo) and what they share.
 
-Every example is run in-process through its `run(flag_values)` with its flagfile and
-`--quick` (plus smaller sizes for the generated data), and the files it writes are
-checked: the Markdown tables parse, the JSON has the rows, the PNGs are PNGs. The
-helpers of examples/common.py are checked against hand-computed values, and the
-distance regularizer of examples/toy2d.py against `keras_roll.certify` and finite
-differences.
+Fast: the shared helpers against hand-computed values (Spearman, the selection and its
+"none qualified" rows, the best-epoch keeper, the last-epoch warning, tables, the
+config flags and `--quick`), the distance regularizer against `keras_roll.certify`
+and finite differences, every flagfile and bad flag (absl refuses it while parsing),
+one-line errors from the command line (subprocesses), and each example end to end at
+tiny sizes: MNIST on another IDX data set (its name, classes and normalisation from
+the data and the flags), Japanese Vowels and the toy task. Slow: the full toy task,
+the MNIST sweep and timing, Japanese Vowels with ROLL and the demo.
 """
 
+from __future__ import annotations
+
+import ast
+import dataclasses
 import gzip
+import io
 import json
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from absl import flags
 
 import keras_roll
-from examples import common, demo, japanese_vowel, mnist, toy2d
+from examples.common import app, config_flags, selection, tables, training
+from examples.common.margin_stats import spearman
+from examples.common.runs import ModelSpec, model_specs
+from examples.demo import main as demo
+from examples.japanese_vowel import input_pipeline as jv_input
+from examples.japanese_vowel import main as jv
+from examples.mnist import main as mnist
+from examples.mnist import train as mnist_train
+from examples.mnist.configs import default as mnist_default
+from examples.mnist.configs import quick as mnist_quick
+from examples.toy2d import distance
+from examples.toy2d import main as toy2d
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "examples" / "configs"
 PNG = b"\x89PNG\r\n\x1a\n"
+parse = config_flags.parse_flags
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -32,7 +55,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def _parse_markdown_tables(text):
     """[(header cells, rows of cells)] of every Markdown table in `text`; asserts that
     each has a separator row and rows as wide as the header."""
-    tables, block = [], []
+    found, block = [], []
     for line in text.splitlines() + [""]:
         if line.startswith("|"):
             block.append([c.strip() for c in line.strip().strip("|").split("|")])
@@ -43,16 +66,16 @@ def _parse_markdown_tables(text):
             assert len(rule) == len(head)
             for r in rows:
                 assert len(r) == len(head), (head, r)
-            tables.append((head, rows))
+            found.append((head, rows))
             block = []
-    return tables
+    return found
 
 
 def _check_table(out, name, n_rows=None):
     md = (out / f"{name}.md").read_text()
-    tables = _parse_markdown_tables(md)
-    assert len(tables) == 1
-    head, rows = tables[0]
+    parsed = _parse_markdown_tables(md)
+    assert len(parsed) == 1
+    head, rows = parsed[0]
     data = json.loads((out / f"{name}.json").read_text())
     assert [c["header"] for c in data["columns"]] == head
     assert len(data["rows"]) == len(rows)
@@ -65,62 +88,101 @@ def _is_png(path):
     return Path(path).is_file() and Path(path).read_bytes()[:8] == PNG
 
 
-def _tiny_mnist(n_train=240, n_test=60, seed=0):
+def _digits(n, classes, rng):
     """Digit-like random images: class k lights up row band k, so a net can learn it."""
-    rng = np.random.default_rng(seed)
-
-    def make(n):
-        y = rng.integers(0, 10, n).astype(np.uint8)
-        x = rng.integers(0, 60, (n, 28, 28)).astype(np.uint8)
-        for i, k in enumerate(y):
-            x[i, 2 + 2 * k: 4 + 2 * k, 4:24] = 250
-        return x, y
-
-    (xtr, ytr), (xte, yte) = make(n_train), make(n_test)
-    return {"x_train": xtr, "y_train": ytr, "x_test": xte, "y_test": yte}
+    y = rng.integers(0, classes, n).astype(np.uint8)
+    x = rng.integers(0, 60, (n, 28, 28)).astype(np.uint8)
+    for i, k in enumerate(y):
+        x[i, 2 + 2 * k: 4 + 2 * k, 4:24] = 250
+    return x, y
 
 
-def _write_idx(file, array, code):
-    header = struct.pack(">BBBB", 0, 0, code, array.ndim)
+def _write_idx(file, array):
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim)
     header += b"".join(struct.pack(">I", s) for s in array.shape)
     with gzip.open(file, "wb") as f:
         f.write(header + array.astype(">u1").tobytes())
 
 
-# Tiny models and data for every example run: (flags) appended after the flagfile.
-MNIST_TINY = ["--quick", "--epochs=1", "--val_size=40", "--width=16", "--depth=2",
-              "--batch_size=32"]
+@pytest.fixture(scope="module")
+def idx_folder(tmp_path_factory):
+    """Another IDX data set: 5 classes, 300 training and 40 test images of 28 x 28."""
+    folder = tmp_path_factory.mktemp("data") / "bands5"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 300), ("t10k", 40)):
+        x, y = _digits(n, 5, rng)
+        _write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", x)
+        _write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", y)
+    return folder
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
 
 
 # ----------------------------------------------------------------------------- common
 
 
 def test_spearman_hand_computed():
-    assert common.spearman([1, 2, 3], [10, 30, 20]) == pytest.approx(0.5)
-    assert common.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3], [10, 30, 20]) == pytest.approx(0.5)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     # Ties: ranks of a are (0, 1.5, 1.5, 3), of b (0, 1, 2, 3); Pearson of the ranks
     # = 4.5 / sqrt(4.5 * 5) by hand.
-    assert common.spearman([1, 5, 5, 9], [1, 2, 3, 4]) == pytest.approx(4.5 / np.sqrt(22.5))
+    assert spearman([1, 5, 5, 9], [1, 2, 3, 4]) == pytest.approx(4.5 / np.sqrt(22.5))
     # Monotone transforms do not change it; inf pairs are dropped.
     a = np.array([0.3, 0.1, 0.7, 0.2, np.inf])
-    assert common.spearman(a, np.exp(a)) == pytest.approx(1.0)
-    assert np.isnan(common.spearman([1, 1, 1], [1, 2, 3]))
+    assert spearman(a, np.exp(a)) == pytest.approx(1.0)
+    assert np.isnan(spearman([1, 1, 1], [1, 2, 3]))
 
 
-def test_select_models_whole_percent():
-    vanilla = {"val_acc": 0.9812}
-    rows = [{"tag": "a", "val_acc": 0.9760, "val_l2_p50": 5.0},   # 98 %: same accuracy
-            {"tag": "b", "val_acc": 0.9790, "val_l2_p50": 3.0},   # 98 %
-            {"tag": "c", "val_acc": 0.9720, "val_l2_p50": 9.0},   # 97 %: 1 % less
-            {"tag": "d", "val_acc": 0.9500, "val_l2_p50": 99.0}]  # 95 %: out
-    assert common.select_models(rows, vanilla, drop=0)["tag"] == "a"
-    assert common.select_models(rows, vanilla, drop=1)["tag"] == "c"
-    assert common.select_models(rows[3:], vanilla, drop=1) is None
+def _row(tag, val_acc, val_l2, lam=2.0):
+    return {"tag": tag, "lam": lam, "C": 1.0, "gamma": 100.0, "estimator": "exact",
+            "val_acc": val_acc, "val_l2_p50": val_l2, "acc": val_acc, "l2_p50": val_l2,
+            "n": 10, "spearman": 0.9, "best_epoch": 3, "epochs": 3}
+
+
+def test_selection_whole_percent_and_why():
+    vanilla = _row("vanilla", 0.9812, 1.0, lam=None)
+    rows = [_row("a", 0.9760, 5.0),   # 98 %: same accuracy
+            _row("b", 0.9790, 3.0),   # 98 %
+            _row("c", 0.9720, 9.0),   # 97 %: 1 % less
+            _row("d", 0.9500, 99.0)]  # 95 %: out
+    same = selection.select(rows, vanilla, drop=0)
+    assert same.row["tag"] == "a" and same.cutoff == 98
+    assert selection.select(rows, vanilla, drop=1).row["tag"] == "c"
+    none = selection.select(rows[3:], vanilla, drop=1)
+    assert none.row is None and none.cutoff == 97
+    assert "no ROLL model reaches validation accuracy 97 %" in none.reason
+    assert "d 95 %" in none.reason
+
+
+def test_selected_table_says_when_no_roll_model_qualifies(tmp_path, capsys):
+    vanilla = _row("vanilla", 0.98, 1.0, lam=None)
+    rows = [vanilla, _row("roll_a", 0.90, 4.0), _row("roll_b", 0.97, 2.0)]
+    md, summary = selection.selected_table(rows, tmp_path, "t", "T")
+    log = capsys.readouterr().out
+    assert "ROLL at same accuracy: no ROLL model reaches validation accuracy 98 %" in log
+    assert "roll_a 90 %, roll_b 97 %" in log
+    _, shown, data = _check_table(tmp_path, "t", n_rows=3)
+    assert shown[1][0].startswith("ROLL at same accuracy: none qualified (needs validation "
+                                  "ACC >= 98 %")
+    assert set(shown[1][1:]) == {"-"}  # no numbers in a row without a model
+    assert shown[2][0] == "ROLL at 1 % less accuracy: ROLL (lam=2, C=1, gamma=100, exact)"
+    assert summary["same_acc"] is None and summary["acc_minus_1"]["tag"] == "roll_b"
+    assert summary["acc_minus_1"]["ratio_l2_p50"] == pytest.approx(2.0)
+    runs_md = selection.runs_table(rows, tmp_path, "every model")
+    head, runs, _ = _check_table(tmp_path, "runs", n_rows=3)
+    for column in ("#CLR", "Spearman l1-l2", "P50 l2, float32 model", "certified > 0",
+                   "l1 P100", "val P50 l2"):
+        assert column in head
+    assert runs[1][1] == "3 of 3" and "roll_a: the best validation loss is at its last" in runs_md
 
 
 def test_best_val_loss_restores_the_best_epoch(tmp_path):
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    best = common.BestValLoss(model, path=tmp_path / "best.weights.h5")
+    best = training.BestValLoss(model, path=tmp_path / "best.weights.h5")
     best.set_model(model)
     saved = {}
     for epoch, loss in enumerate([0.9, 0.4, 0.7, float("nan"), 0.5]):
@@ -137,6 +199,52 @@ def test_best_val_loss_restores_the_best_epoch(tmp_path):
         np.testing.assert_array_equal(w, ref)
     with pytest.raises(KeyError, match="validation_data"):
         best.on_epoch_end(5, {"loss": 1.0})
+    assert training.last_epoch_warning(2, 5, "m") is None
+    assert "m: the best validation loss is at the last epoch (5 of 5)" in (
+        training.last_epoch_warning(5, 5, "m"))
+
+
+def test_log_lines_do_not_run_into_a_progress_bar(monkeypatch):
+    """A terminal shows stdout and stderr on one screen: a line printed while a bar is
+    drawn must start a line of its own (what the terminal shows after the last '\\r')."""
+    from tqdm import tqdm
+
+    screen = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", screen)
+    monkeypatch.setattr(sys, "stderr", screen)
+    bar = tqdm(total=10, desc="certify", file=sys.stderr, mininterval=0)
+    bar.update(4)
+    app.log("== a line")
+    bar.update(6)
+    bar.close()
+    shown = [line.split("\r")[-1] for line in screen.getvalue().split("\n")]
+    assert "== a line" in shown
+    # and the examples never print() past app.log
+    for path in (REPO / "examples").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        calls = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)
+                 and getattr(n.func, "id", None) == "print"]
+        assert calls == [], f"{path}: print() at lines {calls}; use examples.common.app.log"
+
+
+def test_tables_format_and_strict_json(tmp_path):
+    assert tables.fmt(0.001234) == "1.23e-03" and tables.fmt(12345.6) == "12,346"
+    assert tables.fmt(None) == "-" and tables.fmt(True) == "yes" and tables.fmt(7) == "7"
+    assert tables.percent(0.98765) == "98.77 %"
+    tables.write_json(tmp_path / "x.json", {"a": np.float32(np.inf), "b": (1, np.int64(2)),
+                                            "c": mnist_default.Init.torch})
+    assert json.loads((tmp_path / "x.json").read_text()) == {"a": None, "b": [1, 2],
+                                                              "c": "torch"}
+
+
+def test_model_specs():
+    specs = model_specs(True, [(2.0, 1.0, 100.0), (2.0, 1.0, 100.0), (0.5, 1.0, 50.0)], 3)
+    assert [s.tag for s in specs] == ["vanilla", "roll_lam2_C1_gamma100_s3",
+                                      "roll_lam0.5_C1_gamma50_s3"]
+    assert specs[1].estimator == "3 axes" and not specs[0].is_roll
+    assert ModelSpec.roll(1.0, 0.25, 100.0).tag == "roll_lam1_C0.25_gamma100_exact"
+    with pytest.raises(ValueError, match="Nothing to train"):
+        model_specs(False, [], None)
 
 
 def test_validation_loss_is_the_objective_in_normalised_units():
@@ -162,6 +270,95 @@ def test_validation_loss_is_the_objective_in_normalised_units():
     assert logs["roll_loss"] == pytest.approx(reference.mean(), rel=1e-4)
 
 
+# ----------------------------------------------------------------------------- config flags
+
+
+def test_quick_is_a_config_and_set_flags_win():
+    def config(*argv):
+        return mnist.get_config(parse(mnist.define_flags, list(argv)))
+
+    paper = config(f"--flagfile={CONFIGS / 'mnist_roll.flags'}")
+    assert paper == mnist_default.Config(dataset="MNIST", normalize="0.1307,0.3081")
+    assert (paper.epochs, paper.batch_size, paper.lr, paper.momentum, paper.width) == (
+        20, 64, 0.01, 0.5, 300)
+    assert paper.lam == (2.0,) and paper.C == (0.25, 1.0) and paper.samples is None
+    fast = config(f"--flagfile={CONFIGS / 'mnist_roll.flags'}", "--quick")
+    assert fast == dataclasses.replace(mnist_quick.get_config(), dataset="MNIST",
+                                       normalize="0.1307,0.3081")
+    # a flag that is set wins over the quick config, even at the paper's value
+    mine = config("--quick", "--epochs=20", "--lam=2", "--init=KERAS")
+    assert (mine.epochs, mine.lam, mine.width) == (20, (2.0,), mnist_quick.get_config().width)
+    assert mine.init == mnist_default.Init.keras
+
+
+@pytest.mark.parametrize("module, name", [
+    (mnist, "mnist_vanilla"), (mnist, "mnist_roll"), (toy2d, "toy2d"),
+    (jv, "japanese_vowel_vanilla"), (jv, "japanese_vowel_roll")])
+def test_flagfiles_parse(module, name):
+    fv = parse(module.define_flags, [f"--flagfile={CONFIGS / (name + '.flags')}"])
+    assert fv.out.startswith("runs/")
+    module.get_config(fv)
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    (mnist, ["--epochs=0"], "--epochs=0: 0 is not a positive integer"),
+    (mnist, ["--C=1,abc"], "takes comma-separated numbers, got 'abc'"),
+    (mnist, ["--lam=-1"], "-1 is below the lower bound 0"),
+    (mnist, ["--gamma=0"], "--gamma must be > 0"),
+    (mnist, ["--init=xavier"], "value should be one of <torch|keras>"),
+    (mnist, ["--normalize=0.5"], "--normalize takes 'mean,std'"),
+    (mnist, ["--sweep_base=2,1"], "--sweep_base takes three numbers"),
+    (mnist, ["--novanilla", "--noroll"], "Nothing to train"),
+    (mnist, ["--data_dir=/no/such/folder"], "--data_dir does not exist"),
+    (mnist, ["--wrt=nosuchlayer", "--depth=1"],
+     "flag --wrt=nosuchlayer: the model has no layer 'nosuchlayer'; its layers are pixels, "
+     "normalize, dense_1, relu_1, predictions"),
+    (mnist, ["--normalize=none"], "flag --wrt=normalize: the model has no layer"),
+    (toy2d, ["--kind=moons"], "value should be one of <circles|spirals|xor>"),
+    (toy2d, ["--models=vanilla,foo"], "--models takes a comma-separated subset"),
+    (toy2d, ["--C=0"], "--C must be > 0"),
+    (jv, ["--val_fraction=0"], "--val_fraction must be > 0"),
+    (jv, ["--figure_channel=12"], "is not an integer in the range [0, 11]"),
+    (jv, ["--novanilla", "--noroll"], "Nothing to train"),
+])
+def test_bad_flags_are_refused_while_parsing(module, argv, message):
+    with pytest.raises(flags.IllegalFlagValueError) as err:
+        parse(module.define_flags, argv)
+    assert message in str(err.value)
+
+
+def test_command_line_errors_are_one_line(idx_folder, tmp_path):
+    """Bad flags stop the example before any work, with one line and no traceback: a
+    layer name the built model lacks and a Caltech-256 tree of empty class folders
+    (absl's validators), and a problem `main` finds before its work (a `UsageError`)."""
+    tree = tmp_path / "256_ObjectCategories"
+    for name in ("001.ak47", "002.american-flag"):
+        (tree / name).mkdir(parents=True)
+    usage = ("from absl import flags\n"
+             "from examples.common import app\n"
+             "def define(fv):\n"
+             "    app.define_run_flags(fv, out='x')\n"
+             "def main(fv):\n"
+             "    raise app.UsageError('no data in ' + fv.out + '; pass --data_dir')\n"
+             "app.run(define, main)\n")
+    runs = [([sys.executable, "-m", "examples.mnist", f"--data_dir={idx_folder}",
+              "--wrt=nosuchlayer"], "FATAL Flags parsing error: flag --wrt=nosuchlayer: "
+                                    "the model has no layer 'nosuchlayer'"),
+            ([sys.executable, "-m", "examples.caltech256", f"--data_dir={tmp_path}"],
+             "FATAL Flags parsing error: flag --data_dir=" + str(tmp_path) + ": 2 class "
+             "folder(s) under " + repr(str(tree)) + " hold no image files: 001.ak47, "
+             "002.american-flag."),
+            ([sys.executable, "-c", usage, f"--out={tmp_path}"],
+             f"FATAL Usage error: no data in {tmp_path}; pass --data_dir")]
+    procs = [subprocess.Popen(argv, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for argv, _ in runs]
+    for proc, (_, expected) in zip(procs, runs):
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 1, err[-2000:]
+        assert "Traceback" not in err and expected in err, err[-2000:]
+        assert len([line for line in err.splitlines() if line.startswith("FATAL")]) == 1
+
+
 # ----------------------------------------------------------------------------- toy2d
 
 
@@ -172,14 +369,14 @@ def test_l2_margin_matches_certify_and_its_gradient_finite_differences():
                                  dtype="float64")
     lin = keras_roll.linearize(model)
     x = np.random.default_rng(0).uniform(-1, 1, (6, 2))
-    eps = toy2d.l2_margin(lin, x).numpy()
+    eps = distance.l2_margin(lin, x).numpy()
     np.testing.assert_allclose(eps, keras_roll.certify(model, x, norms=(2,)).margins[2],
                                rtol=1e-10)
     # d loss / d w by the tape against central differences of the loss (small steps keep
     # the activation pattern and the binding neuron).
     var = model.get_layer("dense_2").kernel
     with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(toy2d.distance_loss(lin, x, C=5.0))
+        loss = tf.reduce_sum(distance.distance_loss(lin, x, C=5.0))
     grad = tape.gradient(loss, var).numpy()
     assert np.abs(grad).max() > 0
     w0 = var.numpy()
@@ -190,156 +387,115 @@ def test_l2_margin_matches_certify_and_its_gradient_finite_differences():
             w = w0.copy()
             w[idx] += s
             var.assign(w)
-            vals.append(float(tf.reduce_sum(toy2d.distance_loss(lin, x, C=5.0))))
+            vals.append(float(tf.reduce_sum(distance.distance_loss(lin, x, C=5.0))))
         var.assign(w0)
         assert grad[idx] == pytest.approx((vals[0] - vals[1]) / (2 * h), rel=1e-5, abs=1e-9)
     with pytest.raises(ValueError, match="C must be > 0"):
-        toy2d.distance_loss(lin, x, C=0.0)
+        distance.distance_loss(lin, x, C=0.0)
+
+
+def test_toy2d_vanilla(tmp_path):
+    """One model through the whole pipeline: table and Figure 1."""
+    out = tmp_path / "toy"
+    result = toy2d.main(parse(toy2d.define_flags, [
+        f"--flagfile={CONFIGS / 'toy2d.flags'}", "--quick", f"--out={out}", "--epochs=2",
+        "--n=30", "--width=8", "--resolution=16", "--models=vanilla"]))
+    _, _, data = _check_table(out, "table", n_rows=1)
+    assert data["rows"][0]["tag"] == "vanilla" and data["rows"][0]["ratio"] == 1.0
+    assert [p.name for p in result.figures] == ["figure1_vanilla.png"]
+    assert _is_png(result.figures[0])
 
 
 @pytest.mark.slow
-def test_toy2d_quick(tmp_path):
+def test_toy2d_three_models(tmp_path):
     out = tmp_path / "toy"
-    fv = common.parse_flags(toy2d.define_flags, [
+    result = toy2d.main(parse(toy2d.define_flags, [
         f"--flagfile={CONFIGS / 'toy2d.flags'}", "--quick", f"--out={out}", "--epochs=3",
-        "--n=40", "--width=8", "--resolution=24"])
-    assert fv.epochs == 3 and fv.n == 40
-    result = toy2d.run(fv)
+        "--n=40", "--width=8", "--resolution=24"]))
     head, rows, data = _check_table(out, "table", n_rows=3)
     assert head[0] == "Model" and "#CLR" in head
     assert [r["tag"] for r in data["rows"]] == ["vanilla", "distance", "roll"]
     for r in data["rows"]:
         assert 0 <= r["acc"] <= 1 and r["l2_p50"] > 0 and 1 <= r["clr_lower"] <= 40
     assert data["rows"][0]["ratio"] == 1.0
-    assert len(result["figures"]) == 3 and all(_is_png(p) for p in result["figures"])
-
-
-def test_toy2d_quick_vanilla(tmp_path):
-    """The fast variant: one model, the whole pipeline (table, Figure 1)."""
-    out = tmp_path / "toy"
-    result = toy2d.run(common.parse_flags(toy2d.define_flags, [
-        f"--flagfile={CONFIGS / 'toy2d.flags'}", "--quick", f"--out={out}", "--epochs=2",
-        "--n=30", "--width=8", "--resolution=16", "--models=vanilla"]))
-    _, _, data = _check_table(out, "table", n_rows=1)
-    assert data["rows"][0]["tag"] == "vanilla" and data["rows"][0]["ratio"] == 1.0
-    assert [p.name for p in result["figures"]] == ["figure1_vanilla.png"]
-    assert _is_png(result["figures"][0])
-
-
-def test_quick_caps_flagfile_values(tmp_path):
-    fv = common.parse_flags(toy2d.define_flags, [
-        f"--flagfile={CONFIGS / 'toy2d.flags'}", "--quick", "--epochs=7"])
-    common.apply_quick(fv, toy2d.QUICK)
-    assert fv.epochs == 7 and fv.n == toy2d.QUICK["n"]  # flagfile's 200 capped
-    fv = common.parse_flags(toy2d.define_flags, [f"--flagfile={CONFIGS / 'toy2d.flags'}"])
-    common.apply_quick(fv, toy2d.QUICK)
-    assert fv.epochs == 300 and fv.n == 200
+    assert len(result.figures) == 3 and all(_is_png(p) for p in result.figures)
 
 
 # ----------------------------------------------------------------------------- mnist
 
 
-@pytest.fixture(scope="module")
-def mnist_npz(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("mnist_npz")
-    np.savez(folder / "mnist.npz", **_tiny_mnist())
-    return folder
+TINY = ["--epochs=1", "--val_size=30", "--width=16", "--depth=2", "--batch_size=32",
+        "--test_size=30"]
 
 
-@pytest.mark.slow
-def test_mnist_quick_npz(mnist_npz, tmp_path):
-    out = tmp_path / "mnist"
-    fv = common.parse_flags(mnist.define_flags, [
-        f"--flagfile={CONFIGS / 'mnist_roll.flags'}", f"--data_dir={mnist_npz}",
-        f"--out={out}", *MNIST_TINY])
-    result = mnist.run(fv)
-    head, rows, data = _check_table(out, "table1")
-    assert head[:4] == ["Model", "epoch", "val ACC", "ACC"]
-    assert "l2 P50" in head and "l1 P100" in head and "#CLR" in head
-    assert rows[0][0] == "Vanilla" and data["rows"][0]["n"] == 60
-    _, runs, runs_data = _check_table(out, "runs", n_rows=3)  # vanilla, C = 0.25 and 1
-    tags = [r["tag"] for r in runs_data["rows"]]
-    assert tags == ["vanilla", "roll_lam2_C0.25_gamma100_exact", "roll_lam2_C1_gamma100_exact"]
-    for r in runs_data["rows"]:
-        assert r["best_epoch"] == 1 and r["settings"]["epochs"] == 1
-        assert r["clr_lower"] <= r["clr_upper"] <= 60
-        assert r["l1_p50"] >= r["l2_p50"] > 0  # ||v||_2 <= ||v||_1 => eps_1 >= eps_2
-        assert (out / "runs" / f"{r['tag']}.weights.h5").is_file()
-    roll_rows = runs_data["rows"][1:]
-    assert all(r["val_roll_loss"] is not None and r["val_roll_loss"] > 0 for r in roll_rows)
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["vanilla_acc"] == pytest.approx(data["rows"][0]["acc"])
-    assert set(summary["spearman_l1_l2"]) == set(tags)
-    assert result["figures"] == []
-    # A second run reuses the stored results instead of training again.
-    again = mnist.run(common.parse_flags(mnist.define_flags, [
-        f"--flagfile={CONFIGS / 'mnist_roll.flags'}", f"--data_dir={mnist_npz}",
-        f"--out={out}", *MNIST_TINY]))
-    assert [r["train_time_s"] for r in again["rows"]] == [r["train_time_s"]
-                                                         for r in runs_data["rows"]]
-
-
-def test_mnist_quick_idx_vanilla(tmp_path):
-    arrays = _tiny_mnist(seed=1)
-    folder = tmp_path / "idx"
-    folder.mkdir()
-    for split, prefix in (("train", "train"), ("test", "t10k")):
-        _write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", arrays[f"x_{split}"], 0x08)
-        _write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", arrays[f"y_{split}"], 0x08)
+def test_mnist_on_another_idx_data_set(idx_folder, tmp_path, capsys):
+    """No MNIST in the titles: the data set's name (its folder's), its 5 classes and the
+    normalisation of its training split; every model's full row; the last-epoch
+    warning; a rerun reuses the stored result."""
     out = tmp_path / "out"
-    fv = common.parse_flags(mnist.define_flags, [
-        f"--flagfile={CONFIGS / 'mnist_vanilla.flags'}", f"--data_dir={folder}",
-        f"--out={out}", *MNIST_TINY])
-    mnist.run(fv)
-    _, rows, data = _check_table(out, "table1", n_rows=1)
-    assert data["rows"][0]["tag"] == "vanilla" and data["rows"][0]["n"] == 60
+    argv = [f"--data_dir={idx_folder}", f"--out={out}", "--quick", "--noroll", *TINY]
+    result = mnist.main(parse(mnist.define_flags, argv))
+    log = capsys.readouterr().out
+    head, shown, data = _check_table(out, "table1", n_rows=1)
+    assert data["title"] == "Table 1: bands5, 784-16x2-5 ReLU network"
+    for name in ("table1.md", "runs.md", "summary.json"):
+        assert "MNIST" not in (out / name).read_text()
+    (xtr, _), _, _ = keras_roll.data.mnist_splits(idx_folder, seed=0, val=30)
+    mean, std = result.summary["normalize"]
+    assert mean == pytest.approx(xtr.mean(), rel=1e-5) and std == pytest.approx(xtr.std(),
+                                                                              rel=1e-5)
+    assert f"(x - {mean:.4g}) / {std:.4g} inside the model" in (out / "table1.md").read_text()
+    assert shown[0][0] == "Vanilla" and data["rows"][0]["n"] == 30
+    model = mnist_train.build_model(mnist.get_config(parse(mnist.define_flags, argv)), 784, 5,
+                                    (mean, std))
+    model.load_weights(out / "runs" / "vanilla.weights.h5")  # 5 outputs, as the labels
+    head, runs, runs_data = _check_table(out, "runs", n_rows=1)
+    assert {"#CLR", "Spearman l1-l2", "P50 l2, float32 model", "certified > 0"} <= set(head)
+    row = runs_data["rows"][0]
+    assert row["best_epoch"] == 1 and row["settings"]["epochs"] == 1
+    assert row["clr_lower"] <= row["clr_upper"] <= 30
+    assert row["l1_p50"] >= row["l2_p50"] > 0  # ||v||_2 <= ||v||_1 => eps_1 >= eps_2
+    assert "WARNING: vanilla: the best validation loss is at the last epoch (1 of 1)" in log
+    again = mnist.main(parse(mnist.define_flags, argv))
+    assert again.rows[0]["train_time_s"] == row["train_time_s"]  # reused, not retrained
 
 
 @pytest.mark.slow
-def test_mnist_sweep_draws_figure2(mnist_npz, tmp_path):
+@pytest.mark.skipif(not (REPO.parent / "shared" / "data" / "mnist.npz").is_file(),
+                    reason="real MNIST not present")
+def test_mnist_quick_shows_roll_at_work(tmp_path):
+    """The documented --quick command on real MNIST: Table 1 has a selected ROLL row with
+    a larger median margin than vanilla's."""
+    result = mnist.main(parse(mnist.define_flags, [
+        f"--flagfile={CONFIGS / 'mnist_roll.flags'}", "--quick",
+        f"--data_dir={REPO.parent / 'shared' / 'data'}", f"--out={tmp_path}"]))
+    _, shown, _ = _check_table(tmp_path, "table1", n_rows=3)
+    picked = [r for r in shown[1:] if "none qualified" not in r[0]]
+    assert picked, shown
+    assert result.summary["same_acc"] or result.summary["acc_minus_1"]
+    best = result.summary["same_acc"] or result.summary["acc_minus_1"]
+    assert best["ratio_l2_p50"] > 1.5
+
+
+@pytest.mark.slow
+def test_mnist_sweep_draws_figure2(idx_folder, tmp_path):
     out = tmp_path / "sweep"
-    fv = common.parse_flags(mnist.define_flags, [
-        f"--flagfile={CONFIGS / 'mnist_roll.flags'}", f"--data_dir={mnist_npz}",
-        f"--out={out}", *MNIST_TINY, "--samples=3", "--noroll", "--sweep",
-        "--sweep_lam=0.5,2", "--sweep_C=1", "--sweep_gamma=50,100", "--sweep_base=2,1,100"])
-    result = mnist.run(fv)
+    result = mnist.main(parse(mnist.define_flags, [
+        f"--data_dir={idx_folder}", f"--out={out}", *TINY, "--samples=3", "--noroll",
+        "--sweep", "--sweep_lam=0.5,2", "--sweep_C=1", "--sweep_gamma=50,100",
+        "--sweep_base=2,1,100"]))
     _, _, runs = _check_table(out, "runs", n_rows=4)  # vanilla + (0.5|2, 1, 100), (2, 1, 50)
     assert sorted((r["lam"], r["gamma"]) for r in runs["rows"][1:]) == [
         (0.5, 100), (2, 50), (2, 100)]
     assert all(r["estimator"] == "3 axes" for r in runs["rows"][1:])
-    names = sorted(p.name for p in result["figures"])
-    assert names == ["figure2_gamma.png", "figure2_lam.png"]
-    assert all(_is_png(p) for p in result["figures"])
-
-
-def test_mnist_missing_data_names_the_flag_and_source(tmp_path):
-    fv = common.parse_flags(mnist.define_flags, [
-        f"--flagfile={CONFIGS / 'mnist_vanilla.flags'}", f"--data_dir={tmp_path / 'nothing'}",
-        f"--out={tmp_path / 'out'}", "--quick"])
-    with pytest.raises(FileNotFoundError) as err:
-        mnist.run(fv)
-    assert "--data_dir" in str(err.value) and "mnist.npz" in str(err.value)
-    assert "https://" in str(err.value)
-
-
-def test_mnist_bad_flags(mnist_npz, tmp_path):
-    fv = common.parse_flags(mnist.define_flags, [f"--data_dir={mnist_npz}", "--C=abc",
-                                                 f"--out={tmp_path}"])
-    with pytest.raises(ValueError, match="--C takes comma-separated numbers"):
-        mnist.configs(fv)
-    fv = common.parse_flags(mnist.define_flags, ["--lam=-1"])
-    with pytest.raises(ValueError, match="lam"):
-        mnist.configs(fv)
-    fv = common.parse_flags(mnist.define_flags, ["--novanilla", "--noroll"])
-    with pytest.raises(ValueError, match="Nothing to train"):
-        mnist.configs(fv)
+    assert sorted(p.name for p in result.figures) == ["figure2_gamma.png", "figure2_lam.png"]
+    assert all(_is_png(p) for p in result.figures)
 
 
 @pytest.mark.slow
 def test_mnist_timing_table2(tmp_path):
-    fv = common.parse_flags(mnist.define_flags, ["--timing", "--quick", "--batch_size=8",
-                                                 f"--out={tmp_path}"])
-    mnist.run(fv)
+    mnist.main(parse(mnist.define_flags, ["--timing", "--quick", "--batch_size=8",
+                                          f"--out={tmp_path}"]))
     _, rows, data = _check_table(tmp_path, "table2", n_rows=5)
     methods = [r["method"] for r in data["rows"]]
     assert methods[0] == "vanilla" and "back-propagation" in methods[1]
@@ -347,43 +503,60 @@ def test_mnist_timing_table2(tmp_path):
     assert data["rows"][0]["ratio"] == 1.0
 
 
+def test_mnist_missing_data_names_the_flag_and_source(tmp_path):
+    with pytest.raises(app.UsageError) as err:
+        mnist.main(parse(mnist.define_flags, [
+            f"--flagfile={CONFIGS / 'mnist_vanilla.flags'}", f"--data_dir={tmp_path}",
+            f"--out={tmp_path / 'out'}", "--quick"]))
+    assert "--data_dir" in str(err.value) and "mnist.npz" in str(err.value)
+    assert "https://" in str(err.value)
+
+
 # ----------------------------------------------------------------------------- vowels
 
 
 @pytest.mark.slow
-def test_japanese_vowel_quick(tmp_path):
+def test_japanese_vowel_vanilla(tmp_path):
+    """Vanilla only, the whole pipeline (Table 3, every model's row, Figure 3)."""
     out = tmp_path / "jv"
-    fv = common.parse_flags(japanese_vowel.define_flags, [
+    result = jv.main(parse(jv.define_flags, [
+        f"--flagfile={CONFIGS / 'japanese_vowel_vanilla.flags'}", "--quick", f"--out={out}",
+        "--units=4", "--epochs=1", "--val_fraction=0.05", "--test_size=12",
+        "--figure_example=11"]))
+    _, _, data = _check_table(out, "table3", n_rows=1)
+    assert data["rows"][0]["n"] == 12 and 0 <= data["rows"][0]["acc"] <= 1
+    _check_table(out, "runs", n_rows=1)
+    assert [Path(p).name for p in result.figures] == ["figure3_vanilla.png"]
+    assert _is_png(result.figures[0])
+
+
+def test_japanese_vowel_figure_example_is_checked_before_training(tmp_path):
+    with pytest.raises(app.UsageError, match="--figure_example=12: the test set has 12"):
+        jv.main(parse(jv.define_flags, ["--quick", f"--out={tmp_path}", "--test_size=12",
+                                        "--figure_example=12"]))
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_japanese_vowel_roll(tmp_path):
+    out = tmp_path / "jv"
+    result = jv.main(parse(jv.define_flags, [
         f"--flagfile={CONFIGS / 'japanese_vowel_roll.flags'}", "--quick", f"--out={out}",
-        "--units=8", "--epochs=2", "--lam=1"])
-    result = japanese_vowel.run(fv)
-    _, _, data = _check_table(out, "table3")
+        "--units=8", "--epochs=2", "--lam=1"]))
+    _, _, data = _check_table(out, "table3", n_rows=3)
     assert data["rows"][0]["model"] == "Vanilla" and data["rows"][0]["n"] == 370
     _, _, runs = _check_table(out, "runs", n_rows=2)
     assert runs["rows"][1]["estimator"] == "exact"
     assert runs["rows"][1]["settings"]["units"] == 8
-    names = [Path(p).name for p in result["figures"]]
-    assert names == ["figure3_vanilla.png", "figure3_roll.png"]
-    assert all(_is_png(p) for p in result["figures"])
+    assert [Path(p).name for p in result.figures] == ["figure3_vanilla.png",
+                                                      "figure3_roll.png"]
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["figure3"]["median_width"]) == {"vanilla", "roll"}
 
 
-def test_japanese_vowel_quick_vanilla(tmp_path):
-    """The fast variant: vanilla only, the whole pipeline (Table 3, Figure 3)."""
-    out = tmp_path / "jv"
-    result = japanese_vowel.run(common.parse_flags(japanese_vowel.define_flags, [
-        f"--flagfile={CONFIGS / 'japanese_vowel_vanilla.flags'}", "--quick", f"--out={out}",
-        "--units=4", "--epochs=1"]))
-    _, _, data = _check_table(out, "table3", n_rows=1)
-    assert data["rows"][0]["n"] == 370 and 0 <= data["rows"][0]["acc"] <= 1
-    assert [Path(p).name for p in result["figures"]] == ["figure3_vanilla.png"]
-    assert _is_png(result["figures"][0])
-
-
 def test_japanese_vowel_split_is_stratified_and_disjoint():
-    fv = common.parse_flags(japanese_vowel.define_flags, ["--val_fraction=0.2"])
-    (xtr, ytr, ltr), (xv, yv, lv), (xte, yte, _) = japanese_vowel.load_data(fv)
+    config = jv.get_config(parse(jv.define_flags, ["--val_fraction=0.2"]))
+    (xtr, ytr, ltr), (xv, yv, lv), (xte, yte, _) = jv_input.load_data(config)
     assert len(yv) == 54 and len(ytr) == 216 and len(yte) == 370
     np.testing.assert_array_equal(np.bincount(yv), [6] * 9)
     full, _, _ = keras_roll.data.load_japanese_vowels(split="train")
@@ -393,51 +566,23 @@ def test_japanese_vowel_split_is_stratified_and_disjoint():
     # Batches of similar length, each padded to its own longest sequence; one epoch
     # holds every training sequence once.
     seen = []
-    for xb, _ in japanese_vowel.sequence_dataset(xtr, ytr, ltr, 32, seed=0):
+    for xb, _ in jv_input.sequence_dataset(xtr, ytr, ltr, 32, seed=0):
         valid = np.abs(xb.numpy()).sum(axis=2) > 0
         assert xb.shape[0] <= 32 and valid[:, -1].any()
         seen += [r[v].tobytes() for r, v in zip(xb.numpy(), valid)]
     assert sorted(seen) == sorted(r[:n].tobytes() for r, n in zip(xtr, ltr))
 
 
-def test_japanese_vowel_missing_data(tmp_path):
-    fv = common.parse_flags(japanese_vowel.define_flags, [f"--data_dir={tmp_path / 'none'}"])
-    with pytest.raises(FileNotFoundError) as err:
-        japanese_vowel.load_data(fv)
-    assert "--data_dir" in str(err.value) and "archive.ics.uci.edu" in str(err.value)
-
-
-# ----------------------------------------------------------------------------- flagfiles, demo
-
-
-@pytest.mark.parametrize("name, module", [
-    ("mnist_vanilla", mnist), ("mnist_roll", mnist), ("toy2d", toy2d),
-    ("japanese_vowel_vanilla", japanese_vowel), ("japanese_vowel_roll", japanese_vowel)])
-def test_flagfiles_parse(name, module):
-    fv = common.parse_flags(module.define_flags, [f"--flagfile={CONFIGS / (name + '.flags')}"])
-    assert fv.out.startswith("runs/")
-
-
-def test_paper_settings_in_flagfiles():
-    fv = common.parse_flags(mnist.define_flags, [f"--flagfile={CONFIGS / 'mnist_roll.flags'}"])
-    assert (fv.epochs, fv.batch_size, fv.lr, fv.momentum, fv.val_size) == (20, 64, 0.01, 0.5,
-                                                                           5000)
-    assert mnist.configs(fv)[1:] and all(c["gamma"] == 100 and c["samples"] is None
-                                         for c in mnist.configs(fv)[1:])
-    assert sorted(c["C"] for c in mnist.configs(fv)[1:]) == [0.25, 1.0]
-    fv = common.parse_flags(japanese_vowel.define_flags,
-                            [f"--flagfile={CONFIGS / 'japanese_vowel_roll.flags'}"])
-    assert (fv.units, fv.batch_size, fv.lr) == (512, 32, 0.001)
+# ----------------------------------------------------------------------------- demo
 
 
 @pytest.mark.slow
 def test_demo_runs(tmp_path, capsys):
-    fv = common.parse_flags(demo.define_flags, [f"--out={tmp_path}", "--units=8", "--epochs=2",
-                                                "--toy_epochs=3", "--toy_points=30"])
-    result = demo.run(fv)
+    result = demo.main(parse(demo.define_flags, [
+        f"--out={tmp_path}", "--units=8", "--epochs=2", "--toy_epochs=3", "--toy_points=30"]))
     text = capsys.readouterr().out
     assert "vanilla" in text and "ROLL / vanilla" in text and "Figure 3" in text
-    figures = result["toy2d"]["figures"] + result["japanese_vowel"]["figures"]
+    figures = result["toy2d"].figures + result["japanese_vowel"].figures
     assert len(figures) == 4 and all(_is_png(p) for p in figures)
     for p in figures:
         assert str(p) in text

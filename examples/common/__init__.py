@@ -1,0 +1,13 @@
+"""What the examples share, one module per job.
+
+* `app`: the entry point (`run`, `define_run_flags`, `UsageError`, `log`,
+  `ExampleResult`);
+* `config_flags`: absl flags defined from an example's config dataclass, and the
+  config of a run from the flags (`--quick` as a config);
+* `training`: `fit_best` and `BestValLoss` (the best validation-loss epoch, as in the
+  paper), the last-epoch warning;
+* `margin_stats`: accuracy, #CLR bounds, margin percentiles, Spearman, guarded radii;
+* `runs`: `ModelSpec` (what to train) and the stored result of each trained model;
+* `selection`: the paper's model selection and the tables built on it;
+* `tables`: Markdown / JSON tables and their cell formats.
+"""

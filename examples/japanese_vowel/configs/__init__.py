@@ -1,0 +1,1 @@
+"""The Japanese Vowels example's configs: `default` (the paper's settings) and `quick`."""

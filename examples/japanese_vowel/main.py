@@ -1,0 +1,46 @@
+"""The Japanese Vowels example's entry point: its flags (one per field of
+`configs/default.py`, plus `--quick` and `--out`), their checks, and `main`.
+
+    python -m examples.japanese_vowel --flagfile=examples/configs/japanese_vowel_roll.flags
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from examples.common import app
+from examples.common.config_flags import (
+    config_from_flags,
+    define_config_flags,
+    require_existing_path,
+)
+from examples.japanese_vowel import train
+from examples.japanese_vowel.configs import default, quick
+
+
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
+    """Defines the Japanese Vowels example's flags and their validators on `fv`."""
+    app.define_run_flags(fv, out="runs/japanese_vowel")
+    define_config_flags(fv, default.get_config())
+    require_existing_path(fv, "data_dir", "a folder with JapaneseVowels_TRAIN.ts / _TEST.ts "
+                                          "or ae.train / ae.test, or leave it unset")
+    flags.register_multi_flags_validator(
+        ["vanilla", "roll"], lambda f: any(f.values()),
+        message="Nothing to train: pass --vanilla and/or --roll", flag_values=fv)
+
+
+def get_config(fv: flags.FlagValues) -> default.Config:
+    """The run's config: the quick one under `--quick`, overridden by the flags."""
+    return config_from_flags(fv, default.get_config(), quick.get_config() if fv.quick else None)
+
+
+def main(fv: flags.FlagValues) -> app.ExampleResult:
+    """Runs the example with the parsed flags `fv`.
+
+    Example:
+
+    ```python
+    result = main(parse_flags(define_flags, ["--quick", "--out=/tmp/jv"]))
+    ```
+    """
+    return train.train_and_evaluate(get_config(fv), fv.out)

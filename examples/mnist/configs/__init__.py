@@ -1,0 +1,1 @@
+"""The MNIST example's configs: `default` (the paper's settings) and `quick`."""

@@ -1,0 +1,93 @@
+"""The data of the MNIST example: the paper's split of any IDX / mnist.npz data set of
+square images, its name, its number of classes and the model's input normalisation.
+
+Example:
+
+```python
+data = load_data(config)
+data.name, data.classes, data.normalize          # 'MNIST', 10, (0.1307, 0.3081)
+(x, y), (xv, yv), (xt, yt) = data.train, data.val, data.test
+```
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from examples.common.app import UsageError
+from examples.mnist.configs.default import Config
+from keras_roll.data import mnist_splits
+
+__all__ = ["Data", "load_data", "parse_normalize"]
+
+
+class Data(NamedTuple):
+    """The split data (each an `(x [n, D] in [0, 1], y [n])` pair) and what the model
+    and the tables need to know about it."""
+
+    train: tuple
+    val: tuple
+    test: tuple
+    name: str
+    classes: int
+    normalize: tuple | None  # (mean, std) of the model's Normalization layer, or None
+
+
+def parse_normalize(text: str):
+    """`--normalize` as `(mean, std)`, "train" or None ("none"); ValueError otherwise.
+
+    Example:
+
+    ```python
+    parse_normalize("0.1307,0.3081"), parse_normalize("none")   # (0.1307, 0.3081), None
+    ```
+    """
+    word = text.strip().lower()
+    if word in ("train", "none"):
+        return None if word == "none" else "train"
+    try:
+        mean, std = (float(v) for v in word.split(","))
+    except ValueError:
+        raise ValueError(f"--normalize takes 'mean,std' (two numbers), 'train' or 'none', "
+                         f"got {text!r}") from None
+    if not std > 0:
+        raise ValueError(f"--normalize={text}: the std must be > 0")
+    return mean, std
+
+
+def dataset_name(config: Config) -> str:
+    """`--dataset`, else the name of the `--data_dir` folder or file, else MNIST."""
+    if config.dataset:
+        return config.dataset
+    if config.data_dir:
+        path = Path(os.path.expanduser(config.data_dir)).resolve()
+        return path.stem if path.is_file() else path.name
+    return "MNIST"
+
+
+def load_data(config: Config) -> Data:
+    """The paper's split (`keras_roll.data.mnist_splits`), cut to `--train_size` /
+    `--test_size`, with the normalisation `--normalize` asks for.
+
+    Raises:
+        UsageError: no data set where `--data_dir` points (the message says where to
+            get MNIST), or too few images for `--val_size`.
+    """
+    try:
+        (xtr, ytr), (xv, yv), (xte, yte) = mnist_splits(config.data_dir, seed=config.seed,
+                                                        val=config.val_size)
+    except (FileNotFoundError, ValueError) as e:
+        raise UsageError(str(e)) from e
+    if config.train_size:
+        xtr, ytr = xtr[:config.train_size], ytr[:config.train_size]
+    if config.test_size:
+        xte, yte = xte[:config.test_size], yte[:config.test_size]
+    normalize = parse_normalize(config.normalize)
+    if normalize == "train":
+        normalize = (float(np.mean(xtr)), float(np.std(xtr)))
+    classes = int(max(ytr.max(), yv.max(), yte.max())) + 1
+    return Data((xtr, ytr), (xv, yv), (xte, yte), dataset_name(config), classes, normalize)

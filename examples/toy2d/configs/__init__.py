@@ -1,0 +1,1 @@
+"""The toy example's configs: `default` (the paper's settings) and `quick`."""

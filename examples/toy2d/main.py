@@ -1,0 +1,42 @@
+"""The toy example's entry point: its flags (one per field of `configs/default.py`,
+plus `--quick` and `--out`) and `main`, which runs `train.train_and_evaluate`.
+
+    python -m examples.toy2d --flagfile=examples/configs/toy2d.flags [--quick]
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from examples.common import app
+from examples.common.config_flags import config_from_flags, define_config_flags
+from examples.toy2d import train
+from examples.toy2d.configs import default, quick
+
+
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
+    """Defines the toy example's flags on `fv`."""
+    app.define_run_flags(fv, out="runs/toy2d")
+    define_config_flags(fv, default.get_config())
+    flags.register_validator(
+        "models", lambda names: bool(names) and set(names) <= set(default.MODELS),
+        message=f"--models takes a comma-separated subset of {','.join(default.MODELS)}",
+        flag_values=fv)
+
+
+def get_config(fv: flags.FlagValues) -> default.Config:
+    """The run's config: the quick one under `--quick`, overridden by the flags."""
+    return config_from_flags(fv, default.get_config(), quick.get_config() if fv.quick else None)
+
+
+def main(fv: flags.FlagValues) -> app.ExampleResult:
+    """Runs the example with the parsed flags `fv`.
+
+    Example:
+
+    ```python
+    fv = parse_flags(define_flags, ["--quick", "--out=/tmp/toy"])
+    result = main(fv)     # tables, rows, figures, summary, out
+    ```
+    """
+    return train.train_and_evaluate(get_config(fv), fv.out)
