@@ -33,6 +33,7 @@ from keras_roll.compile import rules
 from keras_roll.compile.rules import register_rule
 from keras_roll.compile.twin import Linearized, linearize
 from keras_roll.errors import UnsupportedModelError
+from keras_roll.robust import RobustRadius, robust_radius
 from keras_roll.evaluate import (
     IntegratedGradients,
     Saliency,
@@ -72,6 +73,7 @@ __all__ = [
     "Rigor",
     "RunOptions",
     "RegionMap",
+    "RobustRadius",
     "StabilityBounds",
     "UnsupportedModelError",
     "certify",
@@ -81,6 +83,7 @@ __all__ = [
     "linearize",
     "lp_margins",
     "register_rule",
+    "robust_radius",
     "roll_loss",
     "rules",
     "stability_bounds",

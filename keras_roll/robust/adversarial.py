@@ -1,0 +1,112 @@
+"""Adversarial points checked where it matters: in the Keras model, in its own dtype.
+
+An upper bound on the minimal adversarial perturbation is only as good as the point
+behind it. The methods of `keras_roll.robust` compute crossings of decision
+boundaries in the float64 twin; `confirm` turns each crossing into a point of the
+model's input dtype just beyond it (pushed a little further, in steps, until the
+prediction of the Keras model really differs, by a gap no other evaluation of the
+point rounds away: `FLIP_GAP`), and measures its distance from `x` in float64.
+
+Example:
+
+```python
+pred = predict_classes(model, x)
+pt, dist = confirm(model, x, u, t, pred, p=2)       # NaN rows where no push worked
+```
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["FLIP_GAP", "PUSHES", "clearly_other", "confirm", "lp_norm", "model_outputs",
+           "predict_classes"]
+
+# Relative pushes beyond a computed crossing, tried in turn (the crossing itself
+# may round to either side in the model's evaluation).
+PUSHES = (2.0**-20, 2.0**-17, 2.0**-14, 2.0**-11, 2.0**-8, 2.0**-5, 2.0**-2)
+# A point counts as adversarial when the new class wins by this share of the largest
+# output: then no other evaluation of it (another batch size, another kernel) rounds
+# back to the old class.
+FLIP_GAP = 2.0**-16
+PREDICT_BATCH = 1024
+
+
+def model_outputs(model, x: np.ndarray) -> np.ndarray:
+    """`[B, L]` float64: the Keras model's outputs, computed in its input dtype, in batches."""
+    x = np.asarray(x)
+    dtype = model.inputs[0].dtype if getattr(model, "inputs", None) else "float32"
+    out = []
+    for i in range(0, x.shape[0], PREDICT_BATCH):
+        y = model(x[i:i + PREDICT_BATCH].astype(dtype), training=False)
+        out.append(np.asarray(y, np.float64).reshape(y.shape[0], -1))
+    return np.concatenate(out) if out else np.zeros((0, 0))
+
+
+def predict_classes(model, x: np.ndarray) -> np.ndarray:
+    """`[B]` int64: the class the Keras model predicts (argmax of its output)."""
+    out = model_outputs(model, x)
+    return np.argmax(out, axis=-1) if out.size else np.zeros(len(out), np.int64)
+
+
+def clearly_other(out: np.ndarray, pred: np.ndarray) -> np.ndarray:
+    """`[B]` bool: the output's argmax is not `pred`, and it wins over `pred` by
+    `FLIP_GAP` of the largest absolute output."""
+    rows = np.arange(out.shape[0])
+    top = np.argmax(out, axis=-1)
+    gap = out[rows, top] - out[rows, pred]
+    return (top != pred) & (gap > FLIP_GAP * np.max(np.abs(out), axis=-1, initial=0.0))
+
+
+def lp_norm(v: np.ndarray, p) -> np.ndarray:
+    """`[B]` lp norms of the flattened rows of `v` (float64)."""
+    v = np.asarray(v, np.float64)
+    v = v.reshape(v.shape[0], int(np.prod(v.shape[1:])))
+    if p == 2:
+        return np.sqrt(np.sum(v * v, axis=1))
+    if p == 1:
+        return np.sum(np.abs(v), axis=1)
+    return np.max(np.abs(v), axis=1, initial=0.0)
+
+
+def confirm(model, base: np.ndarray, direction: np.ndarray, t: np.ndarray,
+            pred: np.ndarray, p, origin: np.ndarray | None = None):
+    """Points `base + t' direction` just beyond `t` whose prediction differs from `pred`.
+
+    Args:
+        model: the Keras model.
+        base: `[b, *input_shape]` float64 points.
+        direction: `[b, *input_shape]` directions (any scale).
+        t: `[b]` the computed crossing along each direction (NaN / inf: skipped).
+        pred: `[b]` the class at `origin`.
+        p: the norm distances are measured in.
+        origin: `[b, *input_shape]` the points distances are measured from
+            (default `base`).
+
+    Returns:
+        `(points, distances)`: `[b, *input_shape]` points in the model's input
+        dtype (NaN rows where no push changed the prediction) and `[b]` float64
+        distances `||point - origin||_p` (NaN there).
+    """
+    base = np.asarray(base, np.float64)
+    origin = base if origin is None else np.asarray(origin, np.float64)
+    b = base.shape[0]
+    dtype = model.inputs[0].dtype if getattr(model, "inputs", None) else "float32"
+    points = np.full(base.shape, np.nan, np.dtype(dtype))
+    dist = np.full(b, np.nan)
+    todo = np.flatnonzero(np.isfinite(t))
+    scale = 1e-6 * (1.0 + np.max(np.abs(base.reshape(b, -1)), axis=1, initial=0.0))
+    for rho in PUSHES:
+        if not todo.size:
+            break
+        shape = (-1,) + (1,) * (base.ndim - 1)
+        unit = direction[todo] / np.maximum(lp_norm(direction[todo], np.inf), 1e-300).reshape(shape)
+        step = (t[todo] * (1.0 + rho)).reshape(shape) * direction[todo] \
+            + (rho * scale[todo]).reshape(shape) * unit
+        cand = (base[todo] + step).astype(dtype)
+        flipped = clearly_other(model_outputs(model, cand), pred[todo])
+        done = todo[flipped]
+        points[done] = cand[flipped]
+        dist[done] = lp_norm(cand[flipped].astype(np.float64) - origin[done], p)
+        todo = todo[~flipped]
+    return points, dist

@@ -1,0 +1,343 @@
+"""`robust_radius`: lower and upper bounds on the minimal adversarial perturbation.
+
+Three methods, each usable alone and combined by `method="best"` (the larger lower
+bound and the smaller upper bound of those that apply; docs/design.md, section
+"Robustness radius"):
+
+* `"region"` (`keras_roll.robust.region`): inside the linear region of `x`, the
+  nearest decision hyperplane of the affine map; exact where it lies inside the
+  certified region, else the region margin is the lower bound. About one `certify`.
+* `"walk"` (`keras_roll.robust.walk`): an upper bound, a real adversarial point
+  found by walking region by region toward the decision boundary.
+* `"relaxation"` (`keras_roll.robust.relaxation`): a sound lower bound beyond the
+  region by a CROWN-style linear relaxation, the largest certified radius by
+  bisection (`keras_roll.robust.search`); `"interval"` is the same search with interval
+  bounds alone (`keras_roll.robust.intervals`), the usual baseline.
+
+Example:
+
+```python
+rr = keras_roll.robust_radius(model, x_test[:100], y_test[:100], norms=(2, np.inf))
+rr.summary()
+```
+"""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+
+import numpy as np
+
+from keras_roll.api_types import ModelOrTwin, Norms, Rigor, Verbose
+from keras_roll.arguments import (
+    as_linearized,
+    check_batch_size,
+    check_bisect_tol,
+    check_memory_budget,
+    check_rigor,
+    check_verbose,
+    parse_norms,
+)
+from keras_roll.batches import is_stream, stream_length
+from keras_roll.certification.margins import certify
+from keras_roll.errors import UnsupportedModelError
+from keras_roll.progress import progress_bar
+from keras_roll.robust.adversarial import lp_norm, predict_classes
+from keras_roll.robust.backward import op_graph
+from keras_roll.robust.batches import iter_labelled_batches
+from keras_roll.robust.intervals import check_supported
+from keras_roll.robust.region import decision_terms, region_bounds
+from keras_roll.robust.relaxation import margin_bounds
+from keras_roll.robust.result import RobustRadius
+from keras_roll.robust.search import largest_certified
+from keras_roll.robust.walk import walk_bounds
+from keras_roll.rounding.worst_case import unit_roundoff
+
+__all__ = ["METHODS", "robust_radius"]
+
+METHODS = ("best", "region", "walk", "relaxation", "interval")
+FIELDS = ("lower", "upper", "adversarial", "exact", "runner_up", "lower_method",
+          "upper_method")
+
+
+def _check_arguments(method, rigor, batch_size, memory_budget, max_regions, bisect_tol,
+                     exact_rtol, verbose):
+    if method not in METHODS:
+        raise ValueError(f"Unknown method {method!r}; use one of {METHODS}: 'best' combines "
+                         f"'region' (exact inside the linear region), 'walk' (adversarial "
+                         f"points) and 'relaxation' (a sound lower bound beyond the region).")
+    check_rigor(rigor)
+    check_batch_size(batch_size)
+    check_memory_budget(memory_budget)
+    check_verbose(verbose)
+    check_bisect_tol(bisect_tol)
+    if not isinstance(max_regions, numbers.Integral) or isinstance(max_regions, bool) \
+            or max_regions < 1:
+        raise ValueError(f"max_regions must be a positive integer, got {max_regions!r}.")
+    if not (isinstance(exact_rtol, numbers.Real) and 0 <= exact_rtol < 1):
+        raise ValueError(f"exact_rtol must be a relative tolerance in [0, 1), got "
+                         f"{exact_rtol!r}.")
+
+
+def _check_classifier(lin) -> int:
+    """The number of classes; refuses models whose output is not `[B, L]`, `L >= 2`."""
+    shape = tuple(lin.model.outputs[0].shape[1:])
+    if len(shape) != 1 or shape[0] is None or shape[0] < 2:
+        raise ValueError(
+            f"robust_radius needs a classifier whose output is [batch, classes] with at least "
+            f"2 classes (the prediction is its argmax); model '{lin.model.name}' outputs "
+            f"shape {shape}. For a single sigmoid unit, output two logits [-z, z].")
+    return int(shape[0])
+
+
+def _relaxation_available(twin, method) -> bool:
+    """Whether the relaxation covers the model; 'best' falls back to method 1 if not."""
+    if method not in ("best", "relaxation", "interval"):
+        return False
+    try:
+        check_supported(op_graph(twin.program))
+    except UnsupportedModelError as e:
+        if method != "best":
+            raise
+        warnings.warn(f"{e} robust_radius(method='best') uses the region margin as the "
+                      f"lower bound for this model.", stacklevel=3)
+        return False
+    return True
+
+
+class _Run:
+    """One call's settings and the per-norm arrays of a batch being filled."""
+
+    def __init__(self, lin, norms, method, rigor, options):
+        self.lin = lin
+        self.twin = lin.at_dtype("float64")
+        self.model = lin.model
+        self.norms = norms
+        self.method = method
+        self.rigor = rigor
+        self.budget = options["memory_budget"]
+        self.options = options
+        self.relax = _relaxation_available(self.twin, method)
+
+    def empty(self, x: np.ndarray) -> dict:
+        b = x.shape[0]
+        out = {}
+        for p in self.norms:
+            out[p] = {"lower": np.zeros(b), "upper": np.full(b, np.nan),
+                      "adversarial": np.full(x.shape, np.nan), "exact": np.zeros(b, bool),
+                      "runner_up": np.full(b, -1, np.int64),
+                      "lower_method": np.full(b, "", object),
+                      "upper_method": np.full(b, "", object)}
+        return out
+
+    def batch(self, x: np.ndarray, y, bar) -> tuple:
+        """Bounds of one batch: `(per-norm dicts, predicted, nonfinite)`."""
+        b = x.shape[0]
+        res = self.empty(x)
+        bad = ~np.all(np.isfinite(x.reshape(b, -1)), axis=1)
+        pred = np.full(b, -1, np.int64)
+        idx = np.flatnonzero(~bad)
+        if idx.size:
+            pred[idx] = predict_classes(self.model, x[idx])
+        if y is not None:
+            wrong = idx[pred[idx] != y[idx]]
+            for p in self.norms:
+                r = res[p]
+                r["upper"][wrong], r["adversarial"][wrong] = 0.0, x[wrong]
+                r["lower_method"][wrong] = r["upper_method"][wrong] = "label"
+                r["runner_up"][wrong] = pred[wrong]
+            idx = idx[pred[idx] == y[idx]]
+        if idx.size:
+            bad[idx] |= self._solve(x[idx], pred[idx], idx, res)
+        for p in self.norms:
+            r = res[p]
+            r["exact"] = np.isfinite(r["upper"]) & \
+                (r["upper"] - r["lower"] <= self.options["exact_rtol"] * r["upper"])
+            for key in ("lower", "upper"):
+                r[key][bad] = np.nan
+            r["adversarial"][bad] = np.nan
+            r["exact"][bad] = False
+            bar.update(b)
+        return res, pred, bad
+
+    def _solve(self, x, pred, idx, res) -> np.ndarray:
+        """Runs the methods on correctly classified finite inputs; returns `nonfinite`."""
+        bad = np.zeros(x.shape[0], bool)
+        x64 = x.astype(np.float64)
+        if self.method in ("best", "region"):
+            bad = self._region(x, x64, pred, idx, res)
+        for p in self.norms:
+            r = res[p]
+            todo = ~bad & ~((r["upper"][idx] - r["lower"][idx])
+                            <= self.options["exact_rtol"] * r["upper"][idx])
+            if self.method in ("best", "walk"):
+                self._walk(x64, pred, idx, todo, p, r)
+            if self.relax and self.method != "region":
+                self._relaxation(x64, pred, idx, todo, p, r)
+        return bad
+
+    def _region(self, x, x64, pred, idx, res) -> np.ndarray:
+        opts = self.options
+        cert = certify(self.lin, x, norms=self.norms, rigor=self.rigor,
+                       batch_size=opts["batch_size"], memory_budget=self.budget,
+                       verbose=False)
+        terms = decision_terms(self.twin, x64, pred, guard=self.rigor != "float32",
+                               memory_budget=self.budget)
+        slack = 4.0 * (int(np.prod(x.shape[1:])) + 16) * unit_roundoff("float64")
+        for p in self.norms:
+            margin = np.nan_to_num(cert.margins[p], nan=0.0)
+            nb = region_bounds(self.model, x64, pred, terms, margin, p, slack)
+            r = res[p]
+            r["lower"][idx] = nb.lower
+            r["lower_method"][idx] = np.where(nb.lower < margin, "decision", "region")
+            _take_upper(r, idx, nb, "region")
+        return np.asarray(cert.nonfinite, bool)
+
+    def _walk(self, x64, pred, idx, todo, p, r):
+        sub = np.flatnonzero(todo)
+        if not sub.size:
+            return
+        nb = walk_bounds(self.model, self.twin, x64[sub], pred[sub], p,
+                         self.options["max_regions"], self.budget)
+        _take_upper(r, idx[sub], nb, "walk")
+
+    def _relaxation(self, x64, pred, idx, todo, p, r):
+        sub = np.flatnonzero(todo)
+        if not sub.size:
+            return
+        relax = self.method != "interval"
+        guard = self.rigor != "float32"
+        xs, ps = x64[sub], pred[sub]
+
+        def values(i, eps):
+            low = margin_bounds(self.twin, xs[i], ps[i], eps, p, relax=relax, guard=guard,
+                                memory_budget=self.budget)
+            return np.min(low, axis=1)
+
+        known = r["lower"][idx[sub]]
+        upper = r["upper"][idx[sub]]
+        scale = np.where(known > 0, known, 1e-3 * (1.0 + lp_norm(xs, p)))
+        lo = largest_certified(values, known, upper, scale, self.options["bisect_tol"])
+        better = lo > known
+        target = idx[sub[better]]
+        r["lower"][target] = lo[better]
+        r["lower_method"][target] = "relaxation" if relax else "interval"
+
+
+def _take_upper(r, idx, nb, name):
+    better = np.isfinite(nb.upper) & ~(nb.upper >= r["upper"][idx])
+    target = idx[better]
+    r["upper"][target] = nb.upper[better]
+    r["adversarial"][target] = nb.adversarial[better]
+    r["runner_up"][target] = nb.runner_up[better]
+    r["upper_method"][target] = name
+    unset = r["runner_up"][idx] < 0
+    r["runner_up"][idx[unset]] = nb.runner_up[unset]
+
+
+def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
+                  method: str = "best", rigor: Rigor = "float64", *,
+                  batch_size: int | None = None, memory_budget: int | None = None,
+                  max_regions: int = 100, bisect_tol: float = 1e-3,
+                  exact_rtol: float = 1e-3, verbose: Verbose = "auto") -> RobustRadius:
+    """Lower and upper bounds on every input's minimal adversarial perturbation.
+
+    The minimal adversarial perturbation of `x` in the lp norm is the distance to the
+    nearest point that the model, as Keras evaluates it, assigns another class than
+    it assigns `x` (with labels `y`: another class than `y`; 0 where the model
+    misclassifies `x`). No input domain is imposed (no clipping to `[0, 1]`), so the
+    lower bounds also hold on any domain.
+
+    Methods (docs/guide.md, section "Robustness radius"; the maths and the soundness
+    argument in docs/design.md, section "Robustness radius"):
+
+    * `"region"`: inside the linear region of `x` the logits are affine; where the
+      nearest decision hyperplane is closer than the certified region margin, the
+      minimal perturbation is known exactly (lower = upper, with the point), else
+      the region margin is the lower bound.
+    * `"walk"`: an upper bound by walking region by region to the decision
+      boundary; every point is checked in the Keras model.
+    * `"relaxation"`: a sound lower bound beyond the region by linear relaxation
+      (CROWN / DeepPoly), the largest certified radius by bisection; `"interval"`
+      uses interval bounds alone. Dense, convolutions, BatchNormalization, average
+      pooling, reshapes, Add / Concatenate and ReLU-family activations; other layers
+      raise `UnsupportedModelError` (and `"best"` falls back to `"region"`).
+    * `"best"` (default): all that apply; the larger lower and smaller upper bound.
+
+    **Rounding** (`rigor`, as `certify`): under `"float64"` (default) and `"strict"`
+    the lower bounds hold for the model as Keras evaluates it (float32; float16 /
+    bfloat16 under mixed precision): the region margin with `certify`'s guard of
+    that rigor, the logit margins with a worst-case bound on the rounding of every
+    op pulled back through the network (signed, so cancellations count).
+    `"float32"` bounds exact arithmetic on the weights (no guard).
+
+    Args:
+        model: a Keras classifier (a model made by `keras_roll.wrap` is unwrapped) or
+            its `Linearized`; its output `[B, L]`, `L >= 2` (logits or a softmax).
+        x: `[B, *input_shape]` inputs, or a stream of batches (`tf.data.Dataset`,
+            generator, `keras.utils.PyDataset` of `x` or `(x, y)`); rows with NaN /
+            inf get NaN bounds and a warning.
+        y: optional `[B]` integer labels (for streams, taken from `(x, y)` elements).
+        norms: any of 1, 2, np.inf (or 'l1', 'l2', 'linf').
+        method: "best", "region", "walk", "relaxation" or "interval".
+        rigor: "float64", "strict" or "float32" (see above).
+        batch_size: examples per batch (streams of single examples are grouped).
+        memory_budget: bytes of tangents / functionals per chunk (default the twin's).
+        max_regions: regions the walk may cross per input (and per refining line).
+        bisect_tol: relative width of the relaxation's final bisection bracket.
+        exact_rtol: `exact` where `upper - lower <= exact_rtol * upper`.
+        verbose: "auto", True or False (a progress bar).
+
+    Returns:
+        A `RobustRadius` (numpy arrays).
+
+    Raises:
+        ValueError: bad arguments, or a model that is not a classifier.
+        keras_roll.UnsupportedModelError: layers the chosen method cannot bound.
+
+    Example:
+
+    ```python
+    rr = keras_roll.robust_radius(model, x_test[:100], y_test[:100])
+    rr.summary()                          # percentiles of lower / upper, share exact
+    rr.certified_accuracy(0.1, np.inf)    # certified accuracy at l_inf radius 0.1
+    ```
+    """
+    norms = parse_norms(norms)
+    if not norms:
+        raise ValueError("norms=() leaves nothing to bound; pass e.g. norms=(2, np.inf).")
+    _check_arguments(method, rigor, batch_size, memory_budget, max_regions, bisect_tol,
+                     exact_rtol, verbose)
+    lin = as_linearized(model)
+    _check_classifier(lin)
+    options = {"batch_size": batch_size, "memory_budget": memory_budget,
+               "max_regions": int(max_regions), "bisect_tol": float(bisect_tol),
+               "exact_rtol": float(exact_rtol)}
+    run = _Run(lin, norms, method, rigor, options)
+    total = stream_length(x) if is_stream(x) else int(np.shape(x)[0])
+    parts = []
+    with progress_bar(None if total is None else total * len(norms), verbose,
+                      "robust radius") as bar:
+        for xb, yb in iter_labelled_batches(x, y, lin.input_shape, batch_size):
+            parts.append(run.batch(xb, yb, bar) + (yb,))
+    return _assemble(parts, norms, method, rigor, float(exact_rtol), lin)
+
+
+def _assemble(parts, norms, method, rigor, exact_rtol, lin) -> RobustRadius:
+    fields = {f: {} for f in FIELDS}
+    for p in norms:
+        for f in FIELDS:
+            fields[f][p] = np.concatenate([q[0][p][f] for q in parts]) if parts else \
+                np.zeros((0,) + ((len(lin.input_shape) * (0,)) if f == "adversarial" else ()))
+    predicted = np.concatenate([q[1] for q in parts]) if parts else np.zeros(0, np.int64)
+    bad = np.concatenate([q[2] for q in parts]) if parts else np.zeros(0, bool)
+    labels = None
+    if parts and parts[0][3] is not None:
+        labels = np.concatenate([q[3] for q in parts])
+    if bad.any():
+        warnings.warn(f"{int(bad.sum())} of {bad.size} inputs have non-finite values (NaN / "
+                      f"inf), or non-finite neurons or logits: their bounds are NaN (see "
+                      f".nonfinite).", stacklevel=3)
+    return RobustRadius(**fields, predicted=predicted, labels=labels, method=method,
+                        rigor=rigor, exact_rtol=exact_rtol, nonfinite=bad)

@@ -1,0 +1,186 @@
+"""`RobustRadius`: lower and upper bounds on each input's minimal adversarial perturbation.
+
+Numpy arrays throughout (docs/design.md, section "Return types"), dicts by norm that
+accept 1, 2, np.inf, 'l1', 'l2', 'linf' (`NormDict`, as `Certificate`'s), and a
+`summary()` in the style of the certificate tables.
+
+Example:
+
+```python
+rr = keras_roll.robust_radius(model, x_test[:100], y_test[:100])
+rr.summary()
+rr.certified_accuracy(0.03, np.inf)
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from keras_roll.arguments import parse_norm
+from keras_roll.certification.certificates import NormDict, format_table, percentiles_of
+
+__all__ = ["METHOD_NAMES", "RobustRadius"]
+
+NORM_LABELS = {1: "l1", 2: "l2", np.inf: "linf"}
+METHOD_NAMES = {
+    "region": "the region margin (method 1)",
+    "decision": "the nearest decision hyperplane inside the region (method 1, exact)",
+    "relaxation": "the linear relaxation (method 3)",
+    "interval": "interval bounds",
+    "walk": "the region walk (method 2)",
+    "label": "misclassified: x itself",
+}
+
+
+@dataclasses.dataclass(repr=False)
+class RobustRadius:
+    """Bounds on the minimal adversarial perturbation of every input, per norm.
+
+    The minimal adversarial perturbation of `x` in the lp norm is the distance from
+    `x` to the nearest point the model (as Keras evaluates it) assigns another class
+    (with `labels`: a class other than the label; 0 for misclassified inputs).
+
+    Attributes:
+        lower: `{p: [B]}` float64: no point closer than this changes the prediction
+            (under `rigor`, as `keras_roll.certify`); NaN for `nonfinite` inputs.
+        upper: `{p: [B]}` float64: the distance of `adversarial`, NaN where none was
+            found within the search budget.
+        adversarial: `{p: [B, *input_shape]}`: points whose prediction differs, in
+            the model's input dtype (as float64), NaN rows where none.
+        exact: `{p: [B]}` bool: `upper - lower <= exact_rtol * upper`: the minimal
+            perturbation is known (to rounding), with its point.
+        runner_up: `{p: [B]}` int64: the class of the adversarial point, else of
+            the nearest decision hyperplane of the region (-1 if none).
+        lower_method, upper_method: `{p: [B]}` str: which method gave each bound
+            ('region', 'decision', 'relaxation', 'interval', 'walk', 'label', or ''
+            where none did).
+        predicted: `[B]` int64, the class the model predicts (-1 for `nonfinite`).
+        labels: `[B]` int64 or None, the labels given.
+        method: the `method` argument; rigor: the rounding guard ('float64',
+            'strict' or 'float32'); exact_rtol: see `exact`.
+        nonfinite: `[B]` bool, inputs with NaN / inf values (or non-finite neurons):
+            their bounds are NaN.
+
+    Example:
+
+    ```python
+    rr = keras_roll.robust_radius(model, x, norms=(2, np.inf))
+    rr.lower["l2"], rr.upper["l2"]           # [B] each
+    rr.adversarial[np.inf][0]                # a point of another class
+    ```
+    """
+
+    lower: dict
+    upper: dict
+    adversarial: dict
+    exact: dict
+    runner_up: dict
+    lower_method: dict
+    upper_method: dict
+    predicted: np.ndarray
+    labels: np.ndarray | None = None
+    method: str = "best"
+    rigor: str = "float64"
+    exact_rtol: float = 1e-3
+    nonfinite: np.ndarray | None = None
+
+    def __post_init__(self):
+        for name in ("lower", "upper", "adversarial", "exact", "runner_up", "lower_method",
+                     "upper_method"):
+            value = getattr(self, name)
+            if not isinstance(value, NormDict):
+                setattr(self, name, NormDict({parse_norm(k): v for k, v in value.items()}))
+        if self.nonfinite is None:
+            self.nonfinite = np.zeros(self.n, bool)
+
+    @property
+    def n(self) -> int:
+        """Number of inputs."""
+        return int(np.shape(self.predicted)[0])
+
+    @property
+    def norms(self) -> tuple:
+        return tuple(self.lower)
+
+    @property
+    def correct(self) -> np.ndarray:
+        """`[B]` bool: predicted == label (all True without labels, False if nonfinite)."""
+        ok = ~np.asarray(self.nonfinite, bool)
+        if self.labels is None:
+            return ok
+        return ok & (np.asarray(self.predicted) == np.asarray(self.labels))
+
+    def certified_accuracy(self, eps: float, p=np.inf) -> float:
+        """The share of inputs classified correctly with a certified radius above `eps`.
+
+        `eps = 0` gives the accuracy. Without labels, the share with `lower > eps`.
+
+        Example:
+
+        ```python
+        rr.certified_accuracy(0.03, "linf")       # 0.62
+        ```
+        """
+        if not np.isfinite(eps) or eps < 0:
+            raise ValueError(f"eps must be a finite radius >= 0, got {eps!r}.")
+        lower = self.lower[p]
+        ok = self.correct if eps == 0 else self.correct & (lower > eps)
+        return float(np.mean(ok)) if self.n else float("nan")
+
+    def gap(self, p) -> np.ndarray:
+        """`[B]` `upper / lower` (inf where the lower bound is 0, NaN without upper)."""
+        lo, up = self.lower[p], self.upper[p]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(lo > 0, up / lo, np.where(np.isfinite(up), np.inf, np.nan))
+
+    def __repr__(self) -> str:
+        parts = [f"n={self.n}", f"method={self.method!r}", f"rigor={self.rigor!r}"]
+        for p in self.norms:
+            lab = NORM_LABELS[p]
+            parts.append(f"median_lower_{lab}={percentiles_of(self.lower[p], (50,))[0]:.4g}")
+            parts.append(f"exact_{lab}={float(np.mean(self.exact[p])) if self.n else 0:.0%}")
+        return f"RobustRadius({', '.join(parts)})"
+
+    def summary(self, print_fn=print, percentiles=(10, 50, 90)) -> None:
+        """Prints percentiles of the bounds and the gap, the share solved exactly and
+        which methods gave the bounds.
+
+        Example:
+
+        ```python
+        keras_roll.robust_radius(model, x_test[:100]).summary()
+        ```
+        """
+        rows = []
+        for p in self.norms:
+            lab = NORM_LABELS[p]
+            rows.append((f"{lab} lower", self.lower[p], None))
+            rows.append((f"{lab} upper", self.upper[p][np.isfinite(self.upper[p])], None))
+            rows.append((f"{lab} upper / lower", self.gap(p)[np.isfinite(self.upper[p])],
+                         None))
+        head = (f"Minimal adversarial perturbation: {self.n} inputs, method '{self.method}', "
+                f"rigor '{self.rigor}'")
+        print_fn(format_table(head, rows, percentiles))
+        for p in self.norms:
+            print_fn(self._methods_line(p))
+        if self.labels is not None:
+            print_fn(f"Accuracy {self.certified_accuracy(0.0):.1%}; misclassified inputs "
+                     f"have radius 0.")
+        if self.nonfinite.any():
+            print_fn(f"{int(self.nonfinite.sum())} input(s) with non-finite values: NaN.")
+
+    def _methods_line(self, p) -> str:
+        lab = NORM_LABELS[p]
+        ok = ~self.nonfinite
+        exact = float(np.mean(self.exact[p][ok])) if ok.any() else float("nan")
+        found = float(np.mean(np.isfinite(self.upper[p][ok]))) if ok.any() else float("nan")
+
+        def counts(arr):
+            names, num = np.unique(np.asarray(arr)[ok], return_counts=True)
+            return ", ".join(f"{n or 'none'} {c}" for n, c in zip(names, num))
+
+        return (f"{lab}: exact {exact:.0%}, adversarial found {found:.0%}; lower from "
+                f"[{counts(self.lower_method[p])}], upper from [{counts(self.upper_method[p])}]")

@@ -1,0 +1,232 @@
+"""Method 2, across regions: an upper bound by walking to the decision boundary.
+
+From `x`, the walk moves region by region along straight segments. In the current
+region the logits are affine; the segment is aimed at the nearest decision
+hyperplane of that affine map (its dual-norm projection), and followed until the
+first of: the region's boundary (the directional margin of `keras_roll.certification`,
+exact), or a margin `f_y - f_j` reaching zero (its rate along the segment is exact
+too). At a region boundary the segment is re-aimed from the new region; at a
+decision crossing the point, pushed a little beyond, is checked in the Keras model
+in its own dtype (`keras_roll.robust.adversarial.confirm`). The first point whose
+prediction differs ends the walk.
+
+The point is then improved along straight lines from `x`: the first crossing on the
+segment from `x` to it (closer or equal), then, a few times, the segment from `x`
+toward the nearest hyperplane of the affine map where that crossing happened (the
+projection of `x`, as minimal-perturbation attacks re-aim: Croce & Hein, ICML 2020).
+Every point kept is a real adversarial example; its distance is the upper bound
+(docs/design.md, section "Robustness radius").
+
+Example:
+
+```python
+nb = walk_bounds(model, twin, x, pred, p=2, max_regions=100)
+nb.upper, nb.adversarial              # NaN where the budget ran out
+```
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+
+import numpy as np
+import tensorflow as tf
+
+from keras_roll.certification.bisection import steepest_directions
+from keras_roll.certification.margin_math import directional_margins, dual_norm, to_numpy
+from keras_roll.robust.backward import compile_batched
+from keras_roll.robust.adversarial import confirm, lp_norm, predict_classes
+from keras_roll.robust.region import NormBounds, decision_terms, margin_rows
+
+__all__ = ["line_probe", "walk_bounds"]
+
+STEP_BEYOND = 1e-7  # relative step past a region boundary (float64 points)
+STUCK = 1e-3  # a segment that ends before this fraction of its length jumps instead
+OVERSHOOT = 0.02  # how far beyond its target a jump goes (DeepFool's overshoot)
+REFINEMENTS = 3  # re-aimed straight lines from x after the walk
+
+
+def _probe(twin, x, d, pred):
+    """Exit of the region along `d` and the margins and their rates (one forward + JVP)."""
+    fwd = twin.primal(x)
+    jvp = twin.tangent_from_trace(fwd.trace, d[:, None], shared=False)
+    n = fwd.neurons
+    t_exit, _ = directional_margins(jvp.neurons, n.below, n.above, n.valid)
+    logits = tf.reshape(fwd.logits, [-1, int(np.prod(fwd.logits.shape[1:]))])
+    rows, others = margin_rows(pred, int(logits.shape[-1]), logits.dtype)
+    margins = tf.reduce_sum(rows * logits[:, None], -1)
+    rates = tf.reduce_sum(rows * jvp.logits, -1)  # [b, L-1]
+    return t_exit[:, 0], margins, rates, others
+
+
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def line_probe(twin, x: np.ndarray, d: np.ndarray, pred: np.ndarray):
+    """`(t_exit [b], margins [b, L-1], rates [b, L-1], classes [b, L-1])` along `x + t d`
+    in the region of `x` (numpy; `t` in units of `d`)."""
+    fn = _COMPILED.get(twin)
+    if fn is None:
+        fn = _COMPILED[twin] = compile_batched(functools.partial(_probe, twin), twin, "xxy")
+    out = fn(tf.constant(x, twin.dtype), tf.constant(d, twin.dtype),
+             tf.constant(np.asarray(pred, np.int64)))
+    return tuple(to_numpy(o) for o in out)
+
+
+def _first_crossing(margins, rates):
+    """`(s [b], index [b])`: the first `s >= 0` where some margin `m + s r` reaches 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = np.where(rates < 0, np.maximum(margins, 0.0) / -rates, np.inf)
+    s = np.where(margins <= 0, 0.0, s)
+    j = np.argmin(s, axis=1)
+    return s[np.arange(s.shape[0]), j], j
+
+
+def _aim(terms, origin, cur, p):
+    """Targets: the projection of `origin` (else of `cur`) onto the nearest decision
+    hyperplane of the affine map of `terms` (taken at `cur`)."""
+    b = cur.shape[0]
+    g = terms.gradients
+    gq = to_numpy(dual_norm(g, p))
+    shift = np.einsum("bjd,bd->bj", g, (origin - cur).reshape(b, -1))
+    m_origin = terms.margins + shift
+    with np.errstate(divide="ignore", invalid="ignore"):
+        from_origin = np.where((gq > 0) & (m_origin > 0), m_origin / gq, np.inf)
+        from_cur = np.where(gq > 0, np.maximum(terms.margins, 0.0) / gq, np.inf)
+    use_origin = np.isfinite(np.min(from_origin, axis=1))
+    dist = np.where(use_origin[:, None], from_origin, from_cur)
+    j = np.argmin(dist, axis=1)
+    rows = np.arange(b)
+    gj = g[rows, j]
+    live = np.any(gj != 0, axis=1) & np.isfinite(dist[rows, j])
+    u = np.zeros_like(gj)
+    if live.any():
+        u[live] = steepest_directions(gj[live], p, -np.ones(int(live.sum())))
+    base = np.where(use_origin[:, None], origin.reshape(b, -1), cur.reshape(b, -1))
+    target = base + np.where(live, dist[rows, j], 0.0)[:, None] * u
+    return target.reshape(cur.shape), live
+
+
+def _walk(model, twin, x, pred, p, max_regions, budget):
+    """The re-aimed region walk; `(points, distances)` (NaN where the budget ran out).
+
+    Each segment aims at the nearest decision hyperplane of the current affine map
+    from the current point. A segment that leaves its region almost at once (two
+    regions whose maps aim back at each other across their boundary) jumps to its
+    target instead, `OVERSHOOT` beyond it.
+    """
+    b = x.shape[0]
+    cur = x.copy()
+    points = np.full(x.shape, np.nan)
+    dist = np.full(b, np.nan)
+    active = np.arange(b)
+    shape = (-1,) + (1,) * (x.ndim - 1)
+    for _ in range(max_regions):
+        if not active.size:
+            break
+        terms = decision_terms(twin, cur[active], pred[active], guard=False,
+                               memory_budget=budget)
+        target, live = _aim(terms, cur[active], cur[active], p)
+        d = target - cur[active]
+        t_exit, margins, rates, _ = line_probe(twin, cur[active], d, pred[active])
+        s, _ = _first_crossing(margins, rates)
+        cross = live & (s <= t_exit) & np.isfinite(s)
+        pts, ds = confirm(model, cur[active], d, np.where(cross, s, np.nan), pred[active], p,
+                          origin=x[active])
+        found = np.isfinite(ds)
+        points[active[found]], dist[active[found]] = pts[found], ds[found]
+        # Past the region boundary (or past a crossing the model did not confirm).
+        step = np.where(cross, s, np.minimum(t_exit, 1.0))
+        step = np.where(step < STUCK, 1.0 + OVERSHOOT, step * (1.0 + STEP_BEYOND) + STEP_BEYOND)
+        moved = cur[active] + step.reshape(shape) * d
+        keep = ~found & live & np.isfinite(step)
+        cur[active[keep]] = moved[keep]
+        active = active[keep]
+    return points, dist
+
+
+def _line_search(model, twin, x, direction, pred, p, max_regions, t_max=1.0):
+    """The first confirmed crossing on `x + t direction`, `0 <= t <= t_max`, region by
+    region; `(points, distances)` (NaN rows where none)."""
+    b = x.shape[0]
+    t = np.zeros(b)
+    points = np.full(x.shape, np.nan)
+    dist = np.full(b, np.nan)
+    active = np.flatnonzero(np.all(np.isfinite(direction.reshape(b, -1)), axis=1))
+    shape = (-1,) + (1,) * (x.ndim - 1)
+    for _ in range(max_regions):
+        if not active.size:
+            break
+        cur = x[active] + t[active].reshape(shape) * direction[active]
+        d = direction[active]
+        t_exit, margins, rates, _ = line_probe(twin, cur, d, pred[active])
+        s, _ = _first_crossing(margins, rates)
+        cross = (s <= t_exit) & (t[active] + s <= t_max)
+        pts, ds = confirm(model, cur, d, np.where(cross, s, np.nan), pred[active], p,
+                          origin=x[active])
+        found = np.isfinite(ds)
+        points[active[found]], dist[active[found]] = pts[found], ds[found]
+        step = np.where(cross, s, t_exit) * (1.0 + STEP_BEYOND) + STEP_BEYOND
+        t[active] = t[active] + step
+        active = active[~found & (t[active] < t_max) & np.isfinite(t[active])]
+    return points, dist
+
+
+def _keep_better(best, cand):
+    pts, ds = cand
+    better = np.isfinite(ds) & ~(ds >= best[1])
+    best[0][better], best[1][better] = pts[better], ds[better]
+    return better
+
+
+def walk_bounds(model, twin, x: np.ndarray, pred: np.ndarray, p, max_regions: int = 100,
+                memory_budget: int | None = None) -> NormBounds:
+    """Method 2 for one norm: adversarial points by the region walk, then refined.
+
+    Args:
+        model: the Keras model (points are checked in it, in its input dtype).
+        twin: its float64 `Linearized`.
+        x: `[B, *input_shape]` float64 inputs.
+        pred: `[B]` their predicted classes.
+        p: the norm (1, 2 or inf).
+        max_regions: regions the walk and each refining line may cross per input.
+        memory_budget: bytes per chunk of the decision terms.
+
+    Returns:
+        `NormBounds` with `lower` 0, `upper` the distance of the best point found
+        (NaN where none was found within `max_regions`), `adversarial` the point (in
+        the model's input dtype, as float64) and `runner_up` the class it is
+        predicted as.
+    """
+    points, dist = _walk(model, twin, x, pred, p, max_regions, memory_budget)
+    best = [points, dist]
+    found = np.isfinite(dist)
+    if found.any():
+        idx = np.flatnonzero(found)
+        cand = _line_search(model, twin, x[idx], points[idx] - x[idx], pred[idx], p,
+                            max_regions)
+        sub = [best[0][idx], best[1][idx]]
+        _keep_better(sub, cand)
+        best[0][idx], best[1][idx] = sub
+    for _ in range(REFINEMENTS):
+        idx = np.flatnonzero(np.isfinite(best[1]))
+        if not idx.size:
+            break
+        # The affine map on x's side of the crossing, projected from x.
+        near = x[idx] + (1.0 - 1e-6) * (best[0][idx] - x[idx])
+        terms = decision_terms(twin, near, pred[idx], guard=False, memory_budget=memory_budget)
+        target, live = _aim(terms, x[idx], near, p)
+        direction = np.where(live.reshape((-1,) + (1,) * (x.ndim - 1)), target - x[idx], np.nan)
+        cand = _line_search(model, twin, x[idx], direction, pred[idx], p, max_regions, 2.0)
+        sub = [best[0][idx], best[1][idx]]
+        if not _keep_better(sub, cand).any():
+            break
+        best[0][idx], best[1][idx] = sub
+    runner = np.full(x.shape[0], -1, np.int64)
+    ok = np.isfinite(best[1])
+    if ok.any():
+        runner[ok] = predict_classes(model, best[0][ok])
+    upper = np.where(ok, lp_norm(np.where(ok.reshape((-1,) + (1,) * (x.ndim - 1)),
+                                          best[0] - x, 0.0), p), np.nan)
+    return NormBounds(np.zeros(x.shape[0]), upper, best[0], runner)
