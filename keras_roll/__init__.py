@@ -33,7 +33,6 @@ from keras_roll.compile import rules
 from keras_roll.compile.rules import register_rule
 from keras_roll.compile.twin import Linearized, linearize
 from keras_roll.errors import UnsupportedModelError
-from keras_roll.robust import RobustRadius, robust_radius
 from keras_roll.evaluate import (
     IntegratedGradients,
     Saliency,
@@ -45,6 +44,7 @@ from keras_roll.evaluate import (
 )
 from keras_roll.evaluate.distortion import Distortion, gradient_distortion
 from keras_roll.options import Rigor, RunOptions
+from keras_roll.robust import RobustRadius, robust_radius
 from keras_roll.roll import callbacks
 from keras_roll.roll.callbacks import MarginMonitor
 from keras_roll.roll.loss import roll_loss

@@ -61,7 +61,7 @@ def test_best_combines_the_methods(results):
         assert set(best.lower_method[p]) <= {"region", "decision", "relaxation", "label"}
         assert set(best.upper_method[p]) <= {"region", "walk", "label"}
     # every method alone is consistent with the best bounds
-    for m, rr in results.items():
+    for rr in results.values():
         for p in NORMS:
             assert np.all(rr.lower[p] <= best.upper[p])
             assert np.all(~(rr.upper[p] < best.lower[p]))

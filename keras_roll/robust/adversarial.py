@@ -24,11 +24,11 @@ __all__ = ["FLIP_GAP", "PUSHES", "clearly_other", "confirm", "lp_norm", "model_o
 
 # Relative pushes beyond a computed crossing, tried in turn (the crossing itself
 # may round to either side in the model's evaluation).
-PUSHES = (2.0**-20, 2.0**-17, 2.0**-14, 2.0**-11, 2.0**-8, 2.0**-5, 2.0**-2)
+PUSHES = tuple(2.0**-k for k in (22, 20, 18, 16, 14, 12, 10, 8, 5, 2))
 # A point counts as adversarial when the new class wins by this share of the largest
 # output: then no other evaluation of it (another batch size, another kernel) rounds
 # back to the old class.
-FLIP_GAP = 2.0**-16
+FLIP_GAP = 2.0**-20
 PREDICT_BATCH = 1024
 
 

@@ -26,23 +26,16 @@ from __future__ import annotations
 
 import numbers
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 
-from keras_roll.api_types import ModelOrTwin, Norms, Rigor, Verbose
-from keras_roll.arguments import (
-    as_linearized,
-    check_batch_size,
-    check_bisect_tol,
-    check_memory_budget,
-    check_rigor,
-    check_verbose,
-    parse_norms,
-)
+from keras_roll.api_types import ModelOrTwin, Norms, Verbose
+from keras_roll.arguments import as_linearized, check_bisect_tol
 from keras_roll.batches import is_stream, stream_length
 from keras_roll.certification.margins import certify
 from keras_roll.errors import UnsupportedModelError
-from keras_roll.progress import progress_bar
+from keras_roll.options import Rigor, RunOptions, parse_norms
 from keras_roll.robust.adversarial import lp_norm, predict_classes
 from keras_roll.robust.backward import op_graph
 from keras_roll.robust.batches import iter_labelled_batches
@@ -52,25 +45,20 @@ from keras_roll.robust.relaxation import margin_bounds
 from keras_roll.robust.result import RobustRadius
 from keras_roll.robust.search import largest_certified
 from keras_roll.robust.walk import walk_bounds
-from keras_roll.rounding.worst_case import unit_roundoff
+from keras_roll.rounding.precision import unit_roundoff
 
-__all__ = ["METHODS", "robust_radius"]
+__all__ = ["METHODS", "SearchOptions", "robust_radius"]
 
 METHODS = ("best", "region", "walk", "relaxation", "interval")
 FIELDS = ("lower", "upper", "adversarial", "exact", "runner_up", "lower_method",
           "upper_method")
 
 
-def _check_arguments(method, rigor, batch_size, memory_budget, max_regions, bisect_tol,
-                     exact_rtol, verbose):
+def _check_arguments(method, max_regions, bisect_tol, exact_rtol):
     if method not in METHODS:
         raise ValueError(f"Unknown method {method!r}; use one of {METHODS}: 'best' combines "
                          f"'region' (exact inside the linear region), 'walk' (adversarial "
                          f"points) and 'relaxation' (a sound lower bound beyond the region).")
-    check_rigor(rigor)
-    check_batch_size(batch_size)
-    check_memory_budget(memory_budget)
-    check_verbose(verbose)
     check_bisect_tol(bisect_tol)
     if not isinstance(max_regions, numbers.Integral) or isinstance(max_regions, bool) \
             or max_regions < 1:
@@ -106,18 +94,27 @@ def _relaxation_available(twin, method) -> bool:
     return True
 
 
+class SearchOptions(NamedTuple):
+    """The search budgets and tolerances of one call (see `robust_radius`)."""
+
+    max_regions: int
+    bisect_tol: float
+    exact_rtol: float
+
+
 class _Run:
     """One call's settings and the per-norm arrays of a batch being filled."""
 
-    def __init__(self, lin, norms, method, rigor, options):
+    def __init__(self, lin, norms, method, run: RunOptions, search: SearchOptions):
         self.lin = lin
         self.twin = lin.at_dtype("float64")
         self.model = lin.model
         self.norms = norms
         self.method = method
-        self.rigor = rigor
-        self.budget = options["memory_budget"]
-        self.options = options
+        self.rigor = run.rigor
+        self.run = run
+        self.budget = run.budget(lin.memory_budget)
+        self.search = search
         self.relax = _relaxation_available(self.twin, method)
 
     def empty(self, x: np.ndarray) -> dict:
@@ -153,7 +150,7 @@ class _Run:
         for p in self.norms:
             r = res[p]
             r["exact"] = np.isfinite(r["upper"]) & \
-                (r["upper"] - r["lower"] <= self.options["exact_rtol"] * r["upper"])
+                (r["upper"] - r["lower"] <= self.search.exact_rtol * r["upper"])
             for key in ("lower", "upper"):
                 r[key][bad] = np.nan
             r["adversarial"][bad] = np.nan
@@ -170,7 +167,7 @@ class _Run:
         for p in self.norms:
             r = res[p]
             todo = ~bad & ~((r["upper"][idx] - r["lower"][idx])
-                            <= self.options["exact_rtol"] * r["upper"][idx])
+                            <= self.search.exact_rtol * r["upper"][idx])
             if self.method in ("best", "walk"):
                 self._walk(x64, pred, idx, todo, p, r)
             if self.relax and self.method != "region":
@@ -178,11 +175,10 @@ class _Run:
         return bad
 
     def _region(self, x, x64, pred, idx, res) -> np.ndarray:
-        opts = self.options
         cert = certify(self.lin, x, norms=self.norms, rigor=self.rigor,
-                       batch_size=opts["batch_size"], memory_budget=self.budget,
+                       batch_size=self.run.batch_size, memory_budget=self.budget,
                        verbose=False)
-        terms = decision_terms(self.twin, x64, pred, guard=self.rigor != "float32",
+        terms = decision_terms(self.twin, x64, pred, guard=self.rigor.guarded,
                                memory_budget=self.budget)
         slack = 4.0 * (int(np.prod(x.shape[1:])) + 16) * unit_roundoff("float64")
         for p in self.norms:
@@ -199,7 +195,7 @@ class _Run:
         if not sub.size:
             return
         nb = walk_bounds(self.model, self.twin, x64[sub], pred[sub], p,
-                         self.options["max_regions"], self.budget)
+                         self.search.max_regions, self.budget)
         _take_upper(r, idx[sub], nb, "walk")
 
     def _relaxation(self, x64, pred, idx, todo, p, r):
@@ -207,7 +203,7 @@ class _Run:
         if not sub.size:
             return
         relax = self.method != "interval"
-        guard = self.rigor != "float32"
+        guard = self.rigor.guarded
         xs, ps = x64[sub], pred[sub]
 
         def values(i, eps):
@@ -218,7 +214,7 @@ class _Run:
         known = r["lower"][idx[sub]]
         upper = r["upper"][idx[sub]]
         scale = np.where(known > 0, known, 1e-3 * (1.0 + lp_norm(xs, p)))
-        lo = largest_certified(values, known, upper, scale, self.options["bisect_tol"])
+        lo = largest_certified(values, known, upper, scale, self.search.bisect_tol)
         better = lo > known
         target = idx[sub[better]]
         r["lower"][target] = lo[better]
@@ -237,10 +233,11 @@ def _take_upper(r, idx, nb, name):
 
 
 def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
-                  method: str = "best", rigor: Rigor = "float64", *,
-                  batch_size: int | None = None, memory_budget: int | None = None,
-                  max_regions: int = 100, bisect_tol: float = 1e-3,
-                  exact_rtol: float = 1e-3, verbose: Verbose = "auto") -> RobustRadius:
+                  method: str = "best", rigor: Rigor | str | None = None, *,
+                  max_regions: int = 100, bisect_tol: float = 1e-3, exact_rtol: float = 1e-3,
+                  batch_size: int | None = None, memory_budget: int | str | None = None,
+                  verbose: Verbose | None = None,
+                  options: RunOptions | None = None) -> RobustRadius:
     """Lower and upper bounds on every input's minimal adversarial perturbation.
 
     The minimal adversarial perturbation of `x` in the lp norm is the distance to the
@@ -259,18 +256,19 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     * `"walk"`: an upper bound by walking region by region to the decision
       boundary; every point is checked in the Keras model.
     * `"relaxation"`: a sound lower bound beyond the region by linear relaxation
-      (CROWN / DeepPoly), the largest certified radius by bisection; `"interval"`
-      uses interval bounds alone. Dense, convolutions, BatchNormalization, average
-      pooling, reshapes, Add / Concatenate and ReLU-family activations; other layers
-      raise `UnsupportedModelError` (and `"best"` falls back to `"region"`).
+      (CROWN / DeepPoly), the largest certified radius by a bracketing search;
+      `"interval"` uses interval bounds alone. Dense, convolutions,
+      BatchNormalization, average pooling, reshapes, Add / Concatenate and
+      ReLU-family activations; other layers raise `UnsupportedModelError` (and
+      `"best"` falls back to `"region"`).
     * `"best"` (default): all that apply; the larger lower and smaller upper bound.
 
-    **Rounding** (`rigor`, as `certify`): under `"float64"` (default) and `"strict"`
-    the lower bounds hold for the model as Keras evaluates it (float32; float16 /
-    bfloat16 under mixed precision): the region margin with `certify`'s guard of
-    that rigor, the logit margins with a worst-case bound on the rounding of every
-    op pulled back through the network (signed, so cancellations count).
-    `"float32"` bounds exact arithmetic on the weights (no guard).
+    **Rounding** (`rigor`, as `certify`; default "float64"): under "float64" and
+    "strict" the lower bounds hold for the model as Keras evaluates it (float32;
+    float16 / bfloat16 under mixed precision): the region margin with `certify`'s
+    guard of that rigor, the logit margins with a worst-case bound on the rounding
+    of every op pulled back through the network (signed, so cancellations count).
+    "float32" bounds exact arithmetic on the weights (no guard).
 
     Args:
         model: a Keras classifier (a model made by `keras_roll.wrap` is unwrapped) or
@@ -281,13 +279,15 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
         y: optional `[B]` integer labels (for streams, taken from `(x, y)` elements).
         norms: any of 1, 2, np.inf (or 'l1', 'l2', 'linf').
         method: "best", "region", "walk", "relaxation" or "interval".
-        rigor: "float64", "strict" or "float32" (see above).
+        rigor: "float64" (default), "strict" or "float32" (a `keras_roll.Rigor`).
+        max_regions: regions the walk may cross per input (and per refining line).
+        bisect_tol: relative width of the relaxation search's final bracket.
+        exact_rtol: `exact` where `upper - lower <= exact_rtol * upper`.
         batch_size: examples per batch (streams of single examples are grouped).
         memory_budget: bytes of tangents / functionals per chunk (default the twin's).
-        max_regions: regions the walk may cross per input (and per refining line).
-        bisect_tol: relative width of the relaxation's final bisection bracket.
-        exact_rtol: `exact` where `upper - lower <= exact_rtol * upper`.
-        verbose: "auto", True or False (a progress bar).
+        verbose: "auto" (default), True or False: a progress bar.
+        options: a `keras_roll.RunOptions` (batch_size, memory_budget, verbose,
+            rigor); the keyword arguments above override its fields.
 
     Returns:
         A `RobustRadius` (numpy arrays).
@@ -304,24 +304,25 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     rr.certified_accuracy(0.1, np.inf)    # certified accuracy at l_inf radius 0.1
     ```
     """
+    overrides = {k: v for k, v in (("rigor", rigor), ("batch_size", batch_size),
+                                   ("memory_budget", memory_budget), ("verbose", verbose))
+                 if v is not None}
+    run_options = RunOptions.of(options, **overrides)
     norms = parse_norms(norms)
     if not norms:
         raise ValueError("norms=() leaves nothing to bound; pass e.g. norms=(2, np.inf).")
-    _check_arguments(method, rigor, batch_size, memory_budget, max_regions, bisect_tol,
-                     exact_rtol, verbose)
+    _check_arguments(method, max_regions, bisect_tol, exact_rtol)
     lin = as_linearized(model)
     _check_classifier(lin)
-    options = {"batch_size": batch_size, "memory_budget": memory_budget,
-               "max_regions": int(max_regions), "bisect_tol": float(bisect_tol),
-               "exact_rtol": float(exact_rtol)}
-    run = _Run(lin, norms, method, rigor, options)
+    search = SearchOptions(int(max_regions), float(bisect_tol), float(exact_rtol))
+    run = _Run(lin, norms, method, run_options, search)
     total = stream_length(x) if is_stream(x) else int(np.shape(x)[0])
     parts = []
-    with progress_bar(None if total is None else total * len(norms), verbose,
-                      "robust radius") as bar:
-        for xb, yb in iter_labelled_batches(x, y, lin.input_shape, batch_size):
+    with run_options.progress(None if total is None else total * len(norms),
+                              "robust radius") as bar:
+        for xb, yb in iter_labelled_batches(x, y, lin.input_shape, run_options.batch_size):
             parts.append(run.batch(xb, yb, bar) + (yb,))
-    return _assemble(parts, norms, method, rigor, float(exact_rtol), lin)
+    return _assemble(parts, norms, method, str(run_options.rigor), float(exact_rtol), lin)
 
 
 def _assemble(parts, norms, method, rigor, exact_rtol, lin) -> RobustRadius:

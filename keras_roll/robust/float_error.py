@@ -5,9 +5,9 @@ The lower bounds of `keras_roll.robust` speak of the model as Keras evaluates it
 them). Every op of that evaluation computes its exact value on the inputs it was
 given plus a rounding error `delta`: a sum of `n` products in unit roundoff `u` errs
 by at most `gamma_n (|A| |a| + |b|)` (Higham, *Accuracy and Stability of Numerical
-Algorithms*, Sec. 3.1; `Op.roundings` and `Op.magnitude`), and each rounding near zero
-by at most `eta` more (`keras_roll.rounding.worst_case`). The float64 twin that computes
-the bounds errs the same way with `u = 2^-53`; both are added.
+Algorithms*, Sec. 3.1; the op's rounding rule, `keras_roll.rounding.rules`), and each
+rounding near zero by at most `eta` more (`keras_roll.rounding.precision`). The float64
+twin that computes the bounds errs the same way with `u = 2^-53`; both are added.
 
 So the computed network is the exact network with a bounded perturbation `delta_l`
 added to the output of every op `l`, `|delta_l| <= Delta_l`, and a bound pulled back
@@ -18,7 +18,7 @@ last step takes absolute values (docs/design.md, section "Robustness radius").
 Example:
 
 ```python
-delta = OpRounding(twin.evaluation_precision)
+delta = OpRounding(evaluation_precision(twin.program))
 d = delta(node, [tf.abs(a) for a in node_inputs], record, mask)   # [B, *out] or None
 ```
 """
@@ -27,25 +27,20 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from keras_roll.compile.rules.base import Op
+from keras_roll.compile.rules.recurrent import SimpleRNNOp
 from keras_roll.errors import UnsupportedModelError
-from keras_roll.rounding.worst_case import (
+from keras_roll.rounding import rules
+from keras_roll.rounding.precision import (
     EvaluationPrecision,
     gamma,
     underflow_unit,
     unit_roundoff,
 )
 
-__all__ = ["OpRounding", "abs_sum", "custom_rounding"]
+__all__ = ["OpRounding", "abs_sum"]
 
 _U64 = unit_roundoff("float64")
 _ETA64 = underflow_unit("float64")
-
-
-def custom_rounding(op) -> bool:
-    """Whether `op` rounds inside itself beyond `magnitude` / `roundings` (a recurrence)."""
-    cls = type(op)
-    return cls.rounding_growth is not Op.rounding_growth or cls.magnitudes is not Op.magnitudes
 
 
 class OpRounding:
@@ -65,8 +60,8 @@ class OpRounding:
         self.precision = precision
 
     def check(self, node) -> None:
-        """Refuses an op whose rounding happens inside itself (SimpleRNN)."""
-        if custom_rounding(node.op):
+        """Refuses an op whose rounding happens inside itself (a SimpleRNN's recursion)."""
+        if isinstance(node.op, SimpleRNNOp):
             raise UnsupportedModelError(
                 f"Layer '{node.name}' ({type(node.layer).__name__}) rounds inside itself (a "
                 f"recurrence), which the rounding bound of robust_radius does not model. "
@@ -74,12 +69,12 @@ class OpRounding:
 
     def roundings(self, node, inputs: list) -> int:
         """Roundings per output element of the op (static shapes)."""
-        return int(node.op.roundings(inputs))
+        return rules.roundings(node.op, inputs)
 
     def unit(self, node, n: int) -> tuple[float, float]:
         """`(g, e)`: the perturbation is at most `g * magnitude + e`."""
         dtype = self.precision.dtype_of(node.op)
-        g = self.precision.gamma_fn(node.op)(n, node.op.matmul_like) + gamma(n, _U64)
+        g = self.precision.gamma_fn(node.op)(n, rules.matmul_like(node.op)) + gamma(n, _U64)
         return g, n * (underflow_unit(dtype) + _ETA64)
 
     def shift(self, node) -> float:
@@ -87,7 +82,8 @@ class OpRounding:
         dtype = self.precision.dtype_of(node.op)
         return underflow_unit(dtype) / unit_roundoff(dtype)
 
-    def __call__(self, node, magnitudes: list, record, mask, affine: bool = True):
+    def __call__(self, node, magnitudes: list, record, mask, affine: bool = True,
+                 values=None):
         """`[B, *out]` bound on the perturbation of the op's output, or None.
 
         Args:
@@ -96,15 +92,16 @@ class OpRounding:
             record, mask: the op's record and mask.
             affine: False for the growth term of an affine bound (no bias, no shift,
                 no underflow term): the magnitudes are then a growth per unit radius.
+            values: the op's inputs at `x` (for rounding rules derived from the op).
         """
         n = self.roundings(node, magnitudes)
         if n == 0:
             return None
         g, e = self.unit(node, n)
         if not affine:
-            return g * node.op.magnitude(magnitudes, record, False, mask)
+            return g * rules.magnitude(node.op, magnitudes, record, False, mask, values)
         s = self.shift(node)
-        m = node.op.magnitude([b + s for b in magnitudes], record, True, mask)
+        m = rules.magnitude(node.op, [b + s for b in magnitudes], record, True, mask, values)
         return g * m + e
 
 

@@ -2,9 +2,10 @@
 
 Interval bound propagation (Gowal et al., 2018) carries, for every value of the
 network, an elementwise interval over the ball: through the linear part `A` of an op,
-centre `A c` and radius `|A| r` (`Op.magnitude`, the same `|A|` the rounding bound
-uses); through a ReLU-family activation, its range over the interval (the extremes of
-a piecewise-linear function lie at the ends or at breakpoints). Intervals are kept
+centre `A c` and radius `|A| r` (the op's rounding rule's `magnitude`, the same `|A|`
+the rounding bound uses); through a ReLU-family activation, its range over the
+interval (the extremes of a piecewise-linear function lie at the ends or at
+breakpoints). Intervals are kept
 relative to the values at `x` (`value(x') - value(x)`), which keeps them accurate in
 float64 far below the values' own magnitudes, and widened by the rounding bound of
 every op (`keras_roll.robust.float_error`) so that they hold for the model's own
@@ -33,6 +34,7 @@ from keras_roll.compile.rules.base import NO_RECORD, Linear, Tangent
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.robust.backward import OpGraph, Values, linear_transpose
 from keras_roll.robust.float_error import abs_sum
+from keras_roll.rounding import rules
 
 __all__ = [
     "Box",
@@ -103,7 +105,7 @@ def _linear_box(node, boxes: list) -> Box:
     centres = [Tangent((b.lo + b.hi) / 2.0, shared=True) for b in boxes]
     radii = [(b.hi - b.lo) / 2.0 for b in boxes]
     c = node.op.tangent(centres, NO_RECORD, None)[0].value
-    r = node.op.magnitude(radii, NO_RECORD, False, None)
+    r = rules.magnitude(node.op, radii, NO_RECORD, False, None)
     return Box(c - r, c + r)
 
 
@@ -141,7 +143,8 @@ def interval_pass(graph: OpGraph, values: Values, eps: tf.Tensor, rounding=None,
         if rounding is not None:
             mags = [tf.maximum(tf.abs(a + b.lo), tf.abs(a + b.hi))
                     for a, b in zip(values.inputs[i], ins)]
-            delta = rounding(node, mags, values.records[i], values.masks[i])
+            delta = rounding(node, mags, values.records[i], values.masks[i],
+                             values=values.inputs[i])
         if delta is not None:
             out = Box(out.lo - delta, out.hi + delta)
         deltas.append(delta)

@@ -34,6 +34,8 @@ from keras_roll.compile.chunking import plan_chunks
 from keras_roll.robust.adversarial import confirm
 from keras_roll.robust.backward import capture, compile_batched, op_graph, pull_back
 from keras_roll.robust.float_error import OpRounding, abs_sum
+from keras_roll.rounding import rules
+from keras_roll.rounding.precision import evaluation_precision
 
 __all__ = ["DecisionTerms", "NormBounds", "decision_terms", "margin_rows", "region_bounds"]
 
@@ -92,20 +94,21 @@ def _terms_fn(twin, guard: bool, x, pred):
     rows, others = margin_rows(pred, int(logits.shape[-1]), logits.dtype)
     visit, e0, e1 = None, [], []
     if guard:
-        opr = OpRounding(twin.evaluation_precision)
+        opr = OpRounding(evaluation_precision(twin.program))
         growth = {graph.input_key: tf.ones_like(x)}
         for i, node in enumerate(graph.nodes):
             opr.check(node)
-            growth[node.output] = node.op.magnitude([growth[k] for k in node.inputs],
-                                                    values.records[i], False,
-                                                    values.masks[i])
+            growth[node.output] = rules.magnitude(node.op, [growth[k] for k in node.inputs],
+                                                  values.records[i], False, values.masks[i],
+                                                  values.inputs[i])
 
         def visit(node, index, lam):
             mags = [tf.abs(v) for v in values.inputs[index]]
             rec, mask = values.records[index], values.masks[index]
-            d0 = opr(node, mags, rec, mask)
+            d0 = opr(node, mags, rec, mask, values=values.inputs[index])
             if d0 is not None:
-                d1 = opr(node, [growth[k] for k in node.inputs], rec, mask, affine=False)
+                d1 = opr(node, [growth[k] for k in node.inputs], rec, mask, affine=False,
+                         values=values.inputs[index])
                 e0.append(abs_sum(lam, d0))
                 e1.append(abs_sum(lam, d1))
             return None

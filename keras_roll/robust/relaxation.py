@@ -51,7 +51,7 @@ from keras_roll.robust.intervals import (
     margin_lower_bounds,
 )
 from keras_roll.robust.region import margin_rows
-from keras_roll.rounding.worst_case import unit_roundoff
+from keras_roll.rounding.precision import evaluation_precision, unit_roundoff
 
 __all__ = ["Lines", "example_chunk", "margin_bounds", "relaxation_lines"]
 
@@ -182,7 +182,7 @@ def _bounds_fn(twin, p, relax: bool, guard: bool, budget: int, examples: int, x,
     m0 = tf.reduce_sum(rows * logits[:, None], -1)
     rounding = None
     if guard:
-        rounding = OpRounding(twin.evaluation_precision)
+        rounding = OpRounding(evaluation_precision(twin.program))
         for node in graph.nodes:
             rounding.check(node)
     if not relax:
