@@ -1,20 +1,23 @@
 # keras_roll developer tasks.
 #
 #   make venv       create .venv (if missing) and install keras_roll[cpu,test] in editable mode
-#   make test       fast test suite (skips tests marked `slow`)
-#   make test-all   full test suite
+#   make test       the default test suite (skips tests marked `slow`), on TEST_WORKERS
+#                   processes (pytest-xdist, one test file per process at a time)
+#   make test-all   full test suite, likewise
 #   make lint       ruff
 #   make demo       python -m examples.demo
 #   make bench      benchmarks (certify throughput, ROLL step time, distortion search,
 #                   ResNet-18 ROLL steps at 32x32; the full one: python -m benchmarks.resnet)
 #   make clean      remove build outputs and caches (keeps .venv; `make distclean` drops it)
 #
-# Variables: PYTHON (interpreter used to create the venv), VENV, EXTRAS, PYTEST_ARGS.
+# Variables: PYTHON (interpreter used to create the venv), VENV, EXTRAS, PYTEST_ARGS,
+# TEST_WORKERS (default 2; 0 runs the tests in this process).
 
 PYTHON ?= python3
 VENV ?= .venv
 EXTRAS ?= cpu,test
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 2
 
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -43,11 +46,15 @@ $(STAMP): setup.py
 			"'make venv' will reinstall on its next run"; \
 	fi
 
+# Test files are spread over TEST_WORKERS processes whole (--dist loadfile), so each
+# module-scoped fixture is built once.
+XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile,)
+
 test: venv
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 test-all: venv
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 lint: venv
 	$(PY) -m ruff check .

@@ -38,7 +38,7 @@ EXTRAS = {
     ],
     "gpu": [f"tensorflow[and-cuda]>={TF_MIN}"],
     "tf": [f"tensorflow>={TF_MIN}"],
-    "test": ["pytest", "ruff", "matplotlib", "tensorboard", "scipy>=1.9"],
+    "test": ["pytest", "pytest-xdist", "ruff", "matplotlib", "tensorboard", "scipy>=1.9"],
     "examples": ["matplotlib", "tensorboard", "tensorflow-datasets", "importlib_resources"],
 }
 
