@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 __all__ = [
     "AUTO",
+    "Method",
     "Norm",
     "Norms",
     "Rigor",
@@ -40,6 +41,7 @@ __all__ = [
     "Seed",
     "Verbose",
     "check_batch_size",
+    "check_bisect_tol",
     "check_memory_budget",
     "check_verbose",
     "fixed_budget",
@@ -123,6 +125,56 @@ class Rigor(str, enum.Enum):
         """The dtype the twin computes in under this rigor: float64 for a guarded
         rigor, else `own` (the twin's own dtype)."""
         return "float64" if self.guarded else own
+
+
+class Method(str, enum.Enum):
+    """How `certify` and `stability_bounds` compute margins.
+
+    * `ANALYTIC` ("analytic", the default): the closed forms, exact for
+      piecewise-linear networks, from streamed gradient norms.
+    * `BISECT` ("bisect"): the paper's binary search on pattern feasibility,
+      evaluated on the twin's forward pass: a slow cross-check.
+
+    Example:
+
+    ```python
+    Method.parse("bisect")        # Method.BISECT
+    ```
+    """
+
+    ANALYTIC = "analytic"
+    BISECT = "bisect"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, method: Method | str) -> Method:
+        """The `Method` named by `method`; a `ValueError` lists the choices otherwise."""
+        if isinstance(method, cls):
+            return method
+        if isinstance(method, str):
+            for member in cls:
+                if member.value == method:
+                    return member
+        raise ValueError(f"Unknown method {method!r}; use 'analytic' (exact, streamed) or "
+                         f"'bisect' (binary search on the real network, a slow cross-check).")
+
+
+def check_bisect_tol(bisect_tol) -> float:
+    """A relative tolerance of the bisection in (0, 1).
+
+    Example:
+
+    ```python
+    check_bisect_tol(1e-4)      # 0.0001
+    ```
+    """
+    if not (isinstance(bisect_tol, numbers.Real) and not isinstance(bisect_tol, bool)
+            and 0 < bisect_tol < 1):
+        raise ValueError(f"bisect_tol must be a relative tolerance in (0, 1), got "
+                         f"{bisect_tol!r}.")
+    return float(bisect_tol)
 
 
 def check_batch_size(batch_size) -> int | None:

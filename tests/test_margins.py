@@ -1,7 +1,7 @@
-"""Tests of keras_roll.certification.margins against independent references: plane geometry on
-hand-built 2-D networks, tf.GradientTape Jacobians of Keras-visible
-pre-activations, pattern sampling inside the certified balls, and the bisection
-search on the real network."""
+"""Margins and stability bounds (keras_roll.certification) against independent
+references: plane geometry on hand-built 2-D networks, tf.GradientTape Jacobians
+of Keras-visible pre-activations, pattern sampling inside the certified balls,
+and the bisection search on the real network."""
 
 import keras
 import numpy as np
@@ -9,15 +9,13 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
-from keras_roll.certification.margins import (
-    certify,
+from keras_roll.certification.margin_math import (
     directional_margins,
     dual_norm,
-    l2_margins,
-    lp_margins,
     margins_from_norms,
-    stability_bounds,
 )
+from keras_roll.certification.margins import certify, l2_margins, lp_margins
+from keras_roll.certification.stability import stability_bounds
 from tests import model_zoo as zoo
 
 NORMS = (1, 2, np.inf)

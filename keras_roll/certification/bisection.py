@@ -20,17 +20,37 @@ t, j = bisect_region(lin, x, np.zeros(1, int), d[None], fwd.neurons.piece.numpy(
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.certification.margin_math import neuron_arrays
+from keras_roll.certification.margin_math import (
+    Margin,
+    SliceMargins,
+    exact_zeros,
+    neuron_arrays,
+)
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.twin import Linearized
 
-__all__ = ["binding_directions", "bisect_region", "bisect_slice", "steepest_directions"]
+__all__ = ["BoundaryDirections", "binding_directions", "bisect_region", "bisect_slice",
+           "steepest_directions"]
 
 INF = math.inf
+_DIRECTION = object()  # the tag of a given direction among the rays of bisect_slice
+
+
+class BoundaryDirections(NamedTuple):
+    """Where each ball touches its binding hyperplane (`binding_directions`).
+
+    Attributes:
+        u: `[B, *input_shape]` float64 unit lp directions (NaN where none binds).
+        t: `[B]` float64 distance along them to the hyperplane.
+    """
+
+    u: np.ndarray
+    t: np.ndarray
 
 
 def steepest_directions(g, p, sign):
@@ -78,7 +98,8 @@ def binding_directions(lin: Linearized, xs: list, index, p):
         p: 1, 2 or inf.
 
     Returns:
-        `(u [B, *input_shape], t [B])` float64, NaN where no neuron binds.
+        `BoundaryDirections(u [B, *input_shape], t [B])` float64, NaN where no
+        neuron binds.
 
     Example:
 
@@ -116,11 +137,12 @@ def binding_directions(lin: Linearized, xs: list, index, p):
             us.append(u.reshape(x64.shape))
             ts.append(t)
     if not us:
-        return np.zeros((0,)), np.zeros((0,))
-    return np.concatenate(us), np.concatenate(ts)
+        return BoundaryDirections(np.zeros((0,)), np.zeros((0,)))
+    return BoundaryDirections(np.concatenate(us), np.concatenate(ts))
 
 
-def bisect_slice(lin: Linearized, xb, fwd, jac, norms, dirs_b, tol: float, budget: int) -> dict:
+def bisect_slice(lin: Linearized, xb, fwd, jac, norms, dirs_b, tol: float,
+                 budget: int) -> SliceMargins:
     """Bisection margins for one slice of examples (`certify(..., method="bisect")`).
 
     The lp margin of an example is the smallest bisected margin along the
@@ -139,14 +161,15 @@ def bisect_slice(lin: Linearized, xb, fwd, jac, norms, dirs_b, tol: float, budge
         budget: bytes per forward batch.
 
     Returns:
-        `{p: (eps [b], index [b])}`, and `"directional": (eps [b, K], index [b, K])`
-        when `dirs_b` is given.
+        `SliceMargins`: `{p: Margin([b], [b])}`, the directional `Margin([b, K],
+        [b, K])` when `dirs_b` is given, and the neurons exactly at a breakpoint.
 
     Example:
 
     ```python
     for sl, fwd, jac in iter_jacobian_slices(lin, x):
         res = bisect_slice(lin, x[sl], fwd, jac, (2,), None, 1e-4, lin.memory_budget)
+        res.margins[2].eps          # [b]
     ```
     """
     below, above, valid, piece = neuron_arrays(fwd)
@@ -168,25 +191,26 @@ def bisect_slice(lin: Linearized, xb, fwd, jac, norms, dirs_b, tol: float, budge
         k = dirs_b.shape[1]
         vecs.append(dirs_b.reshape(b * k, d).astype(np.float64))
         base.append(np.repeat(np.arange(b), k))
-        owner.extend(("dir", e, j) for e in range(b) for j in range(k))
-    out = {p: (np.full(b, INF), np.full(b, -1, np.int64)) for p in norms}
+        owner.extend((_DIRECTION, e, j) for e in range(b) for j in range(k))
+    out = {p: Margin(np.full(b, INF), np.full(b, -1, np.int64)) for p in norms}
+    along = None
     if dirs_b is not None:
-        out["directional"] = (np.full((b, dirs_b.shape[1]), INF),
-                              np.full((b, dirs_b.shape[1]), -1, np.int64))
+        along = Margin(np.full((b, dirs_b.shape[1]), INF),
+                       np.full((b, dirs_b.shape[1]), -1, np.int64))
+    zeros = exact_zeros(dist, np.abs(jac).max(axis=2), valid)
+    result = SliceMargins(out, along, {p: zeros for p in norms})
     if not vecs:
-        return out
+        return result
     base = np.concatenate(base)
     vecs = np.concatenate(vecs).reshape(-1, *ex_shape)
     t, bad = bisect_region(lin, xb, base, vecs, piece, valid, tol, budget)
     for (tag, e, j), tj, bj in zip(owner, t, bad):
-        if tag == "dir":
-            out["directional"][0][e, j] = tj
-            out["directional"][1][e, j] = bj if np.isfinite(tj) else -1
-        else:
-            eps, idx = out[tag]
-            if tj < eps[e]:
-                eps[e], idx[e] = tj, j
-    return out
+        if tag is _DIRECTION:
+            along.eps[e, j] = tj
+            along.index[e, j] = bj if np.isfinite(tj) else -1
+        elif tj < out[tag].eps[e]:
+            out[tag].eps[e], out[tag].index[e] = tj, j
+    return result
 
 
 def bisect_region(lin: Linearized, xb, base, dirs, ref_piece, ref_valid, tol: float = 1e-4,
@@ -215,8 +239,8 @@ def bisect_region(lin: Linearized, xb, base, dirs, ref_piece, ref_valid, tol: fl
         memory_budget: bytes per forward batch.
 
     Returns:
-        `(t [M] float64, index [M] int64)`: the margin and the first neuron
-        whose piece differs just past it (-1 when `t` is inf).
+        `Margin(t [M] float64, index [M] int64)`: the margin and the first
+        neuron whose piece differs just past it (-1 when `t` is inf).
 
     Example:
 
@@ -282,4 +306,4 @@ def bisect_region(lin: Linearized, xb, base, dirs, ref_piece, ref_valid, tol: fl
         hi[active[~ok]] = mid[~ok]
         bad[active[~ok]] = first[~ok]
     bad[~np.isfinite(lo)] = -1
-    return lo, bad
+    return Margin(lo, bad)

@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 from keras_roll.certification.bisection import binding_directions
-from keras_roll.options import parse_norm
-from keras_roll.rounding.noise import FAILURE_PROBABILITY, KAPPA, LAMBDA, SAMPLES
+from keras_roll.certification.tables import format_table, percentiles_of, rigor_line
+from keras_roll.certification.zero_radii import no_causes, zero_lines
+from keras_roll.options import Method, Rigor, parse_norm
 
-__all__ = ["Certificate", "NormDict", "StabilityBounds", "concat_padded", "format_table",
-           "percentiles_of", "rigor_line"]
+__all__ = ["Certificate", "NormDict", "StabilityBounds", "concat_padded", "percentiles_of"]
 
 INF = math.inf
 NORM_LABELS = {1: "l1", 2: "l2", INF: "linf"}
@@ -103,12 +104,14 @@ class Certificate:
         directional_index: `[B, K]` int64 binding neuron rows, or None.
         logits: `[B, *output_shape]` outputs of the twin (before any folded
             softmax / sigmoid; float64 under rigor 'float64').
-        method: "analytic" or "bisect".
-        rigor: the rounding guard: "float64" (the default: radii shrunk by a
-            probabilistic bound on the rounding of the model evaluated in
-            `evaluation`, `keras_roll.rounding.noise`: each neuron of each point
-            fails with probability below 1e-13), "strict" (a worst-case bound:
-            sound always, often 0 on wide float32 networks) or "float32" (no
+        method: `Method.ANALYTIC` or `Method.BISECT` (equal to "analytic" /
+            "bisect").
+        rigor: the rounding guard, a `Rigor` (equal to its string):
+            "float64" (the default: radii shrunk by a probabilistic bound on
+            the rounding of the model evaluated in `evaluation`,
+            `keras_roll.rounding.noise`: each neuron of each point fails with
+            probability below 1e-13), "strict" (a worst-case bound: sound
+            always, often 0 on wide float32 networks) or "float32" (no
             rounding guard).
         evaluation: the precision the model evaluates itself in, which the
             certificate covers under rigor 'float64' and 'strict' ('float32',
@@ -118,6 +121,10 @@ class Certificate:
             held at the mask value); None otherwise.
         nonfinite: `[B]` bool, examples with a non-finite neuron or logit, or
             whose evaluation may overflow (their margins are NaN).
+        zero_cause: `{p: [B]}` object arrays of `ZeroCause`: why each zero
+            radius is zero (a tie in a max-pooling window, a neuron exactly at
+            its breakpoint, or one within the rounding guard; `ZeroCause.NONE`
+            for the other radii); `binding` names the neuron and its layer.
 
     Example:
 
@@ -125,6 +132,7 @@ class Certificate:
     cert = keras_roll.certify(model, x)
     cert.margins["l2"][0], cert.binding[2][0]    # 0.031, ('dense_1', 17)
     cert.boundary_point(2)[0]                    # where the ball meets its boundary
+    cert.zero_cause[2][0]                        # ZeroCause.NONE
     ```
     """
 
@@ -134,20 +142,65 @@ class Certificate:
     directional: np.ndarray | None = None
     directional_index: np.ndarray | None = None
     logits: np.ndarray | None = None
-    method: str = "analytic"
-    rigor: str = "float32"
+    method: Method = Method.ANALYTIC
+    rigor: Rigor = Rigor.FLOAT32
     evaluation: str = "float32"
     mask: np.ndarray | None = None
     nonfinite: np.ndarray | None = None
+    zero_cause: dict | None = None
     _source: tuple | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
-        for name in ("margins", "binding", "binding_index"):
+        self.method, self.rigor = Method.parse(self.method), Rigor.parse(self.rigor)
+        if self.zero_cause is None:
+            self.zero_cause = {p: no_causes(np.shape(v)) for p, v in self.margins.items()}
+        for name in ("margins", "binding", "binding_index", "zero_cause"):
             value = getattr(self, name)
             if not isinstance(value, NormDict):
                 setattr(self, name, NormDict({parse_norm(k): v for k, v in value.items()}))
         if self.nonfinite is None:
             self.nonfinite = np.zeros(self.n, bool)
+
+    @classmethod
+    def concat(cls, parts: Sequence[Certificate]) -> Certificate:
+        """One certificate of the examples of `parts`, in order (e.g. of the batches
+        of a stream). They must share norms, method, rigor and evaluation; the
+        inputs kept for `binding_direction` are not carried over.
+
+        Example:
+
+        ```python
+        cert = Certificate.concat([certify(model, xa), certify(model, xb)])
+        ```
+        """
+        if not parts:
+            raise ValueError("Certificate.concat needs at least one certificate.")
+        first = parts[0]
+        for part in parts[1:]:
+            theirs = (part.norms, part.method, part.rigor, part.evaluation)
+            if theirs != (first.norms, first.method, first.rigor, first.evaluation):
+                raise ValueError(
+                    f"Certificates of different runs cannot be concatenated: norms, method, "
+                    f"rigor and evaluation {theirs} differ from "
+                    f"{(first.norms, first.method, first.rigor, first.evaluation)}.")
+
+        def joined(name):
+            return {p: np.concatenate([getattr(q, name)[p] for q in parts]) for p in first.norms}
+
+        directional = directional_index = None
+        if first.directional is not None:
+            directional = np.concatenate([q.directional for q in parts])
+            directional_index = np.concatenate([q.directional_index for q in parts])
+        masks = [q.mask for q in parts]
+        return cls(
+            margins=joined("margins"), binding_index=joined("binding_index"),
+            binding={p: [b for q in parts for b in q.binding[p]] for p in first.norms},
+            directional=directional, directional_index=directional_index,
+            logits=concat_padded([q.logits for q in parts], np.nan), method=first.method,
+            rigor=first.rigor, evaluation=first.evaluation,
+            mask=None if any(m is None for m in masks) else concat_padded(masks, False),
+            nonfinite=np.concatenate([q.nonfinite for q in parts]),
+            zero_cause=joined("zero_cause"))
 
     def attach_source(self, twin, inputs: list | None) -> None:
         """Keeps the twin and the inputs (or None) that `binding_direction` recomputes from."""
@@ -178,7 +231,7 @@ class Certificate:
         p = parse_norm(p)
         index = self.binding_index[p]
         twin, xs = self._inputs(x)
-        return binding_directions(twin, xs, index, p)[0]
+        return binding_directions(twin, xs, index, p).u
 
     def boundary_point(self, p, x=None) -> np.ndarray:
         """The point where each lp ball meets its region's boundary.
@@ -232,7 +285,7 @@ class Certificate:
         return tuple(self.margins)
 
     def __repr__(self) -> str:
-        parts = [f"n={self.n}", f"method={self.method!r}", f"rigor={self.rigor!r}"]
+        parts = [f"n={self.n}", f"method='{self.method}'", f"rigor='{self.rigor}'"]
         for p, v in self.margins.items():
             med = percentiles_of(v, (50,))[0] if v.size else float("nan")
             parts.append(f"median_{NORM_LABELS[p]}={med:.4g}")
@@ -258,11 +311,10 @@ class Certificate:
                          self.directional_index.reshape(-1)))
         head = f"Certified margins: {self.n} examples, method '{self.method}' ({PAPER})"
         print_fn(format_table(head, rows, percentiles))
-        if self.rigor in ("float64", "strict"):
-            print_fn(rigor_line(self.rigor, self.evaluation))
-        else:
-            print_fn(f"Rigor float32: the float32 twin's radii, not guarded against rounding "
-                     f"(the model evaluates in {self.evaluation}).")
+        print_fn(rigor_line(self.rigor, self.evaluation))
+        for p, causes in self.zero_cause.items():
+            for line in zero_lines(NORM_LABELS[p], causes, self.binding[p]):
+                print_fn(line)
         if self.mask is not None:
             print_fn("Masked sequences: each ball is in the unpadded coordinates (see .mask); "
                      "it holds while padded steps stay at the mask value.")
@@ -293,9 +345,9 @@ class StabilityBounds:
             unbounded, NaN for `nonfinite` examples).
         upper: `[B, *input_shape]` float64, `+eps(x, +e_k)` (>= 0, inf if unbounded).
         lower_index, upper_index: int64 binding neuron rows (-1 if none), same shape.
-        method: "analytic" or "bisect".
-        rigor: "float64" (shrunk by the probabilistic rounding guard), "strict"
-            (by the worst-case bound) or "float32" (no guard).
+        method: `Method.ANALYTIC` or `Method.BISECT`.
+        rigor: a `Rigor`: "float64" (shrunk by the probabilistic rounding
+            guard), "strict" (by the worst-case bound) or "float32" (no guard).
         nonfinite: `[B]` bool, examples with non-finite neurons or logits.
 
     Example:
@@ -310,12 +362,40 @@ class StabilityBounds:
     upper: np.ndarray
     lower_index: np.ndarray
     upper_index: np.ndarray
-    method: str = "analytic"
-    rigor: str = "float32"
+    method: Method = Method.ANALYTIC
+    rigor: Rigor = Rigor.FLOAT32
     nonfinite: np.ndarray | None = None
 
+    def __post_init__(self):
+        self.method, self.rigor = Method.parse(self.method), Rigor.parse(self.rigor)
+        if self.nonfinite is None:
+            self.nonfinite = np.zeros(self.lower.shape[0], bool)
+
+    @classmethod
+    def concat(cls, parts: Sequence[StabilityBounds]) -> StabilityBounds:
+        """The bounds of the examples of `parts`, in order (variable-length
+        sequences padded: -inf / inf bounds and index -1 past their end).
+
+        Example:
+
+        ```python
+        sb = StabilityBounds.concat([stability_bounds(model, xa), stability_bounds(model, xb)])
+        ```
+        """
+        if not parts:
+            raise ValueError("StabilityBounds.concat needs at least one StabilityBounds.")
+        first = parts[0]
+        if any((q.method, q.rigor) != (first.method, first.rigor) for q in parts):
+            raise ValueError("StabilityBounds of different methods or rigors cannot be "
+                             "concatenated.")
+        return cls(concat_padded([q.lower for q in parts], -INF),
+                   concat_padded([q.upper for q in parts], INF),
+                   concat_padded([q.lower_index for q in parts], -1),
+                   concat_padded([q.upper_index for q in parts], -1), first.method,
+                   first.rigor, np.concatenate([q.nonfinite for q in parts]))
+
     def __repr__(self) -> str:
-        return (f"StabilityBounds(shape={self.lower.shape}, method={self.method!r}, "
+        return (f"StabilityBounds(shape={self.lower.shape}, method='{self.method}', "
                 f"median_width={self._median_width():.4g})")
 
     def _median_width(self) -> float:
@@ -333,48 +413,3 @@ class StabilityBounds:
                 f"{int(np.prod(self.lower.shape[1:]))} coordinates, method '{self.method}'")
         print_fn(format_table(head, rows, percentiles))
 
-
-def rigor_line(rigor: str, evaluation: str) -> str:
-    """The summary line that says what a certificate's rounding guard guarantees.
-
-    Example:
-
-    ```python
-    rigor_line("float64", "float32")   # 'Rounding guard: probabilistic, ...'
-    ```
-    """
-    if rigor == "strict":
-        return (f"Rounding guard: worst case (rigor 'strict'): radii shrunk by a rigorous "
-                f"bound on rounding; sound for the model evaluated in {evaluation}.")
-    return (f"Rounding guard: probabilistic (rigor 'float64'): radii shrunk by "
-            f"{LAMBDA:g} x {KAPPA:g} estimated standard deviations of the rounding of the "
-            f"model evaluated in {evaluation} (Higham & Mary's model; {SAMPLES} Gaussian "
-            f"probes), or by the worst-case bound where smaller; a neuron of a point fails "
-            f"with probability < {FAILURE_PROBABILITY:.1e}. rigor='strict' for the worst "
-            f"case alone.")
-
-
-def percentiles_of(v, qs) -> list[float]:
-    """Percentiles `qs` of `v` (inf where interpolating infinities gives NaN)."""
-    v = np.asarray(v, np.float64)
-    if v.size == 0:
-        return [float("nan")] * len(qs)
-    with np.errstate(invalid="ignore"):
-        out = np.percentile(v, qs)
-    out = np.where(np.isnan(out), INF, out)  # inf - inf when interpolating infinities
-    return [float(o) for o in out]
-
-
-def format_table(head: str, rows, qs) -> str:
-    """A paper-style table: one row of percentiles (and a count of zeros) per `(label, v, _)`."""
-    cols = [f"P{q:g}" for q in qs]
-    width = 22 + 12 * len(cols) + 10
-    lines = [head, "_" * width,
-             f"{'Margin':<22}" + "".join(f"{c:>12}" for c in cols) + f"{'zero':>10}",
-             "=" * width]
-    for label, v, _ in rows:
-        vals = percentiles_of(v, qs)
-        zero = int(np.sum(np.asarray(v) == 0))
-        lines.append(f"{label:<22}" + "".join(f"{x:>12.4g}" for x in vals) + f"{zero:>10d}")
-    lines.append("_" * width)
-    return "\n".join(lines)

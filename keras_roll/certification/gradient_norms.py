@@ -25,11 +25,12 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.certification.margin_math import directional_margins
-from keras_roll.compile.streaming import check_input_keep_float
+from keras_roll.compile.interpreter import ForwardPass
 from keras_roll.compile.twin import Linearized
 from keras_roll.options import parse_norm
 
-__all__ = ["AxisBounds", "GradNorms", "iter_gradient_norms", "iter_jacobian_slices"]
+__all__ = ["AxisBounds", "AxisMargins", "GradNorms", "JacobianSlice", "NormSlice",
+           "iter_gradient_norms", "iter_jacobian_slices"]
 
 INF = math.inf
 
@@ -51,6 +52,43 @@ class GradNorms(NamedTuple):
         """`||g||_q` for the lp ball with `1/p + 1/q = 1`."""
         p = parse_norm(p)
         return {2: self.l2, 1: self.linf, INF: self.l1}[p]
+
+
+class NormSlice(NamedTuple):
+    """The gradient norms of one slice of examples (`iter_gradient_norms`).
+
+    Attributes:
+        examples: the slice of the examples.
+        forward: their `ForwardPass`.
+        norms: their `GradNorms`.
+    """
+
+    examples: slice
+    forward: ForwardPass
+    norms: GradNorms
+
+
+class JacobianSlice(NamedTuple):
+    """The dense Jacobian of one slice of examples (`iter_jacobian_slices`).
+
+    Attributes:
+        examples: the slice of the examples.
+        forward: their `ForwardPass`.
+        jacobian: `[b, N, D]` the input gradients of every neuron.
+    """
+
+    examples: slice
+    forward: ForwardPass
+    jacobian: np.ndarray
+
+
+class AxisMargins(NamedTuple):
+    """Margins along `+e_k` and `-e_k` of a chunk of axes, `[b, k]` each (`AxisBounds`)."""
+
+    up: tf.Tensor
+    up_index: tf.Tensor
+    down: tf.Tensor
+    down_index: tf.Tensor
 
 
 def _norms_reduce(jvp, start):
@@ -75,7 +113,7 @@ def iter_gradient_norms(lin: Linearized, x, batch_size: int | None = None,
         memory_budget: bytes of tangents per chunk (default `lin.memory_budget`).
 
     Yields:
-        `(example_slice, forward_pass, GradNorms)`.
+        `NormSlice(examples, forward, norms)`.
 
     Example:
 
@@ -85,7 +123,7 @@ def iter_gradient_norms(lin: Linearized, x, batch_size: int | None = None,
         eps2, _ = margins_from_norms(dist, gn.l2, fwd.neurons.valid)
     ```
     """
-    x = check_input_keep_float(lin, x)
+    x = lin.check_input(x, keep_float=True)
     d = int(np.prod(x.shape[1:]))
     acc = None
     for sl, fwd, start, k, (sq, mx, sm) in lin.iter_axis_chunks(
@@ -99,12 +137,12 @@ def iter_gradient_norms(lin: Linearized, x, batch_size: int | None = None,
             np.maximum(acc[1], mx, out=acc[1])
             acc[2] += sm
         if start + k >= d:
-            yield sl, fwd, GradNorms(np.sqrt(acc[0]), acc[1], acc[2])
+            yield NormSlice(sl, fwd, GradNorms(np.sqrt(acc[0]), acc[1], acc[2]))
 
 
 def iter_jacobian_slices(lin: Linearized, x, batch_size: int | None = None,
                          memory_budget: int | None = None):
-    """Yields `(example_slice, forward_pass, J [b, N, D])`, dense per example slice.
+    """Yields `JacobianSlice(examples, forward, jacobian [b, N, D])`, dense per slice.
 
     Example:
 
@@ -123,7 +161,7 @@ def iter_jacobian_slices(lin: Linearized, x, batch_size: int | None = None,
         stop = min(start + k, d)
         jac[:, :, start:stop] = np.swapaxes(block[:, : stop - start], 1, 2)
         if stop >= d:
-            yield sl, fwd, jac
+            yield JacobianSlice(sl, fwd, jac)
 
 
 def _axis_bounds_impl(rates, below, above, valid, err_at_x=None, err_per_radius=None,
@@ -132,9 +170,9 @@ def _axis_bounds_impl(rates, below, above, valid, err_at_x=None, err_per_radius=
     (with rounding bounds: the sound ones, `margin_math.directional_margins`)."""
     rates = tf.cast(rates, below.dtype)
     terms = () if err_at_x is None else (err_at_x, err_per_radius, slack)
-    up, up_i = directional_margins(rates, below, above, valid, *terms)
-    down, down_i = directional_margins(-rates, below, above, valid, *terms)
-    return up, up_i, down, down_i
+    up = directional_margins(rates, below, above, valid, *terms)
+    down = directional_margins(-rates, below, above, valid, *terms)
+    return AxisMargins(up.eps, up.index, down.eps, down.index)
 
 
 _AXIS_BOUNDS_XLA = tf.function(_axis_bounds_impl, reduce_retracing=True, autograph=False,
@@ -159,7 +197,7 @@ class AxisBounds:
 
     ```python
     bounds = AxisBounds()
-    up, up_i, down, down_i = bounds(jvp.neurons, n.below, n.above, n.valid)
+    m = bounds(jvp.neurons, n.below, n.above, n.valid)       # AxisMargins
     ```
     """
 

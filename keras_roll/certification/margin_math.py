@@ -39,18 +39,21 @@ eps, j = margins_from_norms(neuron_distances(n.below, n.above), dual_norm(g, 2),
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from keras import ops
 
-from keras_roll.api_types import Array, Norm
-from keras_roll.options import parse_norm
+from keras_roll.inputs import Array
+from keras_roll.options import Norm, parse_norm
 
 __all__ = [
+    "Margin",
     "NeuronArrays",
+    "SliceMargins",
     "directional_margins",
     "dual_norm",
+    "exact_zeros",
     "guard_alternatives",
     "margins_from_norms",
     "min_and_index",
@@ -60,6 +63,34 @@ __all__ = [
 ]
 
 INF = math.inf
+
+
+class Margin(NamedTuple):
+    """A margin and the neuron that binds it (`min_and_index`).
+
+    Attributes:
+        eps: `[...]` the margin (inf where no neuron binds).
+        index: `[...]` int64 row of the binding neuron, -1 where none binds.
+    """
+
+    eps: Any
+    index: Any
+
+
+class SliceMargins(NamedTuple):
+    """The margins of one slice of examples, as `certify` collects them.
+
+    Attributes:
+        margins: `{p: Margin([b], [b])}` per norm.
+        directional: `Margin([b, K], [b, K])` along the given directions, or None.
+        exact_zero: `{p: [b] int64}`, per norm, the first valid neuron exactly
+            at its breakpoint with a nonzero gradient (-1 where none is): why
+            a radius is 0 in exact arithmetic (`keras_roll.certification.zero_radii`).
+    """
+
+    margins: dict
+    directional: Margin | None
+    exact_zero: dict
 
 
 def neuron_distances(below: Array, above: Array):
@@ -134,8 +165,8 @@ def margins_from_norms(dist: Array, gnorm: Array, valid: Array | None = None,
         slack: relative error bound of the computed `gnorm`.
 
     Returns:
-        `(eps [...], index [...])`: the margin and the binding neuron (-1 when
-        no neuron binds and `eps` is inf).
+        `Margin(eps [...], index [...])`: the margin and the binding neuron (-1
+        when no neuron binds and `eps` is inf).
 
     Example:
 
@@ -216,7 +247,7 @@ def directional_margins(rates: Array, below: Array, above: Array, valid: Array |
         slack: relative error bound of the computed rates.
 
     Returns:
-        `(eps [..., K], index [..., K])`, index -1 where no neuron binds.
+        `Margin(eps [..., K], index [..., K])`, index -1 where no neuron binds.
 
     Example:
 
@@ -257,7 +288,7 @@ def _crossing(dist, speed):
                      ops.full_like(speed, INF))
 
 
-def min_and_index(t):
+def min_and_index(t) -> Margin:
     """Minimum over the last axis and its index (-1 where the minimum is inf).
 
     Example:
@@ -268,11 +299,11 @@ def min_and_index(t):
     """
     if t.shape[-1] == 0:  # no neuron: nothing binds
         lead = ops.shape(t)[:-1]
-        return ops.full(lead, INF, dtype=t.dtype), ops.full(lead, -1, dtype="int64")
+        return Margin(ops.full(lead, INF, dtype=t.dtype), ops.full(lead, -1, dtype="int64"))
     idx = ops.cast(ops.argmin(t, axis=-1), "int64")
     eps = ops.take_along_axis(t, ops.expand_dims(idx, -1), axis=-1)[..., 0]
     idx = ops.where(ops.isinf(eps), ops.full_like(idx, -1), idx)
-    return eps, idx
+    return Margin(eps, idx)
 
 
 class NeuronArrays(NamedTuple):
@@ -282,6 +313,20 @@ class NeuronArrays(NamedTuple):
     above: np.ndarray
     valid: np.ndarray
     piece: np.ndarray
+
+
+def exact_zeros(dist: np.ndarray, gnorm: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """`[b]` the first valid neuron exactly at its breakpoint with a nonzero
+    gradient (its radius is 0 in exact arithmetic), -1 where there is none.
+
+    Example:
+
+    ```python
+    exact_zeros(np.array([[0.5, 0.0]]), np.array([[1.0, 2.0]]), np.ones((1, 2), bool))  # [1]
+    ```
+    """
+    hit = np.asarray(valid, bool) & (np.asarray(dist) == 0) & (np.asarray(gnorm) > 0)
+    return np.where(hit.any(axis=-1), np.argmax(hit, axis=-1), -1).astype(np.int64)
 
 
 def neuron_arrays(fwd) -> NeuronArrays:

@@ -1,191 +1,97 @@
 """Certified margins: the largest lp balls and directional segments that stay
-inside the linear region of each input (`certify`, `stability_bounds`,
-`lp_margins`).
+inside the linear region of each input (`certify`, `lp_margins`, `l2_margins`).
 
 For a piecewise-linear network every neuron is affine in the input on the
 linear region of `x`, so the lp margin is `eps_p(x) = min_j dist_j / ||g_j||_q`
 (Lee, Alvarez-Melis & Jaakkola, ICLR 2019, Prop. 6 in its dual-norm form) and
 the directional margins are the first breakpoint crossings along each direction
-(docs/design.md, section "The maths"). This module runs them over a data set;
-the work is split by job:
+(docs/design.md, section "The maths"). This module runs them over a data set,
+batch by batch (`keras_roll.inputs`), each batch a `Certificate` of its own that
+`Certificate.concat` joins; the work is split by job:
 
-* `keras_roll.certification.margin_math`: the closed forms (`dual_norm`, `margins_from_norms`,
-  `directional_margins`, `neuron_distances`);
-* `keras_roll.certification.gradient_norms`: the streamed Jacobian reduced on the fly to
-  gradient norms (`[B, N, D]` is never materialised) and axis margins;
-* `keras_roll.certification.bisection`: the paper's cross-check, a binary search on pattern
-  feasibility evaluated on the real network (`method="bisect"`);
-* `keras_roll.certification.certificates`: the result classes and their tables;
-* `keras_roll.arguments`: argument validation (shared with `count_regions`);
-* `keras_roll.rounding.noise` / `keras_roll.rounding.worst_case`: the probabilistic
-  (`rigor="float64"`, the default) and worst-case (`rigor="strict"`) guards on
-  floating-point rounding subtracted from every distance.
+* `keras_roll.certification.margin_math`: the closed forms;
+* `keras_roll.certification.gradient_norms`: the streamed Jacobian reduced on the
+  fly to gradient norms (`[B, N, D]` is never materialised);
+* `keras_roll.certification.rounding_errors`: the rounding guard of a `Rigor`;
+* `keras_roll.certification.bisection`: the paper's cross-check (`method="bisect"`);
+* `keras_roll.certification.zero_radii`: why a radius is zero;
+* `keras_roll.certification.certificates`: the result classes.
 
-Inputs are arrays or tensors, or streams of batches (`tf.data.Dataset`,
-generators, `keras.utils.PyDataset`: `keras_roll.batches`), certified batch by
-batch. Results hold numpy arrays (docs/design.md, section "Return types").
-
-The public names of those modules stay importable from here.
+`keras_roll.certification.stability` computes the per-coordinate bounds and
+`keras_roll.certification.regions` counts regions. Results hold numpy arrays
+(docs/design.md, section "Return types").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import warnings
 
 import numpy as np
-import tensorflow as tf
 
-from keras_roll.api_types import Array, Method, ModelOrTwin
-from keras_roll.arguments import (
-    as_linearized,
-    check_bisect_tol,
-    check_directions,
-    check_method,
-)
-from keras_roll.batches import is_stream, iter_input_batches, stream_length
-from keras_roll.certification.bisection import bisect_region, bisect_slice
-from keras_roll.certification.certificates import (
-    Certificate,
-    NormDict,
-    StabilityBounds,
-    concat_padded,
-)
-from keras_roll.certification.gradient_norms import (
-    AxisBounds,
-    GradNorms,
-    iter_gradient_norms,
-    iter_jacobian_slices,
-)
+from keras_roll.certification.bisection import bisect_slice
+from keras_roll.certification.certificates import Certificate, NormDict
+from keras_roll.certification.gradient_norms import iter_jacobian_slices
 from keras_roll.certification.margin_math import (
+    Margin,
+    SliceMargins,
     directional_margins,
-    dual_norm,
+    exact_zeros,
     margins_from_norms,
     neuron_arrays,
-    neuron_distances,
     to_numpy,
 )
+from keras_roll.certification.rounding_errors import (  # noqa: F401  (rounding_errors re-exported)
+    GuardedSlice,
+    RoundingErrors,
+    errors_and_norms,
+    rounding_errors,
+)
+from keras_roll.certification.runs import input_mask, nonfinite, warn_nonfinite
+from keras_roll.certification.zero_radii import explain_zeros
 from keras_roll.compile.chunking import plan_chunks
-from keras_roll.compile.streaming import check_input_keep_float
+from keras_roll.compile.twin import Linearized, linearize
+from keras_roll.inputs import Array, ModelOrTwin, check_directions, input_batches
 from keras_roll.options import (
+    Method,
     Norm,
     Norms,
-    Rigor,
-    Verbose,
-    check_batch_size,
-    check_memory_budget,
-    check_verbose,
+    RunOptions,
+    check_bisect_tol,
     parse_norm,
     parse_norms,
-    progress_bar,
 )
-from keras_roll.rounding.guard import BOUND_SAFETY, RoundingErrors, guard_for  # noqa: F401
+from keras_roll.rounding.guard import guard_for
 
-__all__ = [
-    "Certificate",
-    "GradNorms",
-    "RoundingErrors",
-    "StabilityBounds",
-    "bisect_region",
-    "certify",
-    "directional_margins",
-    "dual_norm",
-    "iter_gradient_norms",
-    "l2_margins",
-    "lp_margins",
-    "margins_from_norms",
-    "neuron_distances",
-    "rounding_errors",
-    "stability_bounds",
-]
+__all__ = ["Certificate", "certify", "l2_margins", "lp_margins"]
 
 INF = math.inf
+KEEP_STREAM_BYTES = 512 * 2**20  # inputs of a stream kept for binding directions
 
 
-def _check_arguments(method, bisect_tol, batch_size, memory_budget, verbose, rigor):
-    check_method(method)
-    check_bisect_tol(bisect_tol)
-    check_batch_size(batch_size)
-    check_memory_budget(memory_budget)
-    check_verbose(verbose)
-    Rigor.parse(rigor)
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """What every batch of one `certify` call shares."""
 
+    lin: Linearized
+    twin: Linearized
+    norms: tuple
+    method: Method
+    bisect_tol: float
+    options: RunOptions
+    budget: int
 
-def rounding_errors(twin, fwd, rigor: Rigor = "float64", l1=None,
-                    memory_budget: int | None = None) -> RoundingErrors:
-    """The `RoundingErrors` of a float64 forward pass `fwd` of `twin` under `rigor`
-    ("float64" or "strict"): `keras_roll.rounding.guard_for(rigor).errors(...)`.
-
-    Example:
-
-    ```python
-    twin = keras_roll.linearize(model).at_dtype("float64")
-    err = rounding_errors(twin, twin.forward(x))
-    ```
-    """
-    guard = guard_for(rigor)
-    if guard.rigor is Rigor.FLOAT32:
-        raise ValueError(f"rounding_errors computes rigor 'float64' or 'strict', got {rigor!r}.")
-    return guard.errors(twin, fwd, l1=l1, memory_budget=memory_budget)
-
-
-def _errors_and_norms(twin, x, batch_size, budget, rigor):
-    """`(example_slice, forward_pass, GradNorms, RoundingErrors or None)` per slice."""
-    guard = guard_for(rigor)
-    for sl, fwd, gn in iter_gradient_norms(twin, x, batch_size, budget):
-        yield sl, fwd, gn, guard.errors(twin, fwd, l1=gn.l1, memory_budget=budget)
-
-
-def _nonfinite(fwd, valid, err: RoundingErrors | None) -> np.ndarray:
-    """`[b]` examples with a non-finite neuron or logit, or whose evaluation may overflow."""
-    z = fwd.neurons.z.numpy()
-    logits = fwd.logits.numpy().reshape(z.shape[0], -1)
-    bad = ~np.all(np.isfinite(z) | ~valid, axis=1) | ~np.all(np.isfinite(logits), axis=1)
-    if err is not None:
-        bad |= err.overflow
-    return bad
-
-
-def _warn_nonfinite(count: int, total: int, evaluation: str, what: str) -> None:
-    if count:
-        warnings.warn(
-            f"{count} of {total} examples have a non-finite neuron or logit (NaN / inf), or "
-            f"may overflow when the model evaluates itself in {evaluation}: their {what} "
-            f"are NaN (see .nonfinite). Check the inputs' scale.", stacklevel=3)
-
-
-def _input_mask(twin, fwd) -> np.ndarray | None:
-    """`[b, T]` True at the unpadded steps of a masked sequence model, else None."""
-    for step_rec in fwd.trace.steps:
-        for rec in step_rec.ops:
-            keep = getattr(rec, "keep", None)
-            if keep is not None:
-                return keep.numpy()[..., 0] > 0
-    return None
-
-
-def _stream_batches(x, lin, batch_size):
-    """Checked tensors of the batches of `x` (a stream) or of `x` itself."""
-    if is_stream(x):
-        for xb in iter_input_batches(x, lin.input_shape, batch_size):
-            yield check_input_keep_float(lin, xb)
-    else:
-        yield check_input_keep_float(lin, x)
-
-
-def _batches_and_total(x, lin, batch_size):
-    """`(batches, examples or None)`: an array is checked at once, a stream lazily."""
-    if is_stream(x):
-        return _stream_batches(x, lin, batch_size), stream_length(x)
-    xb = check_input_keep_float(lin, x)
-    return [xb], int(xb.shape[0])
+    @classmethod
+    def make(cls, model, norms, method, bisect_tol, options: RunOptions) -> _Run:
+        lin = linearize(model)
+        return cls(lin, guard_for(options.rigor).twin(lin), norms, Method.parse(method),
+                   check_bisect_tol(bisect_tol), options, options.budget(lin.memory_budget))
 
 
 def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
-            directions: Array | None = None, method: Method = "analytic",
-            batch_size: int | None = None, memory_budget: int | None = None,
-            verbose: Verbose = "auto", bisect_tol: float = 1e-4,
-            rigor: Rigor = "float64") -> Certificate:
+            directions: Array | None = None, method: Method | str = "analytic",
+            bisect_tol: float = 1e-4, options: RunOptions | None = None,
+            **overrides) -> Certificate:
     """Certifies the lp and directional margins of every example.
 
     The l_p margin is the radius of the largest l_p ball around `x` inside its
@@ -250,22 +156,28 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
             unless `directions` are given.
         directions: optional `[B, K, *input_shape]` (or `[K, *input_shape]`
             shared; shared only for streams) directions for directional margins.
-        method: "analytic" or "bisect".
-        batch_size: examples per chunk (default from the memory budget); for
-            streams of single examples, also the batch they are grouped into.
-        memory_budget: bytes of tangents per chunk (default the model's).
-        verbose: "auto" (a progress bar for runs longer than a second), True or False.
+        method: "analytic" or "bisect" (or a `keras_roll.options.Method`).
         bisect_tol: relative tolerance of the bisection.
-        rigor: "float64" (default: probabilistic rounding guard), "strict"
-            (worst-case guard) or "float32" (none).
+        options: a `keras_roll.RunOptions` (batch_size, memory_budget, verbose,
+            rigor); the defaults if None.
+        **overrides: any of those fields, replacing the one of `options`:
+            `batch_size` (examples per chunk, default from the memory budget;
+            for streams of single examples, also the batch they are grouped
+            into), `memory_budget` (bytes of tangents per chunk, default the
+            twin's), `verbose` ("auto": a progress bar for runs longer than a
+            second, True or False) and `rigor` ("float64", the default:
+            probabilistic rounding guard; "strict": worst-case guard;
+            "float32": none).
 
     Returns:
         A `Certificate` (numpy arrays). Examples with a non-finite neuron or
         logit, or whose evaluation may overflow, get NaN margins and a warning.
+        `Certificate.zero_cause` says why each zero radius is zero.
 
     Raises:
-        ValueError: for bad norms, methods, directions or inputs (wrong shape,
-            NaN or inf).
+        ValueError: for bad norms, methods, options, directions or inputs
+            (wrong shape, NaN or inf).
+        TypeError: for an unknown keyword argument.
 
     Example:
 
@@ -275,117 +187,142 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
     cert.margins["l2"]                     # [100] l2 radii (also cert.margins[2])
     cert.binding[np.inf][0]                # ('dense_1', 17)
     cert.boundary_point(2)                 # where each l2 ball touches its boundary
+    keras_roll.certify(model, x, rigor="strict", batch_size=32)
     ```
     """
+    opts = RunOptions.of(options, **overrides)
     norms = parse_norms(norms)
-    _check_arguments(method, bisect_tol, batch_size, memory_budget, verbose, rigor)
+    run = _Run.make(model, norms, method, bisect_tol, opts)
     if not norms and directions is None:
         raise ValueError("norms=() and no directions: there is nothing to certify. Pass "
                          "norms=(1, 2, np.inf) (or a subset), or directions=.")
-    lin = as_linearized(model)
-    twin = guard_for(rigor).twin(lin)
-    budget = int(memory_budget or lin.memory_budget)
-    stream = is_stream(x)
-    if stream and directions is not None and np.ndim(directions) != len(lin.input_shape) + 1:
+    batches = input_batches(x, run.lin.input_spec, opts.batch_size)
+    if (batches.stream and directions is not None
+            and np.ndim(directions) != len(run.lin.input_shape) + 1):
         raise ValueError(f"With a stream of batches, directions must be shared by all "
                          f"examples: shape [K, *input_shape], got shape "
                          f"{np.shape(directions)}.")
-    batches, total = _batches_and_total(x, lin, batch_size)
     parts = []
     kept: list | None = []  # the inputs, for Certificate.binding_direction
     kept_bytes = 0
-    with progress_bar(total, verbose, "certify") as bar:
+    with opts.progress(batches.total, "certify") as bar:
         for xb in batches:
-            part = _certify_batch(lin, twin, xb, norms, directions, method, batch_size,
-                                  budget, bisect_tol, bar, rigor)
-            parts.append(part)
+            parts.append(_certify_batch(run, xb, directions, bar))
             if kept is not None:
                 kept_bytes += int(np.prod(xb.shape)) * xb.dtype.size
-                kept = kept + [xb] if (not stream or kept_bytes <= KEEP_STREAM_BYTES) else None
-    cert = _assemble(parts, norms, method, rigor, twin)
-    _warn_nonfinite(int(cert.nonfinite.sum()), cert.n, cert.evaluation, "margins")
-    cert.attach_source(twin, kept)
+                keep = not batches.stream or kept_bytes <= KEEP_STREAM_BYTES
+                kept = kept + [xb] if keep else None
+    if not parts:
+        raise ValueError("x is an empty stream: there is nothing to certify.")
+    cert = Certificate.concat(parts)
+    warn_nonfinite(int(cert.nonfinite.sum()), cert.n, cert.evaluation, "margins")
+    cert.attach_source(run.twin, kept)
     return cert
 
 
-KEEP_STREAM_BYTES = 512 * 2**20  # inputs of a stream kept for binding directions
+@dataclasses.dataclass
+class _BatchArrays:
+    """The arrays of one batch, filled slice by slice."""
+
+    margins: dict
+    index: dict
+    exact: dict
+    directional: Margin | None
+    bad: np.ndarray
+    logits: list = dataclasses.field(default_factory=list)
+    masks: list = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def empty(cls, b: int, norms, k_dirs: int | None) -> _BatchArrays:
+        along = None
+        if k_dirs is not None:
+            along = Margin(np.full((b, k_dirs), INF), np.full((b, k_dirs), -1, np.int64))
+        def rows():
+            return {p: np.full(b, -1, np.int64) for p in norms}
+
+        return cls({p: np.full(b, INF) for p in norms}, rows(), rows(), along, np.zeros(b, bool))
+
+    def put(self, sl: slice, res: SliceMargins, fwd, bad: np.ndarray) -> None:
+        for p, m in res.margins.items():
+            self.margins[p][sl], self.index[p][sl] = m.eps, m.index
+            self.exact[p][sl] = res.exact_zero[p]
+        if res.directional is not None:
+            self.directional.eps[sl] = res.directional.eps
+            self.directional.index[sl] = res.directional.index
+        self.bad[sl] = bad
+        self.logits.append(fwd.logits.numpy())
+        self.masks.append(input_mask(fwd))
+
+    def certificate(self, run: _Run, shape: tuple) -> Certificate:
+        bad = self.bad
+        causes = {}
+        max_rows = run.twin.layout(shape).max_window_rows
+        for p in run.norms:
+            self.margins[p][bad], self.index[p][bad] = np.nan, -1
+            causes[p], self.index[p] = explain_zeros(self.margins[p], self.index[p],
+                                                     self.exact[p], max_rows,
+                                                     run.options.rigor.guarded)
+        along = self.directional
+        if along is not None:
+            along.eps[bad], along.index[bad] = np.nan, -1
+        binding = {p: [run.lin.neuron_name(int(j), shape) if j >= 0 else None
+                       for j in self.index[p]] for p in run.norms}
+        mask = None if not self.masks or self.masks[0] is None else np.concatenate(self.masks)
+        return Certificate(
+            margins=NormDict(self.margins), binding=binding, binding_index=self.index,
+            directional=None if along is None else along.eps,
+            directional_index=None if along is None else along.index,
+            logits=np.concatenate(self.logits, axis=0), method=run.method,
+            rigor=run.options.rigor,
+            evaluation=guard_for(run.options.rigor).evaluation(run.twin),
+            mask=mask, nonfinite=bad, zero_cause=causes)
 
 
-def _certify_batch(lin, twin, x, norms, directions, method, batch_size, budget, bisect_tol,
-                   bar, rigor) -> dict:
-    """Certifies one checked batch; returns its arrays."""
+def _certify_batch(run: _Run, x, directions, bar) -> Certificate:
+    """Certifies one checked batch: a `Certificate` of its examples."""
     b_total = int(x.shape[0])
+    twin = run.twin
     dirs = check_directions(directions, x, twin.dtype)
-    margins = {p: np.full(b_total, INF) for p in norms}
-    index = {p: np.full(b_total, -1, np.int64) for p in norms}
-    k_dirs = 0 if dirs is None else dirs.shape[1]
-    dir_eps = np.full((b_total, k_dirs), INF)
-    dir_idx = np.full((b_total, k_dirs), -1, np.int64)
-    bad = np.zeros(b_total, bool)
-    logits, masks = [], []
+    acc = _BatchArrays.empty(b_total, run.norms, None if dirs is None else dirs.shape[1])
     if b_total == 0:
-        logits.append(twin.forward(x).logits.numpy())
+        acc.logits.append(twin.forward(x).logits.numpy())
     elif not twin.num_neurons(x.shape[1:]):  # no activation: one region, the whole space
-        logits.extend(_plain_logits(twin, x, batch_size))
-        bad = ~np.all(np.isfinite(np.concatenate(logits).reshape(b_total, -1)), axis=1)
+        acc.logits.extend(_plain_logits(twin, x, run.options.batch_size))
+        acc.bad[:] = ~np.all(np.isfinite(np.concatenate(acc.logits).reshape(b_total, -1)),
+                             axis=1)
         bar.update(b_total)
-    elif method == "analytic":
-        for sl, fwd, gn, err in _errors_and_norms(twin, x, batch_size, budget, rigor):
-            below, above, valid, _ = neuron_arrays(fwd)
-            dist = np.minimum(below, above)
-            for p in norms:
-                terms = () if err is None else err.terms()
-                eps, j = margins_from_norms(dist, gn.dual(p), valid, *terms)
-                margins[p][sl], index[p][sl] = to_numpy(eps), to_numpy(j)
-            if dirs is not None:
-                dir_eps[sl], dir_idx[sl] = _directional_analytic(
-                    twin, x[sl], fwd, dirs[sl], budget, err)
-            bad[sl] = _nonfinite(fwd, valid, err)
-            logits.append(fwd.logits.numpy())
-            masks.append(_input_mask(twin, fwd))
+    elif run.method is Method.ANALYTIC:
+        for gs in errors_and_norms(twin, x, run.options.batch_size, run.budget,
+                                   run.options.rigor):
+            sl = gs.examples
+            res = _analytic_slice(run, x[sl], None if dirs is None else dirs[sl], gs)
+            valid = gs.forward.neurons.valid.numpy()
+            overflow = None if gs.errors is None else gs.errors.overflow
+            acc.put(sl, res, gs.forward, nonfinite(gs.forward, valid, overflow))
             bar.update(sl.stop - sl.start)
     else:
-        for sl, fwd, jac in iter_jacobian_slices(twin, x, batch_size, budget):
-            res = bisect_slice(twin, x[sl], fwd, jac, norms,
-                               None if dirs is None else dirs[sl], bisect_tol, budget)
-            for p in norms:
-                margins[p][sl], index[p][sl] = res[p]
-            if dirs is not None:
-                dir_eps[sl], dir_idx[sl] = res["directional"]
-            bad[sl] = _nonfinite(fwd, neuron_arrays(fwd).valid, None)
-            logits.append(fwd.logits.numpy())
-            masks.append(_input_mask(twin, fwd))
+        for sl, fwd, jac in iter_jacobian_slices(twin, x, run.options.batch_size, run.budget):
+            res = bisect_slice(twin, x[sl], fwd, jac, run.norms,
+                               None if dirs is None else dirs[sl], run.bisect_tol, run.budget)
+            acc.put(sl, res, fwd, nonfinite(fwd, neuron_arrays(fwd).valid))
             bar.update(sl.stop - sl.start)
-    for p in norms:
-        margins[p][bad], index[p][bad] = np.nan, -1
-    dir_eps[bad], dir_idx[bad] = np.nan, -1
-    shape = tuple(x.shape[1:])
-    binding = {p: [lin.neuron_name(int(j), shape) if j >= 0 else None for j in index[p]]
-               for p in norms}
-    mask = None if not masks or masks[0] is None else np.concatenate(masks)
-    return {"margins": margins, "index": index, "binding": binding,
-            "directional": None if dirs is None else dir_eps,
-            "directional_index": None if dirs is None else dir_idx,
-            "logits": np.concatenate(logits, axis=0), "nonfinite": bad, "mask": mask}
+    return acc.certificate(run, tuple(x.shape[1:]))
 
 
-def _assemble(parts, norms, method, rigor, twin) -> Certificate:
-    """One `Certificate` from the arrays of every batch."""
-    margins = NormDict({p: np.concatenate([q["margins"][p] for q in parts]) for p in norms})
-    index = NormDict({p: np.concatenate([q["index"][p] for q in parts]) for p in norms})
-    binding = NormDict({p: [b for q in parts for b in q["binding"][p]] for p in norms})
-    directional = directional_index = None
-    if parts[0]["directional"] is not None:
-        directional = np.concatenate([q["directional"] for q in parts])
-        directional_index = np.concatenate([q["directional_index"] for q in parts])
-    masks = [q["mask"] for q in parts]
-    mask = None if any(m is None for m in masks) else concat_padded(masks, False)
-    return Certificate(
-        margins=margins, binding=binding, binding_index=index,
-        directional=directional, directional_index=directional_index,
-        logits=concat_padded([q["logits"] for q in parts], np.nan), method=method,
-        rigor=rigor, evaluation=guard_for(rigor).evaluation(twin), mask=mask,
-        nonfinite=np.concatenate([q["nonfinite"] for q in parts]))
+def _analytic_slice(run: _Run, xb, dirs_b, gs: GuardedSlice) -> SliceMargins:
+    """The closed-form margins of one slice of examples."""
+    below, above, valid, _ = neuron_arrays(gs.forward)
+    dist = np.minimum(below, above)
+    terms = () if gs.errors is None else gs.errors.terms()
+    margins = {}
+    for p in run.norms:
+        m = margins_from_norms(dist, gs.norms.dual(p), valid, *terms)
+        margins[p] = Margin(to_numpy(m.eps), to_numpy(m.index))
+    zeros = exact_zeros(dist, gs.norms.linf, valid)
+    along = None
+    if dirs_b is not None:
+        along = _directional_analytic(run.twin, xb, gs.forward, dirs_b, run.budget, gs.errors)
+    return SliceMargins(margins, along, {p: zeros for p in run.norms})
 
 
 def _plain_logits(lin, x, batch_size):
@@ -396,68 +333,7 @@ def _plain_logits(lin, x, batch_size):
     return [lin.forward(x[sl]).logits.numpy() for sl in plan.example_slices()]
 
 
-def lp_margins(model: ModelOrTwin, x, p: Norm = 2, batch_size: int | None = None,
-               memory_budget: int | None = None, rigor: Rigor = "float64") -> np.ndarray:
-    """The exact lp margin of every example, `[B]` float64 (Prop. 6).
-
-    A cheap, silent shortcut of `certify` for monitoring (one norm, no names);
-    the same numbers as `certify(model, x, norms=(p,), rigor=rigor).margins[p]`
-    (NaN, with a warning, for examples with non-finite neurons or logits).
-
-    Args:
-        model: a Keras model or a `Linearized`.
-        x: `[B, *input_shape]` inputs or a stream of batches (see `certify`).
-        p: 1, 2 or np.inf.
-        batch_size: examples per chunk.
-        memory_budget: bytes of tangents per chunk.
-        rigor: "float64" (default: probabilistic rounding guard), "strict"
-            (worst-case guard) or "float32" (none, faster).
-
-    Example:
-
-    ```python
-    eps = lp_margins(lin, x_batch, p=np.inf)
-    ```
-    """
-    p = parse_norm(p)
-    check_batch_size(batch_size)
-    check_memory_budget(memory_budget)
-    lin = as_linearized(model)
-    twin = guard_for(rigor).twin(lin)
-    outs, bad_total = [], 0
-    for xb in _stream_batches(x, lin, batch_size):
-        out = np.full(int(xb.shape[0]), INF)
-        outs.append(out)
-        if not int(xb.shape[0]) or not twin.num_neurons(xb.shape[1:]):
-            continue
-        for sl, fwd, gn, err in _errors_and_norms(twin, xb, batch_size, memory_budget, rigor):
-            below, above, valid, _ = neuron_arrays(fwd)
-            terms = () if err is None else err.terms()
-            eps, _ = margins_from_norms(np.minimum(below, above), gn.dual(p), valid, *terms)
-            out[sl] = to_numpy(eps)
-            bad = _nonfinite(fwd, valid, err)
-            out[sl][bad] = np.nan
-            bad_total += int(bad.sum())
-    out = np.concatenate(outs) if outs else np.zeros(0)
-    _warn_nonfinite(bad_total, out.size, guard_for(rigor).evaluation(twin), "margins")
-    return out
-
-
-def l2_margins(model: ModelOrTwin, x, batch_size: int | None = None,
-               memory_budget: int | None = None, rigor: Rigor = "float64") -> np.ndarray:
-    """The exact l2 margin of every example, `[B]` float64 (Prop. 6).
-
-    Example:
-
-    ```python
-    print("median l2 margin", np.median(l2_margins(model, x_val)))
-    ```
-    """
-    return lp_margins(model, x, 2, batch_size=batch_size, memory_budget=memory_budget,
-                      rigor=rigor)
-
-
-def _directional_analytic(lin, xb, fwd, dirs_b, budget, err: RoundingErrors | None):
+def _directional_analytic(lin, xb, fwd, dirs_b, budget, err: RoundingErrors | None) -> Margin:
     """Directional margins of one example slice, directions chunked to the budget."""
     below, above, valid, _ = neuron_arrays(fwd)
     b, k = dirs_b.shape[:2]
@@ -477,116 +353,65 @@ def _directional_analytic(lin, xb, fwd, dirs_b, budget, err: RoundingErrors | No
                                        below[i:i + bb], above[i:i + bb], valid[i:i + bb],
                                        *terms)
             eps[i:i + bb, j:j + kk], idx[i:i + bb, j:j + kk] = to_numpy(e), to_numpy(m)
-    return eps, idx
+    return Margin(eps, idx)
 
 
-def stability_bounds(model: ModelOrTwin, x, batch_size: int | None = None,
-                     memory_budget: int | None = None, method: Method = "analytic",
-                     verbose: Verbose = "auto", bisect_tol: float = 1e-4,
-                     rigor: Rigor = "float64") -> StabilityBounds:
-    """Per-coordinate stability intervals `[-eps(x, -e_k), +eps(x, +e_k)]`.
+def lp_margins(model: ModelOrTwin, x, p: Norm = 2, options: RunOptions | None = None,
+               **overrides) -> np.ndarray:
+    """The exact lp margin of every example, `[B]` float64 (Prop. 6).
 
-    How far each input coordinate can move on its own before the activation
-    pattern changes: the directional margins along every axis (the paper's
-    Figure 3). The axes are streamed through the frozen-pattern twin in chunks
-    and reduced to margins chunk by chunk, so only `[b, k, N]` is ever held.
-    Under `rigor="float64"` (the default) or `"strict"` they are computed in
-    float64 and shrunk by the rounding guard of `certify` (the probabilistic
-    guard's growth term compounds `|A|` through the layers here: no gradient
-    norms are known before the axes are streamed).
+    A cheap, silent shortcut of `certify` for monitoring (one norm, no names,
+    no progress bar); the same numbers as `certify(model, x, norms=(p,),
+    options=options, **overrides).margins[p]` (NaN, with a warning, for
+    examples with non-finite neurons or logits).
 
     Args:
         model: a Keras model or a `Linearized`.
-        x: `[B, *input_shape]` inputs, or a stream of batches (see `certify`).
-        batch_size: examples per chunk (default from the memory budget).
-        memory_budget: bytes of tangents per chunk.
-        method: "analytic", or "bisect" (binary search on the twin's forward pass
-            along every `+-e_k`: 2 D rays per example, a slow cross-check).
-        verbose: "auto", True or False.
-        bisect_tol: relative tolerance of the bisection.
-        rigor: "float64" (default: probabilistic rounding guard), "strict"
-            (worst-case guard) or "float32" (none).
-
-    Returns:
-        A `StabilityBounds` with `lower`, `upper` shaped like `x` (NaN, with a
-        warning, for examples with non-finite neurons or logits).
+        x: `[B, *input_shape]` inputs or a stream of batches (see `certify`).
+        p: 1, 2 or np.inf.
+        options: a `keras_roll.RunOptions`, or None.
+        **overrides: its fields (`batch_size`, `memory_budget`, `rigor`; see
+            `certify`); rigor "float32" is the fastest.
 
     Example:
 
     ```python
-    sb = keras_roll.stability_bounds(model, x[:1])
-    plt.imshow(np.minimum(sb.upper, -sb.lower)[0, ..., 0])   # stable pixels
+    eps = lp_margins(lin, x_batch, p=np.inf, rigor="float32")
     ```
     """
-    _check_arguments(method, bisect_tol, batch_size, memory_budget, verbose, rigor)
-    lin = as_linearized(model)
-    twin = guard_for(rigor).twin(lin)
-    budget = int(memory_budget or lin.memory_budget)
-    parts = []
-    batches, total = _batches_and_total(x, lin, batch_size)
-    with progress_bar(total, verbose, "stability bounds") as bar:
-        for xb in batches:
-            parts.append(_stability_batch(twin, xb, batch_size, budget, method, bisect_tol,
-                                          rigor, bar))
-    fields = [concat_padded([q[i] for q in parts], fill)
-              for i, fill in enumerate((-INF, INF, -1, -1))]
-    bad = np.concatenate([q[4] for q in parts])
-    _warn_nonfinite(int(bad.sum()), bad.size, guard_for(rigor).evaluation(twin), "bounds")
-    return StabilityBounds(*fields, method, rigor=rigor, nonfinite=bad)
+    p = parse_norm(p)
+    opts = RunOptions.of(options, **overrides)
+    lin = linearize(model)
+    guard = guard_for(opts.rigor)
+    twin = guard.twin(lin)
+    budget = opts.budget(lin.memory_budget)
+    outs, bad_total = [], 0
+    for xb in input_batches(x, lin.input_spec, opts.batch_size):
+        out = np.full(int(xb.shape[0]), INF)
+        outs.append(out)
+        if not int(xb.shape[0]) or not twin.num_neurons(xb.shape[1:]):
+            continue
+        for sl, fwd, gn, err in errors_and_norms(twin, xb, opts.batch_size, budget, opts.rigor):
+            below, above, valid, _ = neuron_arrays(fwd)
+            terms = () if err is None else err.terms()
+            eps, _ = margins_from_norms(np.minimum(below, above), gn.dual(p), valid, *terms)
+            out[sl] = to_numpy(eps)
+            bad = nonfinite(fwd, valid, None if err is None else err.overflow)
+            out[sl][bad] = np.nan
+            bad_total += int(bad.sum())
+    out = np.concatenate(outs) if outs else np.zeros(0)
+    warn_nonfinite(bad_total, out.size, guard.evaluation(twin), "margins")
+    return out
 
 
-def _stability_batch(twin, x, batch_size, budget, method, bisect_tol, rigor, bar):
-    b_total = int(x.shape[0])
-    d = int(np.prod(x.shape[1:]))
-    upper = np.full((b_total, d), INF)
-    lower = np.full((b_total, d), -INF)
-    up_i = np.full((b_total, d), -1, np.int64)
-    lo_i = np.full((b_total, d), -1, np.int64)
-    bad = np.zeros(b_total, bool)
-    if not b_total or not twin.num_neurons(x.shape[1:]):
-        bar.update(b_total)  # no neuron: every coordinate is free
-    elif method == "analytic":
-        axis_bounds = AxisBounds()
-        ref = None
-        for sl, fwd, start, k, jvp in twin.iter_axis_chunks(
-                x, batch_size=batch_size, memory_budget=budget):
-            if start == 0:
-                n = fwd.neurons
-                ref = (n.below, n.above, n.valid)
-                err = guard_for(rigor).errors(twin, fwd, memory_budget=budget)
-                if err is not None:
-                    e, f, slack = err.terms(scale=np.ones((1, 1, 1)))
-                    ref = ref + (tf.nest.map_structure(tf.constant, e),
-                                 tf.nest.map_structure(tf.constant, f), slack)
-                bad[sl] = _nonfinite(fwd, n.valid.numpy(), err)
-            up, ui, dn, di = axis_bounds(jvp.neurons, *ref)
-            stop = min(start + k, d)
-            w = stop - start
-            upper[sl, start:stop] = up.numpy()[:, :w]
-            up_i[sl, start:stop] = ui.numpy()[:, :w]
-            lower[sl, start:stop] = -dn.numpy()[:, :w]
-            lo_i[sl, start:stop] = di.numpy()[:, :w]
-            if stop >= d:
-                bar.update(sl.stop - sl.start)
-    else:
-        eye = np.eye(d, dtype=twin.dtype)
-        dirs = np.concatenate([eye, -eye]).reshape(2 * d, *x.shape[1:])
-        # Examples per batch of rays: 2 D float64 rays of D entries each.
-        plan = plan_chunks(b_total, 1, 8 * 2 * d * d, budget, batch_size, max_examples=None)
-        for sl in plan.example_slices():
-            b = sl.stop - sl.start
-            fwd = twin.forward(x[sl])
-            _, _, valid, piece = neuron_arrays(fwd)
-            bad[sl] = _nonfinite(fwd, valid, None)
-            base = np.repeat(np.arange(b), 2 * d)
-            rays = np.broadcast_to(dirs[None], (b, *dirs.shape)).reshape(b * 2 * d,
-                                                                         *dirs.shape[1:])
-            t, j = bisect_region(twin, x[sl], base, rays, piece, valid, bisect_tol, budget)
-            t, j = t.reshape(b, 2 * d), j.reshape(b, 2 * d)
-            upper[sl], up_i[sl] = t[:, :d], j[:, :d]
-            lower[sl], lo_i[sl] = -t[:, d:], j[:, d:]
-            bar.update(b)
-    upper[bad], lower[bad], up_i[bad], lo_i[bad] = np.nan, np.nan, -1, -1
-    shape = (b_total, *x.shape[1:])
-    return (lower.reshape(shape), upper.reshape(shape), lo_i.reshape(shape),
-            up_i.reshape(shape), bad)
+def l2_margins(model: ModelOrTwin, x, options: RunOptions | None = None,
+               **overrides) -> np.ndarray:
+    """The exact l2 margin of every example, `[B]` float64 (Prop. 6); see `lp_margins`.
+
+    Example:
+
+    ```python
+    print("median l2 margin", np.median(l2_margins(model, x_val)))
+    ```
+    """
+    return lp_margins(model, x, 2, options, **overrides)

@@ -19,25 +19,18 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.api_types import ModelOrTwin
-from keras_roll.arguments import as_linearized
-from keras_roll.batches import is_stream, iter_input_batches, stream_length
 from keras_roll.certification.gradient_norms import iter_gradient_norms
 from keras_roll.certification.margin_math import neuron_arrays
+from keras_roll.certification.runs import nonfinite
 from keras_roll.compile.chunking import plan_chunks
-from keras_roll.compile.streaming import check_input_keep_float
-from keras_roll.options import (
-    Rigor,
-    Verbose,
-    check_batch_size,
-    check_memory_budget,
-    check_verbose,
-    progress_bar,
-)
+from keras_roll.compile.twin import linearize
+from keras_roll.inputs import ModelOrTwin, input_batches
+from keras_roll.options import RunOptions
 from keras_roll.rounding.guard import guard_for
 
 __all__ = ["RegionCount", "count_regions"]
@@ -101,10 +94,9 @@ class RegionCount:
         print_fn("\n".join(lines))
 
 
-def count_regions(model: ModelOrTwin, x, batch_size: int | None = None,
-                  memory_budget: int | None = None, rtol: float = 1e-5, projections: int = 16,
-                  seed: int = 0, verbose: Verbose = "auto",
-                  rigor: Rigor = "float64") -> RegionCount:
+def count_regions(model: ModelOrTwin, x, rtol: float = 1e-5, projections: int = 16,
+                  seed: int = 0, options: RunOptions | None = None,
+                  **overrides) -> RegionCount:
     """Bounds the number of complete linear regions among the points of `x`.
 
     Implements Lemma 7 of Lee et al. (ICLR 2019): the number of distinct
@@ -132,13 +124,14 @@ def count_regions(model: ModelOrTwin, x, batch_size: int | None = None,
             a `Linearized`.
         x: `[B, *input_shape]` points, or a stream of batches (`tf.data.Dataset`,
             generator, `keras.utils.PyDataset` of `x` or `(x, y)`), read once.
-        batch_size: examples per forward batch (default from the memory budget).
-        memory_budget: bytes of tangents per chunk.
         rtol: relative tolerance for equal Jacobians.
         projections: number of random directions the Jacobians are compared on.
         seed: seed of the random projections.
-        verbose: "auto", True or False (a progress bar over the points).
-        rigor: "float64", "strict" or "float32".
+        options: a `keras_roll.RunOptions`, or None.
+        **overrides: its fields: `batch_size` (examples per forward batch,
+            default from the memory budget), `memory_budget` (bytes of tangents
+            per chunk), `verbose` (a progress bar over the points) and `rigor`
+            ("float64", "strict" or "float32").
 
     Returns:
         A `RegionCount` (numpy arrays).
@@ -154,36 +147,24 @@ def count_regions(model: ModelOrTwin, x, batch_size: int | None = None,
     print(rc.jacobians, "<= #CLR <=", rc.patterns)
     ```
     """
-    check_batch_size(batch_size)
-    check_memory_budget(memory_budget)
-    check_verbose(verbose)
-    rigor = Rigor.parse(rigor)
+    opts = RunOptions.of(options, **overrides)
     if not (0 <= rtol < 1):
         raise ValueError(f"rtol must be in [0, 1), got {rtol!r}.")
     if int(projections) != projections or projections < 1:
         raise ValueError(f"projections must be a positive integer, got {projections!r}.")
-    lin = as_linearized(model)
-    twin = guard_for(rigor).twin(lin)
-    budget = int(memory_budget or lin.memory_budget)
-    itemsize = np.dtype(twin.dtype).itemsize
-
+    lin = linearize(model)
+    twin = guard_for(opts.rigor).twin(lin)
+    budget = opts.budget(lin.memory_budget)
     keys: dict[bytes, int] = {}
     pattern_ids, boundary, reps = [], [], []  # reps: the first point of every pattern
     seen = 0
-    if is_stream(x):
-        batches = (check_input_keep_float(lin, xb)
-                   for xb in iter_input_batches(x, lin.input_shape, batch_size))
-        total = stream_length(x)
-    else:
-        batches = [check_input_keep_float(lin, x)]
-        total = int(batches[0].shape[0])
-    with progress_bar(total, verbose, "count_regions") as bar:
+    batches = input_batches(x, lin.input_spec, opts.batch_size)
+    with opts.progress(batches.total, "count_regions") as bar:
         for xb in batches:
-            ids, bound, new = _patterns_of_batch(twin, xb, keys, batch_size, budget, itemsize,
-                                                 rigor, bar, seen)
-            pattern_ids.append(ids)
-            boundary.append(bound)
-            reps.extend(new)
+            part = _patterns_of_batch(twin, xb, keys, opts, budget, bar, seen)
+            pattern_ids.append(part.ids)
+            boundary.append(part.boundary)
+            reps.extend(part.new)
             seen += int(xb.shape[0])
     pattern_ids = np.concatenate(pattern_ids) if pattern_ids else np.zeros(0, np.int64)
     boundary = np.concatenate(boundary) if boundary else np.zeros(0, bool)
@@ -212,26 +193,34 @@ def count_regions(model: ModelOrTwin, x, batch_size: int | None = None,
         jacobian_ids=jacobian_ids, boundary=boundary)
 
 
-def _patterns_of_batch(twin, x, keys, batch_size, budget, itemsize, rigor, bar, seen):
+class _BatchPatterns(NamedTuple):
     """Pattern ids, boundary flags and new representatives `(id, point)` of one batch."""
+
+    ids: np.ndarray
+    boundary: np.ndarray
+    new: list
+
+
+def _patterns_of_batch(twin, x, keys, opts: RunOptions, budget, bar, seen) -> _BatchPatterns:
+    """The patterns of one batch (new ones are added to `keys`)."""
     b_total = int(x.shape[0])
     pattern_ids = np.empty(b_total, np.int64)
     candidate = np.zeros(b_total, bool)
     new = []
     if b_total == 0:
-        return pattern_ids, candidate, new
+        return _BatchPatterns(pattern_ids, candidate, new)
     if not twin.num_neurons(x.shape[1:]):
         bar.update(b_total)
-        return np.zeros(b_total, np.int64), candidate, new
+        return _BatchPatterns(np.zeros(b_total, np.int64), candidate, new)
     # A forward batch holds about 4 copies of every op output and neuron.
-    per_example = 4 * twin.layout(x.shape[1:]).tangent_bytes(itemsize)
-    plan = plan_chunks(b_total, 1, per_example, budget, batch_size, max_examples=None)
+    per_example = 4 * twin.layout(x.shape[1:]).tangent_bytes(np.dtype(twin.dtype).itemsize)
+    plan = plan_chunks(b_total, 1, per_example, budget, opts.batch_size, max_examples=None)
     tolerances = []
     for sl in plan.example_slices():
         fwd = twin.forward(tf.cast(x[sl], twin.dtype))
         below, above, valid, piece = neuron_arrays(fwd)
-        tol, overflow = guard_for(rigor).pattern_tolerance(twin, fwd, budget)
-        bad = _nonfinite_rows(fwd, valid) | overflow
+        tol, overflow = guard_for(opts.rigor).pattern_tolerance(twin, fwd, budget)
+        bad = nonfinite(fwd, valid, overflow)
         if bad.any():
             raise ValueError(
                 f"{int(bad.sum())} point(s) (e.g. point {seen + sl.start + int(np.argmax(bad))}) "
@@ -254,17 +243,11 @@ def _patterns_of_batch(twin, x, keys, batch_size, budget, itemsize, rigor, bar, 
     cand = np.flatnonzero(candidate)
     if cand.size:
         xc = tf.gather(x, cand)
-        for sl, fwd, gn in iter_gradient_norms(twin, xc, batch_size, budget):
+        for sl, fwd, gn in iter_gradient_norms(twin, xc, opts.batch_size, budget):
             below, above, valid, _ = neuron_arrays(fwd)
             on = valid & (np.minimum(below, above) <= tolerance[cand[sl]]) & (gn.linf > 0)
             boundary[cand[sl]] = np.any(on, axis=1)
-    return pattern_ids, boundary, new
-
-
-def _nonfinite_rows(fwd, valid) -> np.ndarray:
-    z = fwd.neurons.z.numpy()
-    logits = fwd.logits.numpy().reshape(z.shape[0], -1)
-    return ~np.all(np.isfinite(z) | ~valid, axis=1) | ~np.all(np.isfinite(logits), axis=1)
+    return _BatchPatterns(pattern_ids, boundary, new)
 
 
 def _projected_jacobians(lin, xr, m, seed, budget):

@@ -101,15 +101,28 @@ def build_program(model) -> Program:
             f"input tensor and a single output tensor. Concatenate the inputs (or "
             f"outputs) into one tensor."
         )
-    steps: list[Step] = []
-    calls: dict[int, int] = {}
-    counter = [1]
+    builder = _Builder(model)
+    (output_key,) = builder.walk(graph, [builder.input_key], "")
+    steps = builder.steps
+    link = _fold_output_link(steps, output_key)
+    shape = tuple(graph.inputs[0].shape[1:])
+    return Program(steps, builder.input_key, output_key, shape, str(graph.inputs[0].dtype),
+                   link)
 
-    def new_key():
-        counter[0] += 1
-        return counter[0]
 
-    def walk(fgraph, in_keys, path):
+class _Builder:
+    """Walks a functional graph, and the models nested in it, into program steps."""
+
+    input_key = 1
+
+    def __init__(self, model: keras.Model):
+        self.model = model
+        self.steps: list[Step] = []
+        self.calls: dict[int, int] = {}  # calls of each layer so far (shared layers)
+        self.last_key = self.input_key
+
+    def walk(self, fgraph, in_keys: list[int], path: str) -> list[int]:
+        """Adds the steps of `fgraph` fed by `in_keys`; returns its output keys."""
         env = {id(x): k for x, k in zip(fgraph.inputs, in_keys)}
         needed = _needed_tensors(fgraph)
         by_depth = nodes_by_depth(fgraph)
@@ -119,45 +132,41 @@ def build_program(model) -> Program:
                     continue
                 if not any(id(x) in needed for x in node.outputs):
                     continue  # e.g. the ops computing a Keras mask: masks are re-derived
-                layer = node.operation
-                data = _data_inputs(node, layer)
+                data = _data_inputs(node, node.operation)
                 if any(id(x) not in env for x in data):
                     continue  # not reachable from the inputs (as Keras does)
                 ins = [env[id(x)] for x in data]
-                if isinstance(layer, keras.Model):
-                    inner = _functional(layer, f" (inside '{path or model.name}')")
-                    if len(inner.inputs) != len(ins) or len(inner.outputs) != 1:
-                        raise UnsupportedModelError(
-                            f"Nested model '{layer.name}' has {len(inner.inputs)} inputs and "
-                            f"{len(inner.outputs)} outputs; keras_roll inlines nested models "
-                            f"with one input and one output."
-                        )
-                    outs = walk(inner, ins, f"{path}{layer.name}/")
-                    env[id(node.outputs[0])] = outs[0]
-                    continue
-                if len(node.outputs) != 1:
-                    raise UnsupportedModelError(
-                        f"Layer '{layer.name}' of class {type(layer).__name__} returns "
-                        f"{len(node.outputs)} tensors; keras_roll supports layers with one "
-                        f"output."
-                    )
-                n = calls.get(id(layer), 0)
-                calls[id(layer)] = n + 1
-                name = path + (layer.name if n == 0 else f"{layer.name}@{n}")
-                ops = compile_layer(layer)
-                _refuse_forced_training(node, layer, ops, name)
-                for op in ops:
-                    op.name = name
-                key = new_key()
-                steps.append(Step(layer, ops, ins, key, name))
-                env[id(node.outputs[0])] = key
+                env[id(node.outputs[0])] = self.add(node, ins, path)
         return [env[id(x)] for x in fgraph.outputs]
 
-    input_key = 1
-    (output_key,) = walk(graph, [input_key], "")
-    link = _fold_output_link(steps, output_key)
-    shape = tuple(graph.inputs[0].shape[1:])
-    return Program(steps, input_key, output_key, shape, str(graph.inputs[0].dtype), link)
+    def add(self, node, ins: list[int], path: str) -> int:
+        """Adds the step of one layer call (or inlines a nested model); returns its key."""
+        layer = node.operation
+        if isinstance(layer, keras.Model):
+            inner = _functional(layer, f" (inside '{path or self.model.name}')")
+            if len(inner.inputs) != len(ins) or len(inner.outputs) != 1:
+                raise UnsupportedModelError(
+                    f"Nested model '{layer.name}' has {len(inner.inputs)} inputs and "
+                    f"{len(inner.outputs)} outputs; keras_roll inlines nested models "
+                    f"with one input and one output."
+                )
+            return self.walk(inner, ins, f"{path}{layer.name}/")[0]
+        if len(node.outputs) != 1:
+            raise UnsupportedModelError(
+                f"Layer '{layer.name}' of class {type(layer).__name__} returns "
+                f"{len(node.outputs)} tensors; keras_roll supports layers with one "
+                f"output."
+            )
+        n = self.calls.get(id(layer), 0)
+        self.calls[id(layer)] = n + 1
+        name = path + (layer.name if n == 0 else f"{layer.name}@{n}")
+        ops = compile_layer(layer)
+        _refuse_forced_training(node, layer, ops, name)
+        for op in ops:
+            op.name = name
+        self.last_key += 1
+        self.steps.append(Step(layer, ops, ins, self.last_key, name))
+        return self.last_key
 
 
 def _refuse_forced_training(node, layer, ops, name) -> None:

@@ -37,11 +37,14 @@ class UnitLayout:
         name: the name the unit's neurons are reported under.
         start: its first row.
         shape: its per-example neuron shape (numpy order).
+        max_window: whether its neurons compare the elements of max windows
+            (max pooling: a neuron at 0 is a tie).
     """
 
     name: str
     start: int
     shape: tuple[int, ...]
+    max_window: bool = False
 
     @property
     def size(self) -> int:
@@ -76,10 +79,11 @@ class NeuronLayout:
 
     @classmethod
     def from_units(cls, example_shape, units, tangent_size: int) -> NeuronLayout:
-        """Lays out `[(name, per-example shape), ...]` one unit after the other."""
+        """Lays out `[(name, per-example shape[, max_window]), ...]` one unit after
+        the other."""
         laid, start = [], 0
-        for name, shape in units:
-            unit = UnitLayout(name, start, tuple(int(d) for d in shape))
+        for name, shape, *kind in units:
+            unit = UnitLayout(name, start, tuple(int(d) for d in shape), bool(kind and kind[0]))
             laid.append(unit)
             start = unit.stop
         return cls(tuple(int(d) for d in example_shape), tuple(laid), int(tangent_size))
@@ -93,6 +97,14 @@ class NeuronLayout:
     def input_size(self) -> int:
         """D, the flattened per-example input size."""
         return int(np.prod(self.example_shape, dtype=np.int64))
+
+    @functools.cached_property
+    def max_window_rows(self) -> np.ndarray:
+        """`[N]` bool: the rows that compare the elements of a max window."""
+        rows = np.zeros(self.num_neurons, bool)
+        for u in self.units:
+            rows[u.start:u.stop] = u.max_window
+        return rows
 
     def tangent_bytes(self, itemsize: int) -> int:
         """Bytes of the tangents and neuron tangents of one example and direction."""
@@ -132,3 +144,4 @@ class NeuronLayout:
             if u.name == name:
                 return np.arange(u.start, u.stop)
         raise KeyError(f"No unit named {name!r}; units: {[u.name for u in self.units]}.")
+

@@ -1,99 +1,140 @@
 """Streaming the input Jacobian of a linearized model along its input axes.
 
 The Jacobian of every neuron is pushed through the frozen-pattern twin one
-chunk of examples and input axes at a time (`keras_roll.compile.chunking` sizes the
-chunks from the twin's `NeuronLayout` and memory budget), and either reduced
+chunk of examples and input axes at a time (`keras_roll.compile.chunking` sizes
+the chunks from the `NeuronLayout` and the memory budget), and either reduced
 inside the compiled function (`reduce=`, e.g. to gradient norms) or copied into
-a dense array (`dense_jacobian`). `Linearized.iter_axis_chunks`,
-`Linearized.jacobian` and `Linearized.output_jacobian` call these.
+a dense array (`dense_jacobian`). The functions here take the compiled passes
+they run (`CompiledPasses.primal` and `.axes_tangent`) and the layout, not the
+twin: `Linearized.iter_axis_chunks`, `Linearized.jacobian` and
+`Linearized.output_jacobian` check the input and call them.
 
 Example:
 
 ```python
-for sl, fwd, start, k, jvp in iter_axis_chunks(lin, x):
-    jvp.neurons            # [b, k, N]: columns start .. start + k - 1 of the Jacobian
+x = lin.check_input(x, keep_float=True)
+for chunk in iter_axis_chunks(lin.compiled, lin.layout(x.shape[1:]), x, "float32", 2**26):
+    chunk.result.neurons    # [b, k, N]: columns start .. start + k - 1 of the Jacobian
 ```
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
 import numpy as np
 import tensorflow as tf
 
-from keras_roll import inputs
 from keras_roll.compile.chunking import ChunkPlan, plan_chunks
+from keras_roll.compile.interpreter import JVP, ForwardPass
+from keras_roll.compile.layout import NeuronLayout
 
-__all__ = ["MAX_DENSE_RESULT", "axis_plan", "dense_jacobian", "iter_axis_chunks"]
+if TYPE_CHECKING:
+    from keras_roll.compile.twin import CompiledPasses
+
+__all__ = ["MAX_DENSE_RESULT", "AxisChunk", "axis_plan", "dense_jacobian", "iter_axis_chunks"]
 
 MAX_DENSE_RESULT = 4 * 2**30  # refuse to return dense Jacobians above this size
 
 
-def axis_plan(lin, x, batch_size: int | None = None,
-              memory_budget: int | None = None) -> ChunkPlan:
-    """The chunks of examples and input axes for streaming the Jacobian of `x`."""
-    layout = lin.layout(x.shape[1:])
-    per = layout.tangent_bytes(np.dtype(lin.dtype).itemsize)
-    return plan_chunks(int(x.shape[0]), layout.input_size, per,
-                       memory_budget or lin.memory_budget, batch_size)
+class AxisChunk(NamedTuple):
+    """One chunk of the streamed Jacobian.
+
+    Attributes:
+        examples: the slice of examples it covers.
+        forward: the `ForwardPass` of those examples.
+        start: its first input axis.
+        size: input axes per chunk (columns past the last axis are zero).
+        result: the `JVP` along axes `start .. start + size - 1`, or what
+            `reduce(jvp, start)` made of it.
+    """
+
+    examples: slice
+    forward: ForwardPass
+    start: int
+    size: int
+    result: Any
 
 
-def iter_axis_chunks(lin, x, batch_size: int | None = None, reduce=None,
-                     memory_budget: int | None = None, per_neuron: bool = False):
+def axis_plan(layout: NeuronLayout, examples: int, dtype: str, budget: int,
+              batch_size: int | None = None) -> ChunkPlan:
+    """The chunks of examples and input axes for streaming the Jacobian.
+
+    Example:
+
+    ```python
+    plan = axis_plan(lin.layout((784,)), 100, "float32", 2**26)
+    ```
+    """
+    per = layout.tangent_bytes(np.dtype(dtype).itemsize)
+    return plan_chunks(int(examples), layout.input_size, per, budget, batch_size)
+
+
+def iter_axis_chunks(passes: CompiledPasses, layout: NeuronLayout, x: tf.Tensor, dtype: str,
+                     budget: int, batch_size: int | None = None, reduce=None,
+                     per_neuron: bool = False) -> Iterator[AxisChunk]:
     """Streams the Jacobian along input axes in chunks (see `Linearized.iter_axis_chunks`).
 
-    Yields:
-        `(example_slice, forward_pass, start, k, result)`.
+    Args:
+        passes: the twin's compiled passes (`primal` and `axes_tangent` are run).
+        layout: the `NeuronLayout` for the per-example shape of `x`.
+        x: checked `[B, *input_shape]` inputs; a float32 input stays float32
+            until each example slice is cast to `dtype` (a float64 twin never
+            holds a float64 copy of all of `x`).
+        dtype: the twin's dtype.
+        budget: bytes of tangents per chunk.
+        batch_size: examples per chunk (default from the budget).
+        reduce: optional `reduce(jvp, start)` run inside the compiled function.
+        per_neuron: the reduction acts on each neuron separately (see
+            `Linearized.iter_axis_chunks`).
 
-    A float32 input stays float32 until each example slice is cast to the
-    twin's dtype (a float64 twin never holds a float64 copy of all of `x`).
+    Yields:
+        `AxisChunk`s, example slice by example slice, axes in order.
     """
-    x = check_input_keep_float(lin, x)
     if int(x.shape[0]) == 0:
         return
-    plan = axis_plan(lin, x, batch_size, memory_budget)
+    plan = axis_plan(layout, int(x.shape[0]), dtype, budget, batch_size)
     example_shape = tf.constant(x.shape[1:], tf.int32)
     k = plan.per_chunk
     for sl in plan.example_slices():
-        fwd = lin.compiled.primal(tf.cast(x[sl], lin.dtype))
+        fwd = passes.primal(tf.cast(x[sl], dtype))
         for start in plan.direction_starts():
             first = tf.constant(start, tf.int32)
-            yield sl, fwd, start, k, lin.compiled.axes_tangent(fwd.trace, first, k, example_shape,
-                                                                reduce, per_neuron)
+            result = passes.axes_tangent(fwd.trace, first, k, example_shape, reduce, per_neuron)
+            yield AxisChunk(sl, fwd, start, k, result)
 
 
-def check_input_keep_float(lin, x) -> tf.Tensor:
-    """`lin.check_input(x)`, keeping a float32 / float64 input in its own dtype."""
-    dtype = x.dtype if tf.is_tensor(x) or isinstance(x, np.ndarray) else None
-    if dtype is not None and tf.as_dtype(dtype) in (tf.float32, tf.float64):
-        return inputs.check_input(x, lin.input_shape, tf.as_dtype(dtype).name, lin.model.name)
-    return lin.check_input(x)
+def dense_jacobian(chunks: Iterable[AxisChunk], examples: int, input_size: int,
+                   pick: Callable[[JVP], tf.Tensor]) -> np.ndarray | None:
+    """`[B, n, D]` dense Jacobian of the rows that `pick` takes from each chunk's `JVP`.
 
+    Args:
+        chunks: the `AxisChunk`s of all `examples` (unreduced).
+        examples: B.
+        input_size: D, the flattened per-example input size.
+        pick: `jvp -> [b, k, n]` tangents (e.g. `lambda jvp: jvp.neurons`).
 
-def dense_jacobian(lin, x, which: str, batch_size: int | None = None) -> np.ndarray:
-    """`[B, n, D]` Jacobian of the neurons (`which="neurons"`) or logits ("logits")."""
-    x = lin.check_input(x)
-    b_total = int(x.shape[0])
-    d = int(np.prod(x.shape[1:]))
+    Returns:
+        The Jacobian, or None when there were no chunks (no examples).
+
+    Raises:
+        MemoryError: when the dense result would exceed `MAX_DENSE_RESULT` bytes.
+    """
     out = None
-    for sl, _fwd, start, k, jvp in iter_axis_chunks(lin, x, batch_size=batch_size):
-        block = getattr(jvp, which).numpy()  # [b, k, n]
+    for chunk in chunks:
+        block = pick(chunk.result).numpy()  # [b, k, n]
         if out is None:
             n = block.shape[-1]
-            nbytes = b_total * n * d * block.itemsize
+            nbytes = examples * n * input_size * block.itemsize
             if nbytes > MAX_DENSE_RESULT:
                 raise MemoryError(
                     f"The dense Jacobian would take {nbytes / 2**30:.1f} GiB "
-                    f"([{b_total}, {n}, {d}]); use keras_roll.certify or "
+                    f"([{examples}, {n}, {input_size}]); use keras_roll.certify or "
                     f"lin.iter_axis_chunks to reduce it on the fly."
                 )
-            out = np.zeros((b_total, n, d), block.dtype)
-        stop = min(start + k, d)
-        out[sl, :, start:stop] = np.swapaxes(block[:, : stop - start], 1, 2)
-    if out is None:  # empty batch: [0, N, D] or [0, L, D]
-        layout = lin.layout(x.shape[1:])
-        if which == "neurons":
-            n = layout.num_neurons
-        else:
-            n = int(np.prod(lin.forward(x[:0]).logits.shape[1:]))
-        return np.zeros((0, n, d), lin.dtype)
+            out = np.zeros((examples, n, input_size), block.dtype)
+        stop = min(chunk.start + chunk.size, input_size)
+        out[chunk.examples, :, chunk.start:stop] = np.swapaxes(
+            block[:, : stop - chunk.start], 1, 2)
     return out

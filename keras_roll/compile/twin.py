@@ -35,13 +35,12 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll import inputs
-from keras_roll.api_types import Array, ModelOrTwin
 from keras_roll.compile import streaming
-from keras_roll.compile.chunking import DEFAULT_EXAMPLES, plan_chunks  # noqa: F401  (re-exported)
 from keras_roll.compile.graph import Program, build_program
 from keras_roll.compile.interpreter import JVP, ForwardPass, Interpreter, Trace
 from keras_roll.compile.layout import NeuronLayout
-from keras_roll.compile.streaming import MAX_DENSE_RESULT  # noqa: F401  (re-exported)
+from keras_roll.compile.queries import NeuronQueries, ProgramQueries
+from keras_roll.inputs import Array, InputSpec, ModelOrTwin
 from keras_roll.options import fixed_budget
 
 __all__ = [
@@ -51,7 +50,8 @@ __all__ = [
     "ForwardPass",
     "Linearized",
     "linearize",
-    "plan_chunks",
+    "twin_budget",
+    "unwrap",
 ]
 
 DEFAULT_MEMORY_BUDGET = 64 * 2**20  # bytes of live tangents per chunk
@@ -61,12 +61,27 @@ class CompiledPasses(NamedTuple):
     """The interpreter's passes compiled with `tf.function` (`Linearized.compiled`).
 
     They take checked tensors (see `Linearized.check_input`) and retrace little
-    (`reduce_retracing=True`). Executors that stream many chunks call these.
+    (`reduce_retracing=True`). Executors that stream many chunks call these
+    (`keras_roll.compile.streaming`).
     """
 
     primal: tf.types.experimental.PolymorphicFunction
     tangent: tf.types.experimental.PolymorphicFunction
     axes_tangent: tf.types.experimental.PolymorphicFunction
+
+    @classmethod
+    def of(cls, lin: Linearized) -> CompiledPasses:
+        """`lin`'s primal, tangent and axes-tangent passes, compiled."""
+        def compiled(method):
+            # A partial, not the bound method: TensorFlow counts retracings per code
+            # object, so every twin of a session would share one count and warn about
+            # "excessive retracing" of functions that each traced only a few times.
+            return tf.function(functools.partial(method, lin), reduce_retracing=True,
+                               autograph=False)
+
+        kind = type(lin)
+        return cls(compiled(kind.primal), compiled(kind.tangent_from_trace),
+                   compiled(kind.axes_tangent))
 
 
 def linearize(model: ModelOrTwin, memory_budget: int | str = DEFAULT_MEMORY_BUDGET) -> Linearized:
@@ -95,7 +110,7 @@ def linearize(model: ModelOrTwin, memory_budget: int | str = DEFAULT_MEMORY_BUDG
     """
     if isinstance(model, Linearized):
         return model
-    model = unwrap_model(model)
+    model = unwrap(model)
     memory_budget = twin_budget(memory_budget)
     # One twin per (model, budget), kept on the model itself: repeated calls such as
     # certify(model, x) reuse its compiled functions instead of tracing them again.
@@ -118,11 +133,13 @@ def twin_budget(memory_budget) -> int:
     return DEFAULT_MEMORY_BUDGET if budget is None else budget
 
 
-class Linearized:
+class Linearized(NeuronQueries, ProgramQueries):
     """A model compiled into steps of ops, with its frozen-pattern twin.
 
     Use `keras_roll.linearize(model)` to build one. Weights are read from the
-    model's variables at every call, so the twin follows training.
+    model's variables at every call, so the twin follows training. The queries
+    about its neurons (`neuron_names`, `num_neurons`, ...) and its program
+    (`output_link`, `summary`, ...) come from `keras_roll.compile.queries`.
 
     Attributes:
         model: the Keras model.
@@ -135,7 +152,7 @@ class Linearized:
 
     def __init__(self, model: keras.Model, memory_budget: int | str = DEFAULT_MEMORY_BUDGET):
         memory_budget = twin_budget(memory_budget)
-        model = unwrap_model(model)
+        model = unwrap(model)
         self.model = model
         self.program: Program = build_program(model)
         self.memory_budget = int(memory_budget)
@@ -144,20 +161,9 @@ class Linearized:
             dtype = "float32"  # integer inputs, or float16 under mixed precision
         self.dtype = dtype
         self.interpreter = Interpreter(self.program, dtype)
-        self.compiled = self._compile()
+        self.compiled = CompiledPasses.of(self)
         self._layouts: dict[tuple, NeuronLayout] = {}
         self._siblings: dict[str, Linearized] = {dtype: self}
-
-    def _compile(self) -> CompiledPasses:
-        def compiled(fn):
-            # A partial, not the bound method: TensorFlow counts retracings per code
-            # object, so every twin of a session would share one count and warn about
-            # "excessive retracing" of functions that each traced only a few times.
-            return tf.function(functools.partial(fn.__func__, self), reduce_retracing=True,
-                               autograph=False)
-
-        return CompiledPasses(compiled(self.primal), compiled(self.tangent_from_trace),
-                              compiled(self.axes_tangent))
 
     def at_dtype(self, dtype: str) -> Linearized:
         """This twin computing in `dtype` ("float32" or "float64"), cached.
@@ -181,7 +187,7 @@ class Linearized:
             twin = copy.copy(self)
             twin.dtype = dtype
             twin.interpreter = Interpreter(self.program, dtype)
-            twin.compiled = twin._compile()
+            twin.compiled = CompiledPasses.of(twin)
             self._siblings[dtype] = twin
         return self._siblings[dtype]
 
@@ -193,32 +199,9 @@ class Linearized:
         return self.program.input_shape
 
     @property
-    def inference_equals_training(self) -> bool:
-        """True when no layer behaves differently in training (BatchNorm, dropout,
-        noise: `Op.training_dependent`), so the twin's forward pass is also the
-        training-mode forward pass."""
-        return not any(op.training_dependent for step in self.program.steps for op in step.ops)
-
-    @property
-    def output_link(self) -> str | None:
-        """'softmax' or 'sigmoid' if a final link was folded into the loss."""
-        return self.program.output_link
-
-    def apply_output_link(self, logits):
-        """The model output from the twin's logits (re-applies a folded softmax/sigmoid)."""
-        if self.output_link == "softmax":
-            return tf.nn.softmax(logits, axis=-1)
-        if self.output_link == "sigmoid":
-            return tf.sigmoid(logits)
-        return logits
-
-    def summary(self, print_fn=print) -> None:
-        """Prints the compiled program: one line per op."""
-        print_fn(f"Linearized '{self.model.name}': input {self.input_shape}, "
-                 f"dtype {self.dtype}, output link {self.output_link}")
-        for step in self.program.steps:
-            kinds = ", ".join(type(op).__name__ for op in step.ops) or "(folded)"
-            print_fn(f"  {step.name:<30} {type(step.layer).__name__:<24} {kinds}")
+    def input_spec(self) -> InputSpec:
+        """What the twin takes: `InputSpec(input_shape, dtype, model name)`."""
+        return InputSpec(self.input_shape, self.dtype, self.model.name)
 
     # ------------------------------------------------------------------ neuron layout
 
@@ -231,49 +214,11 @@ class Linearized:
         if shape not in self._layouts:
             with tf.init_scope():
                 fwd = self.compiled.primal(tf.zeros((1, *shape), self.dtype))
-                units = [(op.name, op.neuron_shape(rec))
+                units = [(op.name, op.neuron_shape(rec), bool(getattr(op, "max_window", False)))
                          for op, rec in self.interpreter.units(fwd.trace)]
                 self._layouts[shape] = NeuronLayout.from_units(shape, units,
                                                                int(fwd.tangent_size))
         return self._layouts[shape]
-
-    @property
-    def neuron_names(self) -> list[tuple[str, int | tuple]]:
-        """`(layer name, unit index)` for every neuron row, in program order.
-
-        The unit index is an int for 1-D units and a tuple (numpy order) for
-        multi-dimensional ones; max-pooling neurons index `(*position, window
-        element, channel)`. Needs a fixed input shape; for variable-length
-        inputs use `neuron_names_for(x)`.
-        """
-        if any(d is None for d in self.input_shape):
-            raise ValueError(
-                f"The model input shape {self.input_shape} has a variable axis, so the "
-                f"neurons depend on the input length; use lin.neuron_names_for(x)."
-            )
-        return self.layout(self.input_shape).names
-
-    def neuron_names_for(self, x) -> list[tuple[str, int | tuple]]:
-        """`neuron_names` for inputs shaped like `x` (a list of N tuples)."""
-        return self.layout(np.shape(x)[1:]).names
-
-    def neuron_name(self, index: int, example_shape) -> tuple[str, int | tuple]:
-        """The `(layer name, unit index)` of neuron row `index`, without building
-        the whole list (cheap for models with millions of neurons)."""
-        return self.layout(example_shape).name(index)
-
-    def num_neurons(self, example_shape) -> int:
-        """N, the number of neuron rows for inputs of per-example shape `example_shape`."""
-        return self.layout(example_shape).num_neurons
-
-    def neuron_layout(self, example_shape) -> NeuronLayout:
-        """The layout; iterating it gives `(name, first row, per-example shape)` per unit."""
-        return self.layout(example_shape)
-
-    def tangent_size(self, example_shape) -> int:
-        """Tangent elements per example and direction (the outputs of every op, as
-        `ForwardPass.tangent_size`) for inputs of per-example shape `example_shape`."""
-        return self.layout(example_shape).tangent_size
 
     # ------------------------------------------------------------------ passes (any graph)
 
@@ -341,22 +286,6 @@ class Linearized:
     def __call__(self, x: Array) -> tf.Tensor:
         return self.forward(x).logits
 
-    def units(self, fwd: ForwardPass) -> dict[str, dict[str, tf.Tensor]]:
-        """The records of every piecewise-linear unit of a forward pass, by name.
-
-        Activation units (and SimpleRNN layers) give `z` (pre-activations) and
-        `slope` (the frozen mask); max-pooling units give `argmax` (`[B, *out,
-        C]`, the chosen window element) beside their windows.
-
-        Example:
-
-        ```python
-        fwd = lin.forward(x)
-        lin.units(fwd)["dense"]["slope"]     # [B, units] 0/1 mask of a ReLU
-        ```
-        """
-        return {op.name: rec.as_dict() for op, rec in self.interpreter.units(fwd.trace)}
-
     def jvp(self, x: Array, v: Array) -> JVP:
         """Derivatives of all neurons and logits along directions, with the
         activation pattern of `x` frozen (no back-propagation).
@@ -381,42 +310,70 @@ class Linearized:
         Directions are streamed in chunks within `memory_budget`; only the
         result itself is dense.
         """
-        return streaming.dense_jacobian(self, x, "neurons", batch_size)
+        return self._dense_jacobian(x, batch_size, lambda jvp: jvp.neurons)
 
     def output_jacobian(self, x: Array, batch_size: int | None = None) -> np.ndarray:
         """Input gradient of every (flattened) output logit: `[B, L, D]`."""
-        return streaming.dense_jacobian(self, x, "logits", batch_size)
+        return self._dense_jacobian(x, batch_size, lambda jvp: jvp.logits)
+
+    def _dense_jacobian(self, x, batch_size, pick) -> np.ndarray:
+        x = self.check_input(x, keep_float=True)
+        d = int(np.prod(x.shape[1:]))
+        out = streaming.dense_jacobian(self.iter_axis_chunks(x, batch_size), int(x.shape[0]), d,
+                                       pick)
+        if out is None:  # no example: [0, N, D] or [0, L, D]
+            fwd = self.forward(tf.cast(x, self.dtype))
+            empty = JVP(np.zeros((0, 1, int(fwd.neurons.z.shape[-1]))),
+                        np.zeros((0, 1, int(np.prod(fwd.logits.shape[1:])))))
+            return np.zeros((0, pick(empty).shape[-1], d), self.dtype)
+        return out
 
     def iter_axis_chunks(self, x: Array, batch_size: int | None = None, reduce=None,
                          memory_budget: int | None = None, per_neuron: bool = False):
         """Streams the Jacobian along input axes in chunks.
 
-        Yields `(example_slice, forward_pass, start, k, result)` where `result` is
-        the `JVP` along axes `start .. start + k - 1` for the examples in
-        `example_slice` (columns past the last axis are zero), or
-        `reduce(jvp, start)` computed inside the compiled function if given.
-        With `per_neuron=True` the reduction must act on each neuron separately
-        (e.g. a sum over directions): it then runs on each unit's block without
-        first concatenating the `[b, k, N]` tangents, which is several times faster.
+        Yields `keras_roll.compile.streaming.AxisChunk`s `(examples, forward,
+        start, size, result)`: `result` is the `JVP` along axes `start .. start
+        + size - 1` for the examples of the slice `examples` (columns past the
+        last axis are zero), or `reduce(jvp, start)` computed inside the
+        compiled function if given. With `per_neuron=True` the reduction must
+        act on each neuron separately (e.g. a sum over directions): it then runs
+        on each unit's block without first concatenating the `[b, k, N]`
+        tangents, which is several times faster.
         """
-        return streaming.iter_axis_chunks(self, x, batch_size=batch_size, reduce=reduce,
-                                          memory_budget=memory_budget, per_neuron=per_neuron)
+        x = self.check_input(x, keep_float=True)
+        layout = self.layout(x.shape[1:])
+        return streaming.iter_axis_chunks(self.compiled, layout, x, self.dtype,
+                                          memory_budget or self.memory_budget, batch_size,
+                                          reduce, per_neuron)
 
-    def check_input(self, x: Array) -> tf.Tensor:
-        """Validates `x` against the model input; returns a tensor of `self.dtype`."""
-        return inputs.check_input(x, self.input_shape, self.dtype, self.model.name)
+    def check_input(self, x: Array, keep_float: bool = False) -> tf.Tensor:
+        """Validates `x` against the model input; returns a tensor of `self.dtype`
+        (with `keep_float`, a float32 / float64 input keeps its dtype)."""
+        return inputs.check_input(x, self.input_spec, keep_float)
 
 
-def unwrap_model(model):
+def unwrap(model):
     """The plain model inside a model made by `keras_roll.wrap` (itself otherwise).
 
-    The core cannot import `keras_roll.roll.regularizer`, so it recognises the
-    wrapper by its layer: one that holds an `inner_model` and a `roll_config`.
+    Takes the wrapped model or its `RollRegularizer` layer. The compiler cannot
+    import `keras_roll.roll`, so it recognises the regularizer by what it holds:
+    an `inner_model` and a `roll_config`.
+
+    Example:
+
+    ```python
+    plain = keras_roll.unwrap(keras_roll.wrap(model))      # plain is model
+    ```
     """
-    if not isinstance(model, keras.Model):
-        return model
-    for layer in getattr(model, "layers", []):
-        inner = getattr(layer, "inner_model", None)
-        if isinstance(inner, keras.Model) and hasattr(layer, "roll_config"):
-            return inner
+    if _is_regularizer(model):
+        return model.inner_model
+    for layer in getattr(model, "layers", []) if isinstance(model, keras.Model) else []:
+        if _is_regularizer(layer):
+            return layer.inner_model
     return model
+
+
+def _is_regularizer(layer) -> bool:
+    return isinstance(getattr(layer, "inner_model", None), keras.Model) and \
+        hasattr(layer, "roll_config")

@@ -30,7 +30,7 @@ from keras_roll.evaluate.gradients import (
     check_inputs,
     check_labels,
 )
-from keras_roll.options import check_verbose, fixed_budget, progress_bar
+from keras_roll.options import RunOptions, fixed_budget
 
 __all__ = ["Distortion", "gradient_distortion", "sampling_box"]
 
@@ -110,9 +110,8 @@ class Distortion:
 
 def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0),
                         mode: str = "expected", samples: int = 8000, population: int = 4800,
-                        generations: int = 30, seed: int | None = None,
-                        memory_budget: int | None = None, verbose="auto",
-                        callback=None) -> Distortion:
+                        generations: int = 30, seed: int | None = None, callback=None,
+                        options: RunOptions | None = None, **overrides) -> Distortion:
     """Expected or worst-case l1 distortion of the label logit's input gradient.
 
     For each example, `Delta(x') = ||grad f_y(x') - grad f_y(x)||_1` over the set
@@ -149,12 +148,15 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
         population: population size for `mode="max"`.
         generations: generations of the genetic algorithm.
         seed: None or a non-negative integer.
-        memory_budget: bytes of live tensors per compiled chunk (default 4 x the
-            twin's memory budget); the populations of a group of examples take up to
-            4 x the twin's budget (or `memory_budget`) beside it.
-        verbose: "auto" (a progress bar for runs longer than a second), True or False.
         callback: optional `callback(example_index [n], candidates [n, *input_shape],
             distortion [n])`, called on every evaluated chunk of candidates.
+        options: a `keras_roll.RunOptions`, or None.
+        **overrides: its fields: `memory_budget` (bytes of live tensors per
+            compiled chunk, default 4 x the twin's memory budget; the
+            populations of a group of examples take up to 4 x the twin's
+            budget, or `memory_budget`, beside it) and `verbose` ("auto": a
+            progress bar for runs longer than a second, True or False);
+            `batch_size` and `rigor` do not apply to gradients.
 
     Returns:
         A `Distortion`.
@@ -175,8 +177,8 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
     """
     if mode not in _MODES:
         raise ValueError(f"mode must be 'expected' or 'max', got {mode!r}.")
-    check_verbose(verbose)
-    budget = fixed_budget(memory_budget)
+    opts = RunOptions.of(options, **overrides)
+    budget = fixed_budget(opts.memory_budget)
     samples = check_count(samples, "samples")
     population = check_count(population, "population")
     generations = check_count(generations, "generations", minimum=0)
@@ -201,7 +203,7 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
     run = _Run(engine, chunk, callback)
     if mode == "expected":
         total = b_total * samples
-        with progress_bar(total, verbose, "gradient distortion", unit="grad") as bar:
+        with opts.progress(total, "gradient distortion", unit="grad") as bar:
             run.bar = bar
             dist, frac = _expected(run, x, index, sign, lo, hi, samples, streams)
         points = changed = None
@@ -209,8 +211,8 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
     else:
         keep = _survivors(population)
         evaluations = population + generations * (population - keep)
-        with progress_bar(b_total * evaluations, verbose, "gradient distortion (GA)",
-                      unit="grad") as bar:
+        with opts.progress(b_total * evaluations, "gradient distortion (GA)",
+                           unit="grad") as bar:
             run.bar = bar
             dist, frac, points, changed = _genetic(run, x, index, sign, lo, hi, population,
                                                    generations, keep, streams, budget)

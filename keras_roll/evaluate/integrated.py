@@ -26,7 +26,7 @@ from keras_roll.evaluate.gradients import check_count
 from keras_roll.evaluate.path_walk import exact_walk
 from keras_roll.evaluate.tape_gradients import gradient_engine
 from keras_roll.evaluate.targets import check_baseline, read_inputs, resolve_targets
-from keras_roll.options import check_verbose, fixed_budget, progress_bar
+from keras_roll.options import RunOptions, fixed_budget
 
 __all__ = ["RULES", "IntegratedGradients", "integrated_gradients", "riemann_points"]
 
@@ -82,8 +82,8 @@ class IntegratedGradients:
 
 def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = None,
                          rule: str = "right", max_regions: int = DEFAULT_MAX_REGIONS,
-                         memory_budget: int | None = None,
-                         verbose="auto") -> IntegratedGradients:
+                         options: RunOptions | None = None,
+                         **overrides) -> IntegratedGradients:
     """Integrated gradients of the target logit, exact by default.
 
     * `steps=None`: the **exact** integral over the linear regions the straight
@@ -115,8 +115,11 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
         rule: the Riemann rule for `steps=k` (see above).
         max_regions: the most regions one path may cross before the walk stops
             with an error (a safeguard against runaway walks).
-        memory_budget: bytes of live tensors per compiled chunk.
-        verbose: "auto" (a progress bar for runs longer than a second), True or False.
+        options: a `keras_roll.RunOptions`, or None.
+        **overrides: its fields: `memory_budget` (bytes of live tensors per
+            compiled chunk) and `verbose` ("auto": a progress bar for runs
+            longer than a second, True or False); `batch_size` and `rigor` do
+            not apply to gradients.
 
     Returns:
         An `IntegratedGradients`.
@@ -136,8 +139,8 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
     approx = keras_roll.integrated_gradients(model, x, y, steps=64, rule="trapezoid")
     ```
     """
-    check_verbose(verbose)
-    budget = fixed_budget(memory_budget)
+    opts = RunOptions.of(options, **overrides)
+    budget = fixed_budget(opts.memory_budget)
     if steps is not None:
         steps = check_count(steps, "steps")
         riemann_points(steps, rule)  # checks the rule
@@ -152,7 +155,7 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
     targets = resolve_targets(y, n, logits.shape[1], engine.output_link, logits_x)
     f_x = np.sum(targets.weights * logits_x, axis=1)
     f_b = np.sum(targets.weights * logits_b, axis=1)
-    with progress_bar(n, verbose, "integrated gradients") as bar:
+    with opts.progress(n, "integrated gradients") as bar:
         if steps is None:
             attr, regions = exact_walk(engine, x, base, targets.weights, max_regions, budget,
                                        bar)

@@ -16,7 +16,7 @@ from keras_roll.certification.margins import certify
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.evaluate.tape_gradients import gradient_engine
 from keras_roll.evaluate.targets import read_inputs, resolve_targets
-from keras_roll.options import check_verbose, fixed_budget
+from keras_roll.options import RunOptions, fixed_budget
 
 __all__ = ["Saliency", "postprocess_saliency", "saliency", "stable_radius"]
 
@@ -55,13 +55,15 @@ class Saliency:
     _model: object = dataclasses.field(default=None, repr=False)
     _inputs: np.ndarray | None = dataclasses.field(default=None, repr=False)
     _radius: dict | None = dataclasses.field(default=None, repr=False)
+    _options: RunOptions | None = dataclasses.field(default=None, repr=False)
 
     @property
     def radius(self) -> dict:
         if not self.piecewise_linear:
             raise UnsupportedModelError(f"No certified radius for these maps: {self.note}.")
         if self._radius is None:
-            self._radius = stable_radius(self._model, self._inputs, verbose=False)
+            self._radius = stable_radius(self._model, self._inputs, options=self._options,
+                                         verbose=False)
         return self._radius
 
     def __repr__(self) -> str:
@@ -70,7 +72,7 @@ class Saliency:
 
 
 def saliency(model, x, y=None, postprocess: bool = False, channel_axis="auto",
-             memory_budget: int | None = None) -> Saliency:
+             options: RunOptions | None = None, **overrides) -> Saliency:
     """The input gradient of the label logit: a saliency map per example.
 
     The logit is the model output before a final softmax / sigmoid (folded as
@@ -93,7 +95,10 @@ def saliency(model, x, y=None, postprocess: bool = False, channel_axis="auto",
         channel_axis: the channel axis summed by the post-processing: "auto"
             (the last axis of image-like inputs of rank >= 3, none otherwise),
             an int axis of the example, or None.
-        memory_budget: bytes of live tensors per compiled chunk.
+        options: a `keras_roll.RunOptions`, or None.
+        **overrides: its fields: `memory_budget` (bytes of live tensors per
+            compiled chunk) and, for `Saliency.radius`, `batch_size` and
+            `rigor` (see `keras_roll.certify`).
 
     Returns:
         A `Saliency`; its `radius` gives the certified radii within which the map
@@ -110,7 +115,8 @@ def saliency(model, x, y=None, postprocess: bool = False, channel_axis="auto",
     print("holds for every input within l2 distance", sal.radius[2][0])
     ```
     """
-    budget = fixed_budget(memory_budget)
+    opts = RunOptions.of(options, **overrides)
+    budget = fixed_budget(opts.memory_budget)
     engine = gradient_engine(model)
     x, y = read_inputs(x, y, engine.input_shape)
     x = engine.check(x, "x")
@@ -122,7 +128,8 @@ def saliency(model, x, y=None, postprocess: bool = False, channel_axis="auto",
     return Saliency(maps=maps, gradient=grad, labels=targets.labels, logits=logits,
                     postprocessed=bool(postprocess), targets=targets.weights,
                     piecewise_linear=engine.piecewise_linear, note=engine.note,
-                    _model=engine.lin if engine.piecewise_linear else None, _inputs=x)
+                    _model=engine.lin if engine.piecewise_linear else None, _inputs=x,
+                    _options=opts)
 
 
 def postprocess_saliency(maps, channel_axis="auto", percentile: float = 99.0) -> np.ndarray:
@@ -169,8 +176,8 @@ def postprocess_saliency(maps, channel_axis="auto", percentile: float = 99.0) ->
     return np.clip(g / scale, 0.0, 1.0)
 
 
-def stable_radius(model, x, norms=(2, np.inf), memory_budget: int | None = None,
-                  verbose="auto") -> dict:
+def stable_radius(model, x, norms=(2, np.inf), options: RunOptions | None = None,
+                  **overrides) -> dict:
     """Certified radii within which the saliency map of each example is unchanged.
 
     Every input within the returned lp distance of `x[i]` lies in the linear
@@ -182,8 +189,9 @@ def stable_radius(model, x, norms=(2, np.inf), memory_budget: int | None = None,
         model: a piecewise-linear Keras model or a `Linearized`.
         x: `[B, *input_shape]` inputs, or a stream of them.
         norms: any of 1, 2, np.inf.
-        memory_budget: bytes of tangents per chunk.
-        verbose: "auto", True or False.
+        options: a `keras_roll.RunOptions`, or None.
+        **overrides: its fields (`batch_size`, `memory_budget`, `verbose`,
+            `rigor`; see `keras_roll.certify`).
 
     Returns:
         `{p: [B] float64}`.
@@ -195,9 +203,8 @@ def stable_radius(model, x, norms=(2, np.inf), memory_budget: int | None = None,
     print(f"this explanation holds for every input within l_inf {r[np.inf][0]:.3g}")
     ```
     """
-    check_verbose(verbose)
-    budget = fixed_budget(memory_budget)
+    opts = RunOptions.of(options, **overrides)
     engine = gradient_engine(model, need_linear=True)
     x, _ = read_inputs(x, None, engine.input_shape)
     x = engine.check(x, "x")
-    return certify(engine.lin, x, norms=norms, memory_budget=budget, verbose=verbose).margins
+    return certify(engine.lin, x, norms=norms, options=opts).margins

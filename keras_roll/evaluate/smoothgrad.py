@@ -33,7 +33,7 @@ from keras_roll.evaluate.gradients import check_count, same_pattern
 from keras_roll.evaluate.saliency import stable_radius
 from keras_roll.evaluate.tape_gradients import gradient_engine
 from keras_roll.evaluate.targets import check_scalar, read_inputs, resolve_targets
-from keras_roll.options import check_verbose, fixed_budget, progress_bar
+from keras_roll.options import RunOptions, fixed_budget
 
 __all__ = ["SmoothGrad", "smoothgrad"]
 
@@ -77,6 +77,7 @@ class SmoothGrad:
     _model: object = dataclasses.field(default=None, repr=False)
     _inputs: np.ndarray | None = dataclasses.field(default=None, repr=False)
     _radius: dict | None = dataclasses.field(default=None, repr=False)
+    _options: RunOptions | None = dataclasses.field(default=None, repr=False)
 
     @property
     def smoothgrad_sq(self) -> np.ndarray:
@@ -88,7 +89,8 @@ class SmoothGrad:
         if not self.piecewise_linear:
             raise UnsupportedModelError(f"No certified radius for these maps: {self.note}.")
         if self._radius is None:
-            self._radius = stable_radius(self._model, self._inputs, verbose=False)
+            self._radius = stable_radius(self._model, self._inputs, options=self._options,
+                                         verbose=False)
         return self._radius
 
     @property
@@ -110,7 +112,7 @@ class SmoothGrad:
 
 def smoothgrad(model, x, y=None, noise: float = 0.15, samples: int = 50,
                seed: int | None = None, absolute_noise: bool = False,
-               memory_budget: int | None = None, verbose="auto") -> SmoothGrad:
+               options: RunOptions | None = None, **overrides) -> SmoothGrad:
     """SmoothGrad and VarGrad of the target logit, reproducible per example.
 
     Each example `x_i` gets `samples` points `x_i + e`, `e ~ N(0, sigma_i^2 I)`, with
@@ -130,8 +132,11 @@ def smoothgrad(model, x, y=None, noise: float = 0.15, samples: int = 50,
         samples: noise samples per example.
         seed: None or a non-negative integer.
         absolute_noise: `noise` is the standard deviation itself, in input units.
-        memory_budget: bytes of live tensors per compiled chunk.
-        verbose: "auto" (a progress bar for runs longer than a second), True or False.
+        options: a `keras_roll.RunOptions`, or None.
+        **overrides: its fields: `memory_budget` (bytes of live tensors per
+            compiled chunk) and `verbose` ("auto": a progress bar for runs
+            longer than a second, True or False); `batch_size` and `rigor`
+            apply to `SmoothGrad.radius` (see `keras_roll.certify`).
 
     Returns:
         A `SmoothGrad`.
@@ -147,8 +152,8 @@ def smoothgrad(model, x, y=None, noise: float = 0.15, samples: int = 50,
     res.in_region, res.certified_fraction
     ```
     """
-    check_verbose(verbose)
-    budget = fixed_budget(memory_budget)
+    opts = RunOptions.of(options, **overrides)
+    budget = fixed_budget(opts.memory_budget)
     noise = check_scalar(noise, "noise", 0.0, low_open=False)
     samples = check_count(samples, "samples")
     if seed is not None and (not isinstance(seed, numbers.Integral) or isinstance(seed, bool)
@@ -165,7 +170,7 @@ def smoothgrad(model, x, y=None, noise: float = 0.15, samples: int = 50,
     sigma = np.full(n, noise) if absolute_noise else noise * (flat.max(1) - flat.min(1))
     seq = np.random.SeedSequence(seed)
     streams = [np.random.default_rng(s) for s in seq.spawn(n)]
-    with progress_bar(n, verbose, "smoothgrad") as bar:
+    with opts.progress(n, "smoothgrad") as bar:
         mean, var, same = _noisy_gradients(engine, x, grad, targets.weights, sigma, samples,
                                            streams, budget, bar)
     linear = engine.piecewise_linear
@@ -174,7 +179,7 @@ def smoothgrad(model, x, y=None, noise: float = 0.15, samples: int = 50,
         noise_std=sigma, samples=samples, labels=targets.labels, targets=targets.weights,
         in_region=same / samples if linear else None, seed=int(seq.entropy),
         piecewise_linear=linear, note=engine.note, _model=engine.lin if linear else None,
-        _inputs=x)
+        _inputs=x, _options=opts)
 
 
 def _function(engine):

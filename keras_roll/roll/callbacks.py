@@ -6,9 +6,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.batches import is_stream
 from keras_roll.certification.margins import l2_margins
 from keras_roll.compile.twin import linearize
+from keras_roll.inputs import is_stream
 from keras_roll.options import Rigor
 from keras_roll.roll import regularizer
 

@@ -51,10 +51,11 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.api_types import Array, ModelOrTwin, Seed
 from keras_roll.compile.chunking import ChunkPlan, plan_chunks, plan_directions
 from keras_roll.compile.interpreter import ForwardPass
 from keras_roll.compile.twin import Linearized, linearize
+from keras_roll.inputs import Array, ModelOrTwin
+from keras_roll.options import Seed
 from keras_roll.roll.chunked_gradients import chunked_sum_squares, chunked_weighted_sum
 from keras_roll.roll.config import ESTIMATORS, STRATA, RollConfig, check_hyperparameters
 from keras_roll.roll.estimators import (
@@ -68,14 +69,12 @@ __all__ = [
     "ESTIMATORS",
     "STRATA",
     "RollConfig",
-    "RollPlan",
     "check_hyperparameters",
     "memory_plan",
     "neuron_grad_sq",
     "roll_loss",
 ]  # and, lazily from keras_roll.roll.regularizer: RollModel, RollRegularizer, wrap, unwrap
 
-RollPlan = ChunkPlan  # what `memory_plan` returns (the name of earlier versions)
 
 _REGULARIZER_NAMES = ("RollModel", "RollRegularizer", "wrap", "unwrap")
 

@@ -37,7 +37,7 @@ import keras
 import tensorflow as tf
 
 from keras_roll.compile.keras_internals import first_local_batch, in_multi_worker_mode
-from keras_roll.compile.twin import Linearized, linearize
+from keras_roll.compile.twin import Linearized, linearize, unwrap
 from keras_roll.roll.config import RollConfig
 from keras_roll.roll.estimators import check_tangent_dtype, tangent_entry
 from keras_roll.roll.loss import loss_from_config
@@ -415,20 +415,3 @@ def wrap(model: keras.Model, lam: float = 2.0, C: float = 1.0, gamma: float = 10
                             tangent_dtype=tangent_dtype, name="roll_regularizer")
     inp = keras.Input(shape=model.input_shape[1:], dtype=model.inputs[0].dtype)
     return RollModel(inp, layer(inp), name=f"{model.name}_roll")
-
-
-def unwrap(wrapped: keras.Model | RollRegularizer) -> keras.Model:
-    """The plain model inside a model returned by `wrap` (itself otherwise).
-
-    Example:
-
-    ```python
-    plain = keras_roll.roll.loss.unwrap(keras_roll.roll.loss.wrap(model))   # plain is model
-    ```
-    """
-    if isinstance(wrapped, RollRegularizer):
-        return wrapped.inner_model
-    for layer in getattr(wrapped, "layers", []):
-        if isinstance(layer, RollRegularizer):
-            return layer.inner_model
-    return wrapped
