@@ -92,12 +92,13 @@ class ActivationRule(RoundingRule):
 
 
 class MaxRule(RoundingRule):
-    """A max over windows: the recorded winner's bound (the certificate keeps every
-    winner; a max is exact in floating point)."""
+    """A max over windows: the recorded winner's bound, the largest among tied
+    maxima (the certificate keeps every winner; a max is exact in floating point)."""
 
     def magnitude(self, op, bounds, record, affine, mask=None, values=None):
         m = bounds[0]
-        return tf.reduce_sum(op.windows(m) * tf.cast(record.one_hot, m.dtype), axis=-2)
+        chosen = tf.cast(record.one_hot > 0, m.dtype)  # every tied maximum (TieRule.SPLIT)
+        return tf.reduce_max(op.windows(m) * chosen, axis=-2)
 
     def roundings(self, op, inputs):
         return 0

@@ -4,11 +4,19 @@ A max unit that picks input i of its window is linear while `v_i - v_k >= 0`
 for every other input k of the window: each difference is a neuron with a
 single breakpoint at 0 and gradient `g_i - g_k` (docs/design.md, section
 "The maths", max units). The twin gathers the tangent of the chosen input.
+
+Ties follow TensorFlow's gradients (docs/design.md, section "Ties at max
+pooling"), so that every gradient keras_roll reports is the one the model's own
+`tf.GradientTape` gives: `MaxPooling1D/2D` choose the first maximal element of
+a window in row-major order (the `MaxPoolGrad` kernel), `GlobalMaxPooling1D/2D`
+(a `reduce_max`) share the gradient equally among all maximal elements
+(`TieRule.FIRST` and `TieRule.SPLIT`). A tie is a region boundary either way.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import keras
 import tensorflow as tf
@@ -27,15 +35,31 @@ from keras_roll.compile.rules.registry import register_rule
 from keras_roll.errors import UnsupportedModelError
 
 
+class TieRule(enum.Enum):
+    """How a max unit's gradient is shared among equal maxima of a window.
+
+    * `FIRST`: all of it to the first maximal element in row-major window order
+      (TensorFlow's `MaxPool` gradient: MaxPooling1D/2D).
+    * `SPLIT`: equal shares to every maximal element (the gradient of
+      `tf.reduce_max`: GlobalMaxPooling1D/2D).
+    """
+
+    FIRST = "first"
+    SPLIT = "split"
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class MaxRecord(Record):
     """What a max unit records on a batch.
 
     Attributes:
         patches: `[B, *out, w, C]` the contents of every window.
-        one_hot: `[B, *out, w, C]` 1 at the chosen (first maximal) element.
-        valid: `[B or 1, *out, w, C]` bool: a neuron `v_winner - v_k` exists
-            (not the winner itself, not a padding position).
+        one_hot: `[B, *out, w, C]` the weight of every element in the max's
+            gradient: 1 at the chosen element (the first maximal one), or
+            `1 / m` at each of `m` tied maxima under `TieRule.SPLIT`.
+        valid: `[B or 1, *out, w, C]` bool: a neuron `v_max - v_k` exists (not
+            the sole winner, not a padding position; tied maxima are neurons
+            at their breakpoint).
         out: `[B, *out, C]` the maxima.
     """
 
@@ -46,7 +70,7 @@ class MaxRecord(Record):
 
     @property
     def argmax(self) -> tf.Tensor:
-        """`[B, *out, C]` int32, the chosen window element."""
+        """`[B, *out, C]` int32, the chosen window element (the first of tied maxima)."""
         return tf.argmax(self.one_hot, axis=-2, output_type=tf.int32)
 
     def as_dict(self) -> dict:
@@ -59,8 +83,9 @@ class MaxWindows(Op):
     Args:
         layer: the pooling layer.
         windows: `fn(x [N, *spatial, C]) -> [N, *out_spatial, w, C]`, the window
-            contents (padding positions arbitrary).
-        valid: `[*out_spatial, w, 1]` bool, False at padding positions.
+            contents (padding positions arbitrary), each window in row-major order.
+        valid_fn: `fn(x) -> [*out_spatial, w, 1]` bool, False at padding positions.
+        ties: the `TieRule` of the layer's TensorFlow gradient.
 
     Example:
 
@@ -73,11 +98,13 @@ class MaxWindows(Op):
     """
 
     owns_neurons = True
+    max_window = True  # its neurons compare window elements: a neuron at 0 is a tie
 
-    def __init__(self, layer, windows, valid_fn, name=None):
+    def __init__(self, layer, windows, valid_fn, name=None, ties: TieRule = TieRule.FIRST):
         super().__init__(layer, name)
         self.windows = windows
         self.valid_fn = valid_fn
+        self.ties = ties
 
     def forward(self, inputs, mask):
         x = inputs[0]
@@ -85,12 +112,23 @@ class MaxWindows(Op):
         valid = self.valid_fn(x)
         neg = tf.fill(tf.shape(patches), tf.constant(-float("inf"), x.dtype))
         masked = tf.where(valid, patches, neg)
-        w = tf.shape(patches)[-2]
-        choice = tf.argmax(masked, axis=-2, output_type=tf.int32)
-        one_hot = tf.one_hot(choice, w, axis=-1, dtype=x.dtype)  # [N, *out, C, w]
-        one_hot = tf.experimental.numpy.swapaxes(one_hot, -1, -2)  # [N, *out, w, C]
-        out = tf.reduce_sum(patches * one_hot, axis=-2)
-        return out, MaxRecord(patches, one_hot, valid & (one_hot == 0), out)
+        top = tf.reduce_max(masked, axis=-2, keepdims=True)
+        is_max = tf.logical_and(valid, masked == top)
+        if self.ties is TieRule.SPLIT:
+            one_hot = tf.cast(is_max, x.dtype)
+            one_hot /= tf.maximum(tf.reduce_sum(one_hot, axis=-2, keepdims=True), 1)
+            # The max itself (exact), with the gradient shared by the tied elements.
+            out = tf.stop_gradient(top[..., 0, :]) + tf.reduce_sum(
+                one_hot * (patches - tf.stop_gradient(patches)), axis=-2)
+        else:
+            w = tf.shape(patches)[-2]
+            rank = len(patches.shape)
+            order = tf.reshape(tf.range(w), tf.concat([[w], tf.ones([1], tf.int32)], 0))
+            first = tf.reduce_min(tf.where(is_max, order, w), axis=rank - 2)  # [N, *out, C]
+            one_hot = tf.one_hot(first, w, axis=-1, dtype=x.dtype)  # [N, *out, C, w]
+            one_hot = tf.experimental.numpy.swapaxes(one_hot, -1, -2)  # [N, *out, w, C]
+            out = tf.reduce_sum(patches * one_hot, axis=-2)
+        return out, MaxRecord(patches, one_hot, valid & (one_hot < 1), out)
 
     def tangent(self, tangents, record, mask):
         one_hot = record.one_hot
@@ -177,7 +215,7 @@ def _global_max(layer, spatial_rank):
     def valid_fn(x):
         return tf.ones([1, 1, 1], tf.bool)
 
-    return MaxWindows(layer, windows, valid_fn)
+    return MaxWindows(layer, windows, valid_fn, ties=TieRule.SPLIT)
 
 
 register_rule(keras.layers.GlobalMaxPooling1D, lambda layer: _global_max(layer, 1))
