@@ -8,6 +8,7 @@ import pytest
 
 import keras_roll
 from keras_roll.options import (
+    Method,
     Rigor,
     RunOptions,
     check_batch_size,
@@ -131,3 +132,62 @@ def test_one_progress_bar_for_every_verbosity(capsys):
 
 def test_public_names():
     assert keras_roll.Rigor is Rigor and keras_roll.RunOptions is RunOptions
+
+
+@pytest.fixture(scope="module")
+def small_mlp():
+    import keras
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(6, activation="relu"),
+                              keras.layers.Dense(3)])
+    x = np.random.default_rng(0).normal(size=(5, 4)).astype("float32")
+    return model, x
+
+
+def test_the_family_takes_options_or_keywords(small_mlp):
+    model, x = small_mlp
+    opts = RunOptions(batch_size=2, rigor="float32", verbose=False)
+    by_options = keras_roll.certify(model, x, options=opts)
+    by_keywords = keras_roll.certify(model, x, batch_size=2, rigor="float32", verbose=False)
+    assert by_options.rigor is Rigor.FLOAT32 and by_options.method is Method.ANALYTIC
+    for p in by_options.norms:
+        np.testing.assert_array_equal(by_options.margins[p], by_keywords.margins[p])
+    # A keyword replaces the field of the options.
+    assert keras_roll.certify(model, x, options=opts, rigor="strict").rigor is Rigor.STRICT
+    np.testing.assert_array_equal(keras_roll.lp_margins(model, x, 2, options=opts),
+                                  by_options.margins[2])
+    sb = keras_roll.stability_bounds(model, x, options=opts)
+    assert sb.rigor is Rigor.FLOAT32 and sb.lower.shape == x.shape
+    assert keras_roll.count_regions(model, x, options=opts).n == 5
+    radius = keras_roll.stable_radius(model, x, norms=(2,), options=opts)
+    np.testing.assert_array_equal(radius[2], by_options.margins[2])
+    sal = keras_roll.saliency(model, x, options=opts)
+    np.testing.assert_array_equal(sal.radius[2], by_options.margins[2])
+
+
+@pytest.mark.parametrize("fn", ["certify", "stability_bounds", "count_regions", "lp_margins",
+                                "saliency", "integrated_gradients", "gradient_distortion"])
+def test_unknown_keywords_name_the_options(small_mlp, fn):
+    model, x = small_mlp
+    with pytest.raises(TypeError, match=r"\['batchsize'\].*batch_size"):
+        getattr(keras_roll, fn)(model, x, batchsize=3)
+
+
+def test_method_parses_its_strings():
+    assert Method.parse("bisect") is Method.BISECT and Method.parse(Method.ANALYTIC) is \
+        Method.ANALYTIC
+    with pytest.raises(ValueError, match="Unknown method 'exact'.*'analytic'.*'bisect'"):
+        Method.parse("exact")
+
+
+def test_certificates_of_different_runs_do_not_concatenate(small_mlp):
+    model, x = small_mlp
+    a = keras_roll.certify(model, x[:2], verbose=False)
+    b = keras_roll.certify(model, x[2:], verbose=False, rigor="float32")
+    with pytest.raises(ValueError, match="cannot be concatenated"):
+        keras_roll.Certificate.concat([a, b])
+    with pytest.raises(ValueError, match="at least one"):
+        keras_roll.Certificate.concat([])
+    joined = keras_roll.Certificate.concat([a, keras_roll.certify(model, x[2:], verbose=False)])
+    np.testing.assert_array_equal(joined.margins[2],
+                                  keras_roll.certify(model, x, verbose=False).margins[2])
