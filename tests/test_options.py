@@ -166,7 +166,8 @@ def test_the_family_takes_options_or_keywords(small_mlp):
 
 
 @pytest.mark.parametrize("fn", ["certify", "stability_bounds", "count_regions", "lp_margins",
-                                "saliency", "integrated_gradients", "gradient_distortion"])
+                                "saliency", "integrated_gradients", "gradient_distortion",
+                                "smoothgrad"])
 def test_unknown_keywords_name_the_options(small_mlp, fn):
     model, x = small_mlp
     with pytest.raises(TypeError, match=r"\['batchsize'\].*batch_size"):

@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.chunking import plan_directions
-from keras_roll.compile.twin import Linearized, unwrap_model
+from keras_roll.compile.twin import Linearized, unwrap
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.evaluate.gradients import (
     LogitGradients,
@@ -61,7 +61,7 @@ def gradient_engine(model, need_linear: bool = False):
     except UnsupportedModelError:
         if need_linear or isinstance(model, Linearized):
             raise
-    model = unwrap_model(model)
+    model = unwrap(model)
     engine = _TAPES.get(model)
     if engine is None:
         engine = _TAPES[model] = TapeGradients(model)

@@ -33,7 +33,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.batches import is_stream
+from keras_roll.inputs import is_stream
 
 __all__ = ["Targets", "check_baseline", "read_inputs", "resolve_targets"]
 
