@@ -30,12 +30,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from keras_roll.api_types import ModelOrTwin, Norms, Verbose
-from keras_roll.arguments import as_linearized, check_bisect_tol
-from keras_roll.batches import is_stream, stream_length
 from keras_roll.certification.margins import certify
+from keras_roll.compile.twin import linearize
 from keras_roll.errors import UnsupportedModelError
-from keras_roll.options import Rigor, RunOptions, parse_norms
+from keras_roll.inputs import ModelOrTwin, is_stream, stream_length
+from keras_roll.options import Norms, Rigor, RunOptions, Verbose, check_bisect_tol, parse_norms
 from keras_roll.robust.adversarial import lp_norm, predict_classes
 from keras_roll.robust.backward import op_graph
 from keras_roll.robust.batches import iter_labelled_batches
@@ -312,7 +311,7 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     if not norms:
         raise ValueError("norms=() leaves nothing to bound; pass e.g. norms=(2, np.inf).")
     _check_arguments(method, max_regions, bisect_tol, exact_rtol)
-    lin = as_linearized(model)
+    lin = linearize(model)
     _check_classifier(lin)
     search = SearchOptions(int(max_regions), float(bisect_tol), float(exact_rtol))
     run = _Run(lin, norms, method, run_options, search)

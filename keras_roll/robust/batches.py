@@ -2,7 +2,7 @@
 
 Arrays are cut into batches; streams (`tf.data.Dataset`, generators, iterators,
 `keras.utils.PyDataset`) yield `x`, `(x,)`, `(x, y)` or `(x, y, w)`, batched or not
-(single examples are grouped), as `keras_roll.batches` reads them for `certify`,
+(single examples are grouped), as `keras_roll.inputs` reads them for `certify`,
 with the labels kept. Unlike `certify`, non-finite inputs are not refused here: their
 rows get NaN bounds.
 
@@ -20,7 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.batches import DEFAULT_STREAM_BATCH, is_stream
+from keras_roll.inputs import DEFAULT_STREAM_BATCH, is_stream
 
 __all__ = ["check_inputs", "check_labels", "iter_labelled_batches"]
 

@@ -19,7 +19,8 @@ import dataclasses
 
 import numpy as np
 
-from keras_roll.certification.certificates import NormDict, format_table, percentiles_of
+from keras_roll.certification.certificates import NormDict, percentiles_of
+from keras_roll.certification.tables import format_table
 from keras_roll.options import parse_norm
 
 __all__ = ["METHOD_NAMES", "RobustRadius"]
