@@ -47,7 +47,8 @@ class OpRounding:
     """Per-op bounds `Delta_l` on the rounding of the model's evaluation and the twin's.
 
     Args:
-        precision: how the model evaluates itself (`keras_roll.rounding.precision.evaluation_precision`).
+        precision: how the model evaluates itself
+            (`keras_roll.rounding.precision.evaluation_precision`).
 
     Calling it with an op's node, bounds on the absolute values of its inputs, its
     record and mask returns `[B, *output_shape]` bounds on the perturbation of its
