@@ -11,15 +11,24 @@ their l1 distances to the reference gradient. The eager loop is what a user
 writes by hand; the compiled loop (`tf.function`, batch 256) is shown for context.
 
     python -m benchmarks.distortion [--num_examples=2] [--population=4800]
-                                    [--generations=3] [--repeats=3]
+                                    [--generations=3] [--repeats=3] [--quick]
+
+`--memory` instead measures the peak memory of one worst-case search at 299x299x3
+with the paper's population of 4800 (populations stored in a temporary file in
+chunks) against the memory budget: the peak resident set size above what the model
+and TensorFlow held before the search (Linux `VmHWM`, reset before the search).
+
+    python -m benchmarks.distortion --memory [--memory_budget_mib=64] [--generations=1]
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
@@ -34,6 +43,9 @@ flags.DEFINE_integer("population", 4800, "Population of the genetic algorithm (p
 flags.DEFINE_integer("generations", 3, "Generations per run (paper: 30; the rate is the same).")
 flags.DEFINE_integer("repeats", 3, "Timed repetitions (the median is reported).")
 flags.DEFINE_integer("batch", 256, "Batch size of the tf.GradientTape baselines.")
+flags.DEFINE_bool("memory", False, "Measure the peak memory of a 299x299x3 search instead.")
+flags.DEFINE_integer("memory_budget_mib", 64, "memory_budget of the --memory run, in MiB.")
+flags.DEFINE_bool("quick", False, "A short run: population 480, 1 generation, 1 repetition.")
 
 EPS = 8 / 256
 
@@ -93,8 +105,51 @@ def bench(model, x, y):
     return n, times
 
 
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status (the --memory run needs Linux)")
+
+
+def memory_run():
+    """Peak memory of one 299x299x3 worst-case search above the model's footprint."""
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((299, 299, 3))
+    h = keras.layers.Conv2D(8, 5, strides=4, activation="relu")(inp)
+    h = keras.layers.Conv2D(16, 3, strides=2, activation="relu")(h)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    model = keras.Model(inp, keras.layers.Dense(10)(h), name="conv_299")
+    x = np.random.default_rng(0).uniform(0, 1, (1, 299, 299, 3)).astype("float32")
+    budget = FLAGS.memory_budget_mib * 2**20
+    kw = dict(eps=EPS, mode="max", seed=0, memory_budget=budget, verbose=False)
+    keras_roll.gradient_distortion(model, x, [0], population=64, generations=1, **kw)  # warm
+    before = _status_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM, the peak resident set size
+    start = time.perf_counter()
+    res = keras_roll.gradient_distortion(model, x, [0], population=FLAGS.population,
+                                         generations=FLAGS.generations, **kw)
+    wall = time.perf_counter() - start
+    peak = _status_kib("VmHWM")
+    population_gib = FLAGS.population * x.size * 4 / 2**30
+    print(f"gradient_distortion(mode='max') at 299x299x3, population {FLAGS.population} "
+          f"({population_gib:.2f} GiB per population), {FLAGS.generations} generation(s), "
+          f"{res.evaluations} gradients, memory_budget {FLAGS.memory_budget_mib} MiB, "
+          f"{wall:.0f} s")
+    print(f"resident before the search (model, TensorFlow, data): {before / 1024:.0f} MiB")
+    print(f"peak during the search: {peak / 1024:.0f} MiB, i.e. {(peak - before) / 1024:.0f} MiB "
+          f"above it ({(peak - before) / 1024 / FLAGS.memory_budget_mib:.2f} x the budget)")
+
+
 def main(argv):
     del argv
+    if FLAGS.memory:
+        memory_run()
+        return
+    if FLAGS.quick:
+        FLAGS.population, FLAGS.generations, FLAGS.repeats = 480, 1, 1
     rng = np.random.default_rng(0)
     print(f"machine: {os.cpu_count()} CPU cores, TensorFlow {tf.__version__}; other jobs may "
           f"share the CPU, so compare the ratios (measured in the same run), not the rates")

@@ -9,7 +9,10 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
+from keras_roll.compile.chunking import plan_directions
 from keras_roll.evaluate.distortion import gradient_distortion, sampling_box
+from keras_roll.evaluate.genetic import PopulationStore
+from keras_roll.evaluate.gradients import LogitGradients
 
 
 def _model(dtype="float64", in_dim=10, width=16, out=4, seed=0, link="softmax"):
@@ -283,3 +286,111 @@ def test_conv_model_and_summary(capsys):
     out = capsys.readouterr().out
     assert "max l1 (GA)" in out and "Prediction changed" in out and "P50" in out
     assert "Distortion(n=3, mode='max'" in repr(res)
+
+
+# ---------------------------------------------------------------------- chunked populations
+
+
+def _whole_array_search(model, x, y, eps, population, generations, seed, memory_budget):
+    """gradient_distortion(mode="max") as computed before populations were stored in
+    chunks: both populations as whole [g, population, d] arrays, the same seeds,
+    groups and evaluation chunks (kept here as the reference of the chunked search)."""
+    engine = LogitGradients.of(model)
+    lo, hi, _ = sampling_box(x, eps, (0.0, 1.0))
+    b, ex_shape = len(x), x.shape[1:]
+    d = int(np.prod(ex_shape))
+    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(b)]
+    chunk = engine.chunk_size(ex_shape, memory_budget, total=b * population)
+    index, sign = np.asarray(y, np.int32), np.ones(b)
+
+    def evaluate(cands, owner, ref):
+        out = [engine.distortion(cands[i:i + chunk], owner[i:i + chunk], ref)
+               for i in range(0, len(cands), chunk)]
+        return np.concatenate([o[0] for o in out]), np.concatenate([o[1] for o in out])
+
+    keep = max(1, int(np.floor(0.25 * population + 0.5)))
+    children = population - keep
+    budget = 4 * (memory_budget or engine.lin.memory_budget)
+    group = max(1, plan_directions(b, population * d * x.itemsize, budget)[0])
+    dist, points = np.zeros(b), np.empty_like(x)
+    for g0 in range(0, b, group):
+        ex = np.arange(g0, min(b, g0 + group))
+        g = ex.size
+        ref = engine.reference(x[ex], index[ex], sign[ex])
+        low, high = lo[ex].reshape(g, 1, d), hi[ex].reshape(g, 1, d)
+        pop = np.empty((g, population, d), x.dtype)
+        for e in range(g):
+            u = streams[ex[e]].random((population, d))
+            l64 = low[e].astype(np.float64)
+            pop[e] = (l64 + u * (high[e].astype(np.float64) - l64)).astype(x.dtype)
+        np.clip(pop, low, high, out=pop)
+        score, _ = evaluate(pop.reshape(-1, *ex_shape), np.repeat(np.arange(g), population), ref)
+        score = score.reshape(g, population)
+        nxt = np.empty_like(pop)
+        for _ in range(generations):
+            order = np.argsort(-score, axis=1, kind="stable")[:, :keep]
+            score = np.take_along_axis(score, order, axis=1)
+            for e in range(g):
+                surv = nxt[e, :keep]
+                np.take(pop[e], order[e], axis=0, out=surv)
+                rng = streams[ex[e]]
+                i = rng.integers(0, keep, size=children)
+                j = rng.integers(0, keep, size=children)
+                a = rng.uniform(-0.25, 1.25, size=(children, 1)).astype(x.dtype)
+                kids, other = nxt[e, keep:], surv[j]
+                np.subtract(surv[i], other, out=kids)
+                kids *= a
+                kids += other
+            np.clip(nxt[:, keep:], low, high, out=nxt[:, keep:])
+            k_score, _ = evaluate(nxt[:, keep:].reshape(-1, *ex_shape),
+                                  np.repeat(np.arange(g), children), ref)
+            pop, nxt = nxt, pop
+            score = np.concatenate([score, k_score.reshape(g, children)], axis=1)
+        best = np.argmax(score, axis=1)
+        dist[ex] = score[np.arange(g), best]
+        points[ex] = pop[np.arange(g), best].reshape(g, *ex_shape)
+    return dist, points
+
+
+@pytest.mark.parametrize("memory_budget", [None, 300])  # in memory; in a temporary file
+def test_chunked_populations_reproduce_the_whole_array_search_bit_for_bit(memory_budget,
+                                                                          monkeypatch):
+    model, _ = _model(dtype="float32")
+    x, y = _data(n=3, dtype="float32")
+    kw = dict(eps=0.2, population=40, generations=3, seed=11)
+    kinds = []
+    init = PopulationStore.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        kinds.append(self.arrays is not None)
+
+    monkeypatch.setattr(PopulationStore, "__init__", spy)
+    res = gradient_distortion(model, x, y, mode="max", verbose=False,
+                              memory_budget=memory_budget, **kw)
+    # 40 x 10 float32 per population: one group in memory, or one file per example
+    assert kinds == ([True] if memory_budget is None else [False] * 3)
+    dist, points = _whole_array_search(model, x, y, memory_budget=memory_budget, **kw)
+    np.testing.assert_array_equal(res.distortion, dist)
+    np.testing.assert_array_equal(res.points, points)
+
+
+def test_population_store_in_a_file_reads_what_it_wrote():
+    rng = np.random.default_rng(0)
+    stores = [PopulationStore(2, 7, 5, "float32", in_memory=m) for m in (True, False)]
+    data = rng.normal(size=(2, 2, 7, 5)).astype("float32")
+    for store in stores:
+        for slot in (0, 1):
+            for e in (0, 1):
+                store.write(slot, e, 0, data[slot, e, :4])
+                store.write(slot, e, 4, data[slot, e, 4:])
+    rows = np.array([6, 0, 3, 3])
+    for slot in (0, 1):
+        for e in (0, 1):
+            for store in stores:
+                np.testing.assert_array_equal(store.read(slot, e, rows), data[slot, e, rows])
+                np.testing.assert_array_equal(store.read(slot, e, slice(2, 5)),
+                                              data[slot, e, 2:5])
+    assert stores[1].arrays is None and stores[1].files is not None
+    for store in stores:
+        store.close()

@@ -24,6 +24,7 @@ import numbers
 import numpy as np
 
 from keras_roll.compile.chunking import plan_directions
+from keras_roll.evaluate.genetic import genetic_search, survivors
 from keras_roll.evaluate.gradients import (
     LogitGradients,
     check_count,
@@ -35,8 +36,6 @@ from keras_roll.options import RunOptions, fixed_budget
 __all__ = ["Distortion", "gradient_distortion", "sampling_box"]
 
 _MODES = ("expected", "max")
-SURVIVORS = 0.25  # share of the population kept by each generation (Appendix J)
-CROSSOVER = (-0.25, 1.25)  # range of the crossover weight a (Appendix J)
 _POPULATION_BUDGETS = 4  # populations of a group of examples: 4 x the memory budget
 
 
@@ -209,7 +208,7 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
         points = changed = None
         evaluations = samples
     else:
-        keep = _survivors(population)
+        keep = survivors(population)
         evaluations = population + generations * (population - keep)
         with opts.progress(b_total * evaluations, "gradient distortion (GA)",
                            unit="grad") as bar:
@@ -339,73 +338,18 @@ def _rechunk(blocks, size):
         yield np.concatenate(owners), np.concatenate(points)
 
 
-def _survivors(population: int) -> int:
-    return max(1, int(math.floor(SURVIVORS * population + 0.5)))
-
-
 def _genetic(run: _Run, x, index, sign, lo, hi, population, generations, keep, streams,
              budget):
-    b_total = x.shape[0]
-    ex_shape = x.shape[1:]
-    d = int(np.prod(ex_shape))
-    itemsize = np.dtype(x.dtype).itemsize
-    budget = budget or run.engine.lin.memory_budget
-    group = max(1, plan_directions(b_total, population * d * itemsize,
-                                   _POPULATION_BUDGETS * budget)[0])  # examples per group
-    dist = np.zeros(b_total)
-    frac = np.zeros(b_total)
-    points = np.empty_like(x)
-    changed = np.zeros(b_total, bool)
-    children = population - keep
-    for g0 in range(0, b_total, group):
-        ex = np.arange(g0, min(b_total, g0 + group))
-        g = ex.size
-        ref = run.engine.reference(x[ex], index[ex], sign[ex])
-        low = lo[ex].reshape(g, 1, d)
-        high = hi[ex].reshape(g, 1, d)
-        # initial population: uniform in the box
-        pop = np.empty((g, population, d), x.dtype)
-        for e in range(g):
-            u = streams[ex[e]].random((population, d))
-            l64 = low[e].astype(np.float64)
-            pop[e] = (l64 + u * (high[e].astype(np.float64) - l64)).astype(x.dtype)
-        np.clip(pop, low, high, out=pop)
-        owner = np.repeat(np.arange(g), population)
-        score, flip = run.evaluate(pop.reshape(g * population, *ex_shape), owner, ref, ex)
-        score, flip = score.reshape(g, population), flip.reshape(g, population)
-        n_flip = flip.sum(axis=1).astype(np.float64)
-        kid_owner = np.repeat(np.arange(g), children)
-        nxt = np.empty_like(pop)  # the next generation: survivors, then children
-        for _ in range(generations):
-            order = np.argsort(-score, axis=1, kind="stable")[:, :keep]
-            score = np.take_along_axis(score, order, axis=1)
-            flip = np.take_along_axis(flip, order, axis=1)
-            for e in range(g):
-                surv = nxt[e, :keep]
-                np.take(pop[e], order[e], axis=0, out=surv)
-                rng = streams[ex[e]]
-                i = rng.integers(0, keep, size=children)
-                j = rng.integers(0, keep, size=children)
-                a = rng.uniform(*CROSSOVER, size=(children, 1)).astype(x.dtype)
-                kids, other = nxt[e, keep:], surv[j]
-                np.subtract(surv[i], other, out=kids)  # a c + (1 - a) c' = c' + a (c - c')
-                kids *= a
-                kids += other
-            np.clip(nxt[:, keep:], low, high, out=nxt[:, keep:])  # projection onto the box
-            k_score, k_flip = run.evaluate(nxt[:, keep:].reshape(g * children, *ex_shape),
-                                           kid_owner, ref, ex)
-            k_score, k_flip = k_score.reshape(g, children), k_flip.reshape(g, children)
-            n_flip += k_flip.sum(axis=1)
-            pop, nxt = nxt, pop
-            score = np.concatenate([score, k_score], axis=1)
-            flip = np.concatenate([flip, k_flip], axis=1)
-        best = np.argmax(score, axis=1)  # the first of equal maxima
-        rows = np.arange(g)
-        dist[ex] = score[rows, best]
-        points[ex] = pop[rows, best].reshape(g, *ex_shape)
-        changed[ex] = flip[rows, best]
-        frac[ex] = n_flip / (population + generations * children)
-    return dist, frac, points, changed
+    """Groups examples as their populations fit the population budget; the two
+    populations of a group (current and next) stay in memory when one fits it, and go
+    to a temporary file when a single example's population is larger."""
+    d = int(np.prod(x.shape[1:]))
+    budget = _POPULATION_BUDGETS * (budget or run.engine.lin.memory_budget)
+    one = population * d * np.dtype(x.dtype).itemsize
+    group = max(1, plan_directions(x.shape[0], one, budget)[0])  # examples per group
+    in_memory = group * one <= budget
+    return genetic_search(run, x, index, sign, lo, hi, population, generations, keep,
+                          streams, group, in_memory)
 
 
 def _logits(engine: LogitGradients, x) -> np.ndarray:
