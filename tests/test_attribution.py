@@ -289,3 +289,39 @@ def test_inputs_are_not_modified(setup):
     np.testing.assert_array_equal(x, x0)
     np.testing.assert_array_equal(y, y0)
     np.testing.assert_array_equal(base, b0)
+
+
+def _plane_model(dtype):
+    """z0 = 0.3 x1 + 0.7 x2 + 0.1 is the hyperplane the test paths run in."""
+    inp = keras.Input((2,), dtype=dtype)
+    h = keras.layers.Dense(3, activation="relu", dtype=dtype)(inp)
+    model = keras.Model(inp, keras.layers.Dense(1, dtype=dtype)(h))
+    model.layers[1].set_weights([np.array([[0.3, 1.0, -0.5], [0.7, 0.2, 0.4]]),
+                                 np.array([0.1, -0.3, 0.2])])
+    model.layers[2].set_weights([np.array([[1.5], [-1.0], [2.0]]), np.array([0.0])])
+    return model
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_path_inside_a_relu_hyperplane_takes_the_limit_from_below(dtype):
+    model = _plane_model(dtype)
+    normal = np.array([0.3, 0.7]) / np.hypot(0.3, 0.7)
+    b1 = np.array([0.2, 0.9, -1.4])
+    base = np.stack([b1, (-0.1 - 0.3 * b1) / 0.7], axis=1)  # on the plane z0 = 0
+    x = base + np.array([0.7, -0.3]) * np.array([[1.3], [2.1], [-2.6]])  # along it
+    y = np.zeros(3, int)
+    z0 = keras.Model(model.inputs, model.layers[1].output)
+    assert np.any(z0(np.concatenate([base, x]).astype(dtype)).numpy()[:, 0] != 0)  # noise
+    ig = integrated_gradients(model, x.astype(dtype), y, baseline=base.astype(dtype),
+                              verbose=False)
+    delta = 3e-3 if dtype == "float32" else 1e-7
+    side = {}
+    for s in (-1, 1):  # the same path moved off the plane, below and above it
+        shift = s * delta * normal
+        side[s] = integrated_gradients(model, (x + shift).astype(dtype), y,
+                                       baseline=(base + shift).astype(dtype),
+                                       verbose=False).attributions
+    tol = 1e-2 if dtype == "float32" else 1e-6
+    np.testing.assert_allclose(ig.attributions, side[-1], atol=tol)
+    assert np.abs(side[1] - side[-1]).max() > 0.5  # the two limits differ per input
+    np.testing.assert_allclose(ig.delta, 0.0, atol=10 * tol)

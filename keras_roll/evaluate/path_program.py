@@ -40,10 +40,11 @@ from keras_roll.compile.interpreter import (
 )
 from keras_roll.compile.rules import NO_RECORD, Activation, Tangent
 
-__all__ = ["PathTwin", "first_crossings"]
+__all__ = ["HYPERPLANE_EPSILONS", "PathTwin", "first_crossings", "in_hyperplanes"]
 
 _TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _KEY_RANGE = 2**20  # pattern keys: integer weights below this, sums exact in float64
+HYPERPLANE_EPSILONS = 2**12  # within this many epsilons of the unit's scale: in the plane
 
 
 class _Given:
@@ -290,3 +291,28 @@ def first_crossings(u0: np.ndarray, u1: np.ndarray, breakpoints) -> list[np.ndar
         t = np.concatenate(times) if times else np.zeros(0)
         out.append(np.sort(t[(t >= 0) & (t <= 1)]))
     return out
+
+
+def in_hyperplanes(u0: np.ndarray, u1: np.ndarray, breakpoints):
+    """`(u0, u1)` with the neurons whose whole path runs inside a breakpoint's hyperplane
+    put exactly on it: `u0 = b`, `u1 = 0`.
+
+    A neuron lies in the hyperplane `u = b` along the path when both its distance to
+    `b` at the start and its rate are within `HYPERPLANE_EPSILONS` machine epsilons of
+    the largest of the unit's (per path): they are then rounding noise of an exact
+    zero. On the breakpoint, the neuron is on the piece below it all along (the slope
+    TensorFlow's ReLU gradient takes at 0), so the path takes that one-sided limit
+    and the neuron never ends a region.
+    """
+    dtype = u0.dtype
+    shape = u0.shape
+    a = u0.reshape(shape[0], -1).astype(np.float64)
+    r = u1.reshape(shape[0], -1).astype(np.float64)
+    tol = HYPERPLANE_EPSILONS * float(np.finfo(dtype).eps)
+    flat_rate = np.abs(r) <= tol * np.abs(r).max(axis=1, keepdims=True)
+    scale = np.abs(a).max(axis=1, keepdims=True)
+    a_out, r_out = a.copy(), r.copy()
+    for b in breakpoints:
+        on = flat_rate & (np.abs(a - b) <= tol * np.maximum(scale, abs(b)))
+        a_out[on], r_out[on] = b, 0.0
+    return a_out.astype(dtype).reshape(shape), r_out.astype(dtype).reshape(shape)

@@ -30,8 +30,9 @@ from __future__ import annotations
 import bisect
 
 import numpy as np
+import tensorflow as tf
 
-from keras_roll.evaluate.path_program import PathTwin, first_crossings
+from keras_roll.evaluate.path_program import PathTwin, first_crossings, in_hyperplanes
 
 __all__ = ["exact_walk"]
 
@@ -129,8 +130,11 @@ def exact_walk(engine, x, base, weights, max_regions, budget, bar):
     d64 = x.reshape(n, -1).astype(np.float64) - b64
     twin = PathTwin.of(engine)
     u0, u1 = twin.ends(base.astype(dtype), d64.astype(dtype).reshape(x.shape))
-    crossings = (first_crossings(u0.numpy(), u1.numpy(), twin.first.breakpoints)
-                 if twin.hoists_first_unit else None)
+    crossings = None
+    if twin.hoists_first_unit:
+        u0, u1 = in_hyperplanes(u0.numpy(), u1.numpy(), twin.first.breakpoints)
+        crossings = first_crossings(u0, u1, twin.first.breakpoints)
+        u0, u1 = tf.constant(u0), tf.constant(u1)
     walk = _Walk(twin, u0, u1, crossings, weights.astype(dtype), tol)
     paths = walk.paths
     active = list(range(n))
