@@ -30,9 +30,11 @@ from keras_roll.compile.rules import register_rule
 from keras_roll.compile.twin import Linearized, linearize, unwrap
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.evaluate import (
+    Faithfulness,
     IntegratedGradients,
     Saliency,
     SmoothGrad,
+    faithfulness,
     integrated_gradients,
     saliency,
     smoothgrad,
@@ -60,6 +62,8 @@ __all__ = [
     "saliency",
     "SmoothGrad",
     "smoothgrad",
+    "Faithfulness",
+    "faithfulness",
     "stable_radius",
     "MarginMonitor",
     "RollModel",

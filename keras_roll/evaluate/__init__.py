@@ -11,6 +11,7 @@ ig.regions                                                  # regions the path c
 ```
 """
 
+from keras_roll.evaluate.faithfulness import Faithfulness, faithfulness
 from keras_roll.evaluate.gradients import LogitGradients
 from keras_roll.evaluate.integrated import IntegratedGradients, integrated_gradients
 from keras_roll.evaluate.saliency import (
@@ -22,11 +23,13 @@ from keras_roll.evaluate.saliency import (
 from keras_roll.evaluate.smoothgrad import SmoothGrad, smoothgrad
 
 __all__ = [
+    "Faithfulness",
     "IntegratedGradients",
     "LogitGradients",
     "Saliency",
     "SmoothGrad",
     "integrated_gradients",
+    "faithfulness",
     "postprocess_saliency",
     "saliency",
     "smoothgrad",
