@@ -124,4 +124,6 @@ def test_bad_arguments(linear):
         args.update(change)
         with pytest.raises(ValueError, match=msg):
             faithfulness(model, x, y, **args)
+    with pytest.raises(TypeError, match="batch_size"):
+        faithfulness(model, x, y, attr, batchsize=3)
     assert keras_roll.faithfulness is faithfulness

@@ -37,7 +37,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.twin import Linearized, unwrap_model
+from keras_roll.compile.twin import Linearized, unwrap
 from keras_roll.evaluate.gradients import check_count
 from keras_roll.evaluate.tape_gradients import gradient_engine
 from keras_roll.evaluate.targets import (
@@ -46,7 +46,7 @@ from keras_roll.evaluate.targets import (
     read_inputs,
     resolve_targets,
 )
-from keras_roll.options import check_verbose, fixed_budget, progress_bar
+from keras_roll.options import RunOptions, fixed_budget
 
 __all__ = ["METRICS", "Faithfulness", "faithfulness"]
 
@@ -112,7 +112,7 @@ class Faithfulness:
 def faithfulness(model, x, y, attributions, metrics=METRICS, baseline=0.0,
                  step_size: float = 0.05, subset_fraction: float = 0.2, samples: int = 128,
                  score: str = "model", channel_axis="auto", seed: int | None = None,
-                 memory_budget: int | None = None, verbose="auto") -> Faithfulness:
+                 options: RunOptions | None = None, **overrides) -> Faithfulness:
     """Deletion, Insertion and MuFidelity of attributions (see the module docstring).
 
     Args:
@@ -132,8 +132,9 @@ def faithfulness(model, x, y, attributions, metrics=METRICS, baseline=0.0,
         channel_axis: "auto" (the last axis of image-like examples of rank >= 3 is
             a pixel's channels), an axis of the example, or None.
         seed: None or a non-negative integer (MuFidelity's subsets, per example).
-        memory_budget: bytes of live tensors per compiled chunk.
-        verbose: "auto", True or False.
+        options: a `keras_roll.RunOptions`, or None.
+        **overrides: `RunOptions` fields (`memory_budget`: bytes of live tensors per
+            compiled chunk; `verbose`).
 
     Returns:
         A `Faithfulness`.
@@ -148,8 +149,8 @@ def faithfulness(model, x, y, attributions, metrics=METRICS, baseline=0.0,
     f.scores["deletion"], f.mean()
     ```
     """
-    check_verbose(verbose)
-    budget = fixed_budget(memory_budget)
+    opts = RunOptions.of(options, **overrides)
+    budget = fixed_budget(opts.memory_budget)
     metrics = _check_metrics(metrics)
     step_size = check_scalar(step_size, "step_size")
     subset_fraction = check_scalar(subset_fraction, "subset_fraction")
@@ -179,7 +180,7 @@ def faithfulness(model, x, y, attributions, metrics=METRICS, baseline=0.0,
     seq = np.random.SeedSequence(seed)
     result = Faithfulness({}, {}, np.zeros(0), score, step_size, subset_fraction, samples,
                           int(seq.entropy))
-    with progress_bar(n * len(metrics), verbose, "faithfulness", unit="metric") as bar:
+    with opts.progress(n * len(metrics), "faithfulness", unit="metric") as bar:
         for m in metrics:
             if m == "mufidelity":
                 streams = [np.random.default_rng(s) for s in seq.spawn(n)]
@@ -238,7 +239,7 @@ class _Scorer:
 
     def __init__(self, engine, model, score, budget):
         self.engine, self.budget = engine, budget
-        self.model = model.model if isinstance(model, Linearized) else unwrap_model(model)
+        self.model = model.model if isinstance(model, Linearized) else unwrap(model)
         self.use_logits = score == "logit"
         self.fn = _FORWARD.get(self.model)
         if self.fn is None:
