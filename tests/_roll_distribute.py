@@ -110,7 +110,7 @@ def fit_step(strategy, x, y, budget, lam=LAM, **kwargs):
 
     def make():
         model = build()
-        wrapped = roll.wrap(model, lam=lam, memory_budget=budget, **kwargs)
+        wrapped = keras_roll.wrap(model, lam=lam, memory_budget=budget, **kwargs)
         wrapped.compile(keras.optimizers.SGD(LR), "sparse_categorical_crossentropy")
         return model, wrapped
 
@@ -148,8 +148,8 @@ def replica_draws(strategy):
     batch = next(iter(strategy.experimental_distribute_dataset(dataset)))
     with strategy.scope():
         model = probe_model()
-        seeded = roll.RollRegularizer(model, samples=1, C=0.0, seed=3)
-        unseeded = roll.RollRegularizer(model, samples=1, C=0.0)
+        seeded = keras_roll.RollRegularizer(model, samples=1, C=0.0, seed=3)
+        unseeded = keras_roll.RollRegularizer(model, samples=1, C=0.0)
     lin = keras_roll.linearize(model)
     config = RollConfig(samples=1, C=0.0)
     cases = {

@@ -53,12 +53,12 @@ def fit_step(strategy):
 
     def make():
         model = build()
-        wrapped = roll.wrap(model, lam=LAM, gamma=50.0, memory_budget=BUDGET)
+        wrapped = keras_roll.wrap(model, lam=LAM, gamma=50.0, memory_budget=BUDGET)
         # Counts the examples every replica's train_step sees (ON_READ: per replica).
         seen = tf.Variable(0, trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
                            aggregation=tf.VariableAggregation.SUM)
 
-        class Counting(roll.RollModel):
+        class Counting(keras_roll.RollModel):
             def train_step(self, data):
                 seen.assign_add(tf.shape(tf.nest.flatten(data)[0])[0])
                 return super().train_step(data)

@@ -22,6 +22,7 @@ import tensorflow as tf
 import keras_roll
 from keras_roll.roll import loss as roll
 from keras_roll.roll.callbacks import MarginMonitor
+from keras_roll.roll.config import RollConfig
 from keras_roll.roll.estimators import estimator_for
 from keras_roll.roll.regularizer import evaluating
 from tests import model_zoo as zoo
@@ -379,7 +380,7 @@ def _rnn_estimators(kwargs, seeds):
     lin = keras_roll.linearize(model)
     xt = lin.check_input(x)
     trace = lin.primal(xt).trace
-    config = roll.RollConfig(**kwargs)
+    config = RollConfig(**kwargs)
     return lengths, [estimator_for(lin, xt, config, seed, trace=trace) for seed in seeds]
 
 
@@ -599,7 +600,7 @@ def test_large_input_is_chunked_and_errors_point_to_samples():
 def test_bad_hyperparameters_raise(kwargs, word):
     model = zoo.mlp(fused=False)  # D = 6, rank-1 input (no channels)
     with pytest.raises(ValueError) as err:
-        roll.wrap(model, **kwargs)
+        keras_roll.wrap(model, **kwargs)
     assert word in str(err.value)
     if "lam" not in kwargs:
         with pytest.raises(ValueError) as err:
@@ -610,8 +611,8 @@ def test_bad_hyperparameters_raise(kwargs, word):
 def test_strata_bound_is_per_channel():
     model = zoo.cnn()
     with pytest.raises(ValueError, match="samples=65"):
-        roll.wrap(model, samples=65, strata="channel")
-    roll.wrap(model, samples=64, strata="channel")
+        keras_roll.wrap(model, samples=65, strata="channel")
+    keras_roll.wrap(model, samples=64, strata="channel")
 
 
 def test_unsupported_model_is_refused():
@@ -619,7 +620,7 @@ def test_unsupported_model_is_refused():
     out = keras.layers.Dense(2, activation="tanh")(inp)
     out = keras.layers.Dense(2)(out)
     with pytest.raises(keras_roll.UnsupportedModelError, match="tanh"):
-        roll.wrap(keras.Model(inp, out))
+        keras_roll.wrap(keras.Model(inp, out))
 
 
 # --------------------------------------------------------------------------- wrap / fit
@@ -632,10 +633,10 @@ def _compile(model, lr=0.05):
 
 def test_wrap_shares_weights_predicts_like_model_and_unwraps():
     model = zoo.mlp(fused=False)
-    wrapped = roll.wrap(model, lam=1.0)
+    wrapped = keras_roll.wrap(model, lam=1.0)
     x = _rng_x((5, 6))
-    assert roll.unwrap(wrapped) is model
-    assert roll.unwrap(model) is model
+    assert keras_roll.unwrap(wrapped) is model
+    assert keras_roll.unwrap(model) is model
     assert {id(v) for v in wrapped.trainable_variables} == {
         id(v) for v in model.trainable_variables}
     np.testing.assert_allclose(wrapped.predict(x, verbose=0), model.predict(x, verbose=0))
@@ -648,7 +649,7 @@ def test_fit_adds_lam_times_reference_loss_and_reports_it():
     groups = mlp_groups(model, x, ["dense0", "dense1"])
     reg = reference_loss(groups, C=1.0, gamma=50.0).mean()
     ce = keras.losses.sparse_categorical_crossentropy(y, model(x)).numpy().mean()
-    wrapped = roll.wrap(model, lam=2.0, gamma=50.0)
+    wrapped = keras_roll.wrap(model, lam=2.0, gamma=50.0)
     _compile(wrapped, lr=0.0)  # weights stay put: every batch sees the same model
     hist = wrapped.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0).history
     assert hist["roll_loss"][0] == pytest.approx(reg, rel=1e-5)
@@ -658,11 +659,11 @@ def test_fit_adds_lam_times_reference_loss_and_reports_it():
     assert ev["roll_loss"] == pytest.approx(reg, rel=1e-5)
     assert ev["loss"] == pytest.approx(ce + 2.0 * reg, rel=1e-5)
     # ... and not at all with on_eval=False (the earlier default)
-    off = roll.wrap(model, lam=2.0, gamma=50.0, on_eval=False)
+    off = keras_roll.wrap(model, lam=2.0, gamma=50.0, on_eval=False)
     _compile(off, lr=0.0)
     ev = off.evaluate(x, y, verbose=0, return_dict=True)
     assert ev["loss"] == pytest.approx(ce, rel=1e-5) and np.isnan(ev["roll_loss"])
-    on_eval = roll.wrap(model, lam=2.0, gamma=50.0, on_eval=True)
+    on_eval = keras_roll.wrap(model, lam=2.0, gamma=50.0, on_eval=True)
     _compile(on_eval, lr=0.0)
     ev = on_eval.evaluate(x, y, verbose=0, return_dict=True, batch_size=8)
     assert ev["roll_loss"] == pytest.approx(reg, rel=1e-5)
@@ -674,8 +675,8 @@ def test_fit_adds_lam_times_reference_loss_and_reports_it():
 def test_on_eval_decides_where_inference_computes_roll(on_eval, in_predict, in_evaluate):
     model = zoo.mlp(fused=False)
     x = _rng_x((6, 6), seed=2)
-    wrapped = roll.wrap(model, lam=2.0, on_eval=on_eval)
-    assert isinstance(wrapped, roll.RollModel)
+    wrapped = keras_roll.wrap(model, lam=2.0, on_eval=on_eval)
+    assert isinstance(wrapped, keras_roll.RollModel)
     out = wrapped(x, training=False)  # what predict_step runs
     np.testing.assert_allclose(out.numpy(), model(x).numpy(), rtol=1e-6, atol=1e-7)
     assert bool(wrapped.losses) == in_predict
@@ -701,7 +702,7 @@ def test_validation_loss_is_the_training_objective():
     yv = (xv[:, 1] > 0).astype("int32")
     reg_v = reference_loss(mlp_groups(model, xv, ["dense0", "dense1"]), C=1.0, gamma=50.0)
     ce_v = keras.losses.sparse_categorical_crossentropy(yv, model(xv)).numpy()
-    wrapped = roll.wrap(model, lam=2.0, gamma=50.0)
+    wrapped = keras_roll.wrap(model, lam=2.0, gamma=50.0)
     _compile(wrapped, lr=0.0)
     hist = wrapped.fit(x, y, validation_data=(xv, yv), batch_size=8, epochs=2,
                        verbose=0).history
@@ -715,7 +716,7 @@ def test_sampled_validation_uses_a_fixed_seed():
     y = (x[:, 0] > 0).astype("int32")
     exact = reference_loss(mlp_groups(model, x, ["dense0", "dense1"]), 1.0, 100.0).mean()
     for seed in (None, 3):
-        wrapped = roll.wrap(model, lam=1.0, samples=2, seed=seed)
+        wrapped = keras_roll.wrap(model, lam=1.0, samples=2, seed=seed)
         _compile(wrapped, lr=0.0)  # the weights stay put
         hist = wrapped.fit(x, y, validation_data=(x, y), batch_size=32, epochs=3,
                            verbose=0).history
@@ -729,24 +730,24 @@ def test_sampled_validation_uses_a_fixed_seed():
 
 def test_save_load_roundtrip_keeps_training(tmp_path):
     model = mlp_prelu()
-    wrapped = roll.wrap(model, lam=0.5, C=0.8, gamma=60.0, samples=3, seed=7)
+    wrapped = keras_roll.wrap(model, lam=0.5, C=0.8, gamma=60.0, samples=3, seed=7)
     _compile(wrapped)
     x = _rng_x((24, 5), seed=2)
     y = (x[:, 1] > 0).astype("int32")
-    layer = [la for la in wrapped.layers if isinstance(la, roll.RollRegularizer)][0]
+    layer = [la for la in wrapped.layers if isinstance(la, keras_roll.RollRegularizer)][0]
     layer._step.assign(3)  # as after three training steps
     path = os.path.join(tmp_path, "wrapped.keras")
     wrapped.save(path)
     loaded = keras.models.load_model(path)
-    layer = [la for la in loaded.layers if isinstance(la, roll.RollRegularizer)][0]
+    layer = [la for la in loaded.layers if isinstance(la, keras_roll.RollRegularizer)][0]
     assert (layer.lam, layer.C, layer.gamma, layer.samples, layer.seed) == (0.5, 0.8, 60.0, 3, 7)
     assert int(layer._step.numpy()) == 3  # the seed sequence goes on where it stopped
     np.testing.assert_allclose(loaded.predict(x, verbose=0), wrapped.predict(x, verbose=0),
                                rtol=1e-6)
-    before = [v.numpy() for v in roll.unwrap(loaded).trainable_variables]
+    before = [v.numpy() for v in keras_roll.unwrap(loaded).trainable_variables]
     hist = loaded.fit(x, y, batch_size=8, epochs=2, verbose=0).history
     assert len(hist["roll_loss"]) == 2 and np.all(np.isfinite(hist["roll_loss"]))
-    after = [v.numpy() for v in roll.unwrap(loaded).trainable_variables]
+    after = [v.numpy() for v in keras_roll.unwrap(loaded).trainable_variables]
     assert any(not np.allclose(a, b) for a, b in zip(before, after))
 
 
@@ -778,7 +779,7 @@ def test_files_of_the_earlier_wrap_load_evaluate_and_train(tmp_path):
     no `wrt` and `on_eval=False`: such files load, keep their behaviour (no ROLL in
     evaluate), train, unwrap, and `wrap(unwrap(old))` gives the new behaviour."""
     model = zoo.mlp(fused=False)
-    layer = roll.RollRegularizer(model, lam=2.0, gamma=50.0, name="roll_regularizer")
+    layer = keras_roll.RollRegularizer(model, lam=2.0, gamma=50.0, name="roll_regularizer")
     inp = keras.Input((6,))
     path = os.path.join(tmp_path, "old.keras")
     keras.Model(inp, layer(inp), name="old_roll").save(path)
@@ -791,8 +792,8 @@ def test_files_of_the_earlier_wrap_load_evaluate_and_train(tmp_path):
 
     _rewrite_keras_config(path, as_before)
     loaded = keras.models.load_model(path)
-    assert not isinstance(loaded, roll.RollModel)
-    plain = roll.unwrap(loaded)
+    assert not isinstance(loaded, keras_roll.RollModel)
+    plain = keras_roll.unwrap(loaded)
     reg_layer = loaded.get_layer("roll_regularizer")
     assert reg_layer.wrt is None and reg_layer.on_eval is False
     x = _rng_x((16, 6), seed=8)
@@ -803,7 +804,7 @@ def test_files_of_the_earlier_wrap_load_evaluate_and_train(tmp_path):
     hist = loaded.fit(x, y, batch_size=8, epochs=1, verbose=0).history
     reg = reference_loss(mlp_groups(plain, x, ["dense0", "dense1"]), 1.0, 50.0).mean()
     assert hist["roll_loss"][0] == pytest.approx(reg, rel=1e-5)
-    upgraded = roll.wrap(plain, lam=2.0, gamma=50.0)
+    upgraded = keras_roll.wrap(plain, lam=2.0, gamma=50.0)
     _compile(upgraded, lr=0.0)
     ev = upgraded.evaluate(x, y, verbose=0, return_dict=True)
     assert ev["roll_loss"] == pytest.approx(reg, rel=1e-5)
@@ -825,7 +826,7 @@ def test_mixed_precision_loss_is_float32_and_matches():
         jvp = lin.jvp(x, np.eye(5, dtype="float32"))
         assert fwd.neurons.z.dtype == tf.float32 and jvp.neurons.dtype == tf.float32
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-5)
-        wrapped = roll.wrap(model, lam=2.0, gamma=50.0)
+        wrapped = keras_roll.wrap(model, lam=2.0, gamma=50.0)
         out = wrapped(x, training=True)  # what fit runs: the regularizer adds its loss
         assert out.dtype == "float16"
         (added,) = wrapped.losses
@@ -858,7 +859,7 @@ def reference_l2_margins(model, x, names):
 
 def _train_toy(lam, x, y, epochs, callbacks=()):
     model = toy_mlp(seed=1)
-    target = roll.wrap(model, lam=lam, C=1.0) if lam else model
+    target = keras_roll.wrap(model, lam=lam, C=1.0) if lam else model
     target.compile(keras.optimizers.Adam(0.01),
                    keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                    metrics=["accuracy"])

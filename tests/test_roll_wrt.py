@@ -21,7 +21,7 @@ import tensorflow as tf
 
 import keras_roll
 from keras_roll.roll import loss as roll
-from keras_roll.roll.estimators import tangent_entry
+from keras_roll.roll.entry import tangent_entry
 from tests.test_roll import _jacobian, mlp_groups, reference_loss, relu_group
 
 # --------------------------------------------------------------------------- models
@@ -204,7 +204,7 @@ def _late_norm():
 def test_bad_wrt_is_refused_with_the_valid_names(build, wrt, words):
     model = build()
     x = _x((2, 6)) if build is norm_mlp else _x((2, 4))
-    for call in (lambda: roll.wrap(model, wrt=wrt),
+    for call in (lambda: keras_roll.wrap(model, wrt=wrt),
                  lambda: roll.roll_loss(model, x, wrt=wrt),
                  lambda: roll.memory_plan(model, x, wrt=wrt)):
         with pytest.raises(ValueError) as err:
@@ -212,7 +212,7 @@ def test_bad_wrt_is_refused_with_the_valid_names(build, wrt, words):
         for word in words:
             assert word in str(err.value), (word, str(err.value))
     with pytest.raises(ValueError, match="wrt=3"):
-        roll.wrap(model, wrt=3)
+        keras_roll.wrap(model, wrt=3)
 
 
 def test_rescaling_that_does_not_broadcast_elementwise_is_refused():
@@ -235,10 +235,10 @@ def test_fit_step_with_wrt_equals_the_body_on_normalised_inputs():
         model = norm_mlp(seed=5)
         if use_wrt:
             net, data = model, x
-            target = roll.wrap(model, lam=2.0, C=0.25, wrt="norm")
+            target = keras_roll.wrap(model, lam=2.0, C=0.25, wrt="norm")
         else:
             net, data = body(model, "norm"), model.get_layer("norm")(x).numpy()
-            target = roll.wrap(net, lam=2.0, C=0.25)
+            target = keras_roll.wrap(net, lam=2.0, C=0.25)
         target.compile(keras.optimizers.SGD(0.5), "sparse_categorical_crossentropy")
         hist = target.fit(data, y, batch_size=16, epochs=1, shuffle=False, verbose=0).history
         return [v.numpy() for v in net.trainable_variables], hist
@@ -254,7 +254,7 @@ def test_fit_step_with_wrt_equals_the_body_on_normalised_inputs():
 
 def test_wrt_is_stored_in_the_config_and_survives_save_load(tmp_path):
     model = norm_mlp()
-    wrapped = roll.wrap(model, lam=1.0, wrt="norm", samples=3, seed=2)
+    wrapped = keras_roll.wrap(model, lam=1.0, wrt="norm", samples=3, seed=2)
     layer = wrapped.get_layer("roll_regularizer")
     assert layer.wrt == "norm" and layer.roll_config.wrt == "norm"
     assert layer.get_config()["wrt"] == "norm"
@@ -264,11 +264,11 @@ def test_wrt_is_stored_in_the_config_and_survives_save_load(tmp_path):
         saved = json.loads(zf.read("config.json"))
     assert saved["registered_name"] == "keras_roll>RollModel"
     loaded = keras.models.load_model(path)
-    assert isinstance(loaded, roll.RollModel)
+    assert isinstance(loaded, keras_roll.RollModel)
     assert loaded.get_layer("roll_regularizer").wrt == "norm"
     x = _x((4, 6))
     np.testing.assert_allclose(
-        roll.roll_loss(roll.unwrap(loaded), x, wrt="norm", samples=3, seed=1).numpy(),
+        roll.roll_loss(keras_roll.unwrap(loaded), x, wrt="norm", samples=3, seed=1).numpy(),
         roll.roll_loss(model, x, wrt="norm", samples=3, seed=1).numpy(), rtol=1e-6)
 
 

@@ -164,7 +164,7 @@ def propagate(program: Program, transform: Transform, initial, trace: Trace | No
         trace: the records of a forward pass, given to the ops of later passes.
         start: the first step to run. Steps before it are skipped; the caller
             guarantees that no later step reads their values except the output
-            of step `start - 1` (ROLL's `wrt=`, `keras_roll.roll.estimators.tangent_entry`).
+            of step `start - 1` (ROLL's `wrt=`, `keras_roll.roll.entry.tangent_entry`).
 
     Returns:
         The value of the model output. A step without ops (a folded softmax)

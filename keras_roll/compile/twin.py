@@ -244,7 +244,7 @@ class Linearized(NeuronQueries, ProgramQueries):
                 -1 for a zero direction): a first Dense layer then gathers rows.
             start: the program step the tangents enter at (0: the model input);
                 `v` is then a direction of the output of step `start - 1`
-                (ROLL's `wrt=`, see `keras_roll.roll.estimators.tangent_entry`).
+                (ROLL's `wrt=`, see `keras_roll.roll.entry.tangent_entry`).
             dtype: the dtype of the tangent pass (default the twin's), e.g.
                 "float16" for ROLL under mixed precision (`Interpreter.tangent`).
 

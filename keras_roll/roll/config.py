@@ -1,18 +1,20 @@
 """The hyperparameters of the ROLL regularizer, validated once: `RollConfig`.
 
 Every ROLL entry point (`wrap`, `RollRegularizer`, `roll_loss`,
-`neuron_grad_sq`, `memory_plan`) turns its keyword arguments into one frozen
-`RollConfig`, whose constructor checks each field with an error that names the
-bad value; the internals take the config. To add a hyperparameter, add a field
-with its default and a check in `__post_init__`: `RollRegularizer.get_config`
-(`dataclasses.asdict`) and its attributes follow. See docs/design.md, section
-"Data flow of a ROLL training step".
+`neuron_grad_sq`, `memory_plan`) takes `config=None, **overrides` and turns
+them into one frozen `RollConfig` with `resolve_config`; the constructor checks
+each field with an error that names the bad value, and the internals take the
+config. To add a hyperparameter, add a field with its default and a check in
+`__post_init__`: every entry point accepts it as a keyword, and
+`RollRegularizer.get_config` (`dataclasses.asdict`) and its attributes follow.
+See docs/design.md, section "Data flow of a ROLL training step".
 
 Example:
 
 ```python
 config = RollConfig(lam=2.0, C=1.0, gamma=50.0, samples=3)
 config.check_input_shape((784,))
+resolve_config(config, lam=1.0)  # a validated copy with lam=1.0
 dataclasses.asdict(config)      # what RollRegularizer.get_config stores
 ```
 """
@@ -22,12 +24,15 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import keras
 import numpy as np
 
-__all__ = ["ESTIMATORS", "STRATA", "RollConfig", "check_hyperparameters"]
+__all__ = ["ESTIMATORS", "STRATA", "TANGENT_DTYPES", "RollConfig", "check_hyperparameters",
+           "resolve_config"]
 
 ESTIMATORS = ("axes", "gaussian", "rademacher")
 STRATA = (None, "channel")
+TANGENT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def _is_number(v) -> bool:
@@ -42,28 +47,55 @@ def _is_int(v) -> bool:
 class RollConfig:
     """The ROLL hyperparameters (Lee et al., ICLR 2019, Eq. 9 / 10), validated.
 
+    One frozen record for every ROLL entry point: `wrap(model, config,
+    **overrides)`, `RollRegularizer`, `roll_loss(model, x, config,
+    **overrides)`, `neuron_grad_sq` and `memory_plan` take it, and accept its
+    fields as keywords (`resolve_config`).
+
     Attributes:
-        lam: regularization weight, `>= 0` (used by `RollRegularizer` / `wrap`).
-        C: hinge weight, `>= 0`.
-        gamma: percentage of neurons kept, in `(0, 100]`.
-        samples: None (exact) or an int `>= 1`: sampled axes per example
-            (per channel with `strata="channel"`), or random probes.
-        strata: None or "channel".
-        estimator: "axes", "gaussian" or "rademacher".
-        seed: None or an int (a reproducible sequence of stateless seeds).
-        on_eval: where the regularizer is computed outside training: None
-            (default) in `evaluate` of the model `wrap` returns, so
-            `val_loss` is the training objective, but not in `predict`;
-            True in every inference-mode call (`predict` too); False never
-            (evaluation then reports `roll_loss` as NaN).
-        memory_budget: None (the twin's) or bytes of tangents per chunk.
+        lam: regularization weight, `>= 0` (read by `wrap` / `RollRegularizer`;
+            `roll_loss` returns the regularizer without it).
+        C: weight of the hinge term `max(0, 1 - |z_j - b_j|)`, `>= 0`.
+        gamma: percentage of neurons kept, in `(0, 100]`: 100 keeps all (no
+            sort); otherwise `max(1, ceil(gamma / 100 * n_valid))` per example.
+        samples: None for the exact loss (every input axis, Eq. 9), or k for
+            Eq. 10: k axes per example drawn uniformly without replacement, the
+            sum of squares scaled by `D / k` (unbiased for gamma = 100); the
+            number of probes for random estimators. Behind a leading Masking
+            layer the axes of each example are drawn among its valid
+            (unpadded) steps only, scaled by `D_valid / k`.
+        strata: None, or "channel": k axes in every channel of a channels-last
+            input (the paper's "120 samples on each channel"), scaled per channel.
+        estimator: "axes" (one-hot input axes), "gaussian" or "rademacher"
+            (random probes v, `E[(g . v)^2] = ||g||^2`, scaled by `1 / k`).
+        seed: None (fresh randomness every step) or an int: a reproducible
+            sequence of stateless seeds (one per step and replica under `wrap`).
+            Under `tf.distribute` the global replica id is folded in, so
+            replicas never draw the same directions.
+        on_eval: where `wrap`'s regularizer is computed outside training: None
+            (default) in `evaluate` of the model `wrap` returns, so `val_loss`
+            is the training objective, but not in `predict`; True in every
+            inference-mode call (`predict` too); False never (evaluation then
+            reports `roll_loss` as NaN).
+        memory_budget: None (the twin's) or bytes of tangents per chunk of
+            directions; more chunks cost a recomputation in the backward pass
+            unless a training step differentiates each chunk in its forward.
         share_axes: one set of sampled axes for the whole batch (needs
-            `samples` and estimator "axes").
+            `samples` and estimator "axes"): each example's estimate stays
+            unbiased, the examples' estimates are correlated, and the first
+            layer's tangents are shared (a markedly cheaper step).
         wrt: None (gradients with respect to the model input) or the name of
             a leading Rescaling / Normalization layer: ROLL's directions are
             then the axes of that layer's output, so `||grad z||^2` and the
-            sampled axes are in its units (the paper's normalised units);
-            checked against the model by `keras_roll.roll.estimators.tangent_entry`.
+            sampled axes are in its units (the paper's normalised units;
+            docs/guide.md, "Units and wrt="); checked against the model by
+            `keras_roll.roll.entry.tangent_entry`.
+        tangent_dtype: None (the twin's dtype, float32 even under mixed
+            precision) or "float16" / "bfloat16" (also "float32", "float64"):
+            the dtype of ROLL's tangent pass, e.g. the compute dtype of a
+            mixed-precision model (half the tangent memory, 16-bit convolutions;
+            gradient norms to about 1e-3 (float16) or 1e-2 (bfloat16) relative);
+            the squares are summed in the twin's dtype.
 
     Raises:
         ValueError: a bad value; the message names the field and the value.
@@ -86,44 +118,11 @@ class RollConfig:
     memory_budget: int | None = None
     share_axes: bool = False
     wrt: str | None = None
+    tangent_dtype: str | None = None
 
     def __post_init__(self):
-        lam, C, gamma = self.lam, self.C, self.gamma
-        samples, strata, estimator = self.samples, self.strata, self.estimator
-        share_axes = self.share_axes
-        if not _is_number(lam) or not math.isfinite(lam) or lam < 0:
-            raise ValueError(f"lam must be a finite number >= 0, got lam={lam!r}.")
-        if not _is_number(C) or not math.isfinite(C) or C < 0:
-            raise ValueError(f"C must be a finite number >= 0, got C={C!r}.")
-        if not _is_number(gamma) or not (0 < gamma <= 100):
-            raise ValueError(f"gamma is a percentage of neurons and must lie in (0, 100], "
-                             f"got gamma={gamma!r}.")
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"Unknown estimator={estimator!r}; expected one of {ESTIMATORS}.")
-        if strata not in STRATA:
-            raise ValueError(f"Unknown strata={strata!r}; expected None (uniform over all "
-                             f"input axes) or 'channel' (the same number of axes in every "
-                             f"channel).")
-        if samples is not None and (not _is_int(samples) or samples < 1):
-            raise ValueError(f"samples must be None (exact ROLL) or a positive int, got "
-                             f"samples={samples!r}.")
-        if estimator != "axes":
-            if samples is None:
-                raise ValueError(f"estimator={estimator!r} draws random probes and needs "
-                                 f"samples=<number of probes>; use estimator='axes' with "
-                                 f"samples=None for the exact loss.")
-            if strata is not None:
-                raise ValueError(f"strata={strata!r} applies to estimator='axes' only, got "
-                                 f"estimator={estimator!r}.")
-        if not isinstance(share_axes, (bool, np.bool_)):
-            raise ValueError(f"share_axes must be True or False, got share_axes={share_axes!r}.")
-        if share_axes and (samples is None or estimator != "axes"):
-            raise ValueError(f"share_axes=True shares sampled input axes across the batch; it "
-                             f"needs samples=<k> and estimator='axes', got samples={samples!r}, "
-                             f"estimator={estimator!r}.")
-        if strata is not None and samples is None:
-            raise ValueError(f"strata={strata!r} stratifies sampled axes; pass samples=<axes "
-                             f"per channel> (the exact loss uses every axis).")
+        _check_weights(self.lam, self.C, self.gamma)
+        _check_sampling(self.samples, self.strata, self.estimator, self.share_axes)
         if self.seed is not None and not _is_int(self.seed):
             raise ValueError(f"seed must be None or an int, got seed={self.seed!r}.")
         if self.on_eval is not None and not isinstance(self.on_eval, (bool, np.bool_)):
@@ -139,11 +138,12 @@ class RollConfig:
             raise ValueError(f"memory_budget must be None or a positive number of bytes, got "
                              f"memory_budget={budget!r}.")
         normalised = {
-            "lam": float(lam), "C": float(C), "gamma": float(gamma),
-            "samples": None if samples is None else int(samples),
+            "tangent_dtype": _check_tangent_dtype(self.tangent_dtype),
+            "lam": float(self.lam), "C": float(self.C), "gamma": float(self.gamma),
+            "samples": None if self.samples is None else int(self.samples),
             "seed": None if self.seed is None else int(self.seed),
             "on_eval": None if self.on_eval is None else bool(self.on_eval),
-            "share_axes": bool(share_axes),
+            "share_axes": bool(self.share_axes),
             "memory_budget": None if budget is None else int(budget),
         }
         for name, value in normalised.items():
@@ -190,6 +190,93 @@ class RollConfig:
         if samples > d:
             raise ValueError(f"samples={samples} exceeds the input dimension D={d} of an input "
                              f"of shape {shape}; use samples=None for the exact loss.")
+
+
+def _check_weights(lam, C, gamma) -> None:
+    if not _is_number(lam) or not math.isfinite(lam) or lam < 0:
+        raise ValueError(f"lam must be a finite number >= 0, got lam={lam!r}.")
+    if not _is_number(C) or not math.isfinite(C) or C < 0:
+        raise ValueError(f"C must be a finite number >= 0, got C={C!r}.")
+    if not _is_number(gamma) or not (0 < gamma <= 100):
+        raise ValueError(f"gamma is a percentage of neurons and must lie in (0, 100], "
+                         f"got gamma={gamma!r}.")
+
+
+def _check_sampling(samples, strata, estimator, share_axes) -> None:
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"Unknown estimator={estimator!r}; expected one of {ESTIMATORS}.")
+    if strata not in STRATA:
+        raise ValueError(f"Unknown strata={strata!r}; expected None (uniform over all "
+                         f"input axes) or 'channel' (the same number of axes in every "
+                         f"channel).")
+    if samples is not None and (not _is_int(samples) or samples < 1):
+        raise ValueError(f"samples must be None (exact ROLL) or a positive int, got "
+                         f"samples={samples!r}.")
+    if estimator != "axes":
+        if samples is None:
+            raise ValueError(f"estimator={estimator!r} draws random probes and needs "
+                             f"samples=<number of probes>; use estimator='axes' with "
+                             f"samples=None for the exact loss.")
+        if strata is not None:
+            raise ValueError(f"strata={strata!r} applies to estimator='axes' only, got "
+                             f"estimator={estimator!r}.")
+    if not isinstance(share_axes, (bool, np.bool_)):
+        raise ValueError(f"share_axes must be True or False, got share_axes={share_axes!r}.")
+    if share_axes and (samples is None or estimator != "axes"):
+        raise ValueError(f"share_axes=True shares sampled input axes across the batch; it "
+                         f"needs samples=<k> and estimator='axes', got samples={samples!r}, "
+                         f"estimator={estimator!r}.")
+    if strata is not None and samples is None:
+        raise ValueError(f"strata={strata!r} stratifies sampled axes; pass samples=<axes "
+                         f"per channel> (the exact loss uses every axis).")
+
+
+def _check_tangent_dtype(tangent_dtype) -> str | None:
+    """`tangent_dtype` as a standard dtype name (None stays None)."""
+    if tangent_dtype is None:
+        return None
+    try:
+        name = keras.backend.standardize_dtype(tangent_dtype)
+    except (TypeError, ValueError):
+        name = None
+    if name not in TANGENT_DTYPES:
+        raise ValueError(f"tangent_dtype must be None (the twin's dtype), 'float16' or "
+                         f"'bfloat16' (16-bit ROLL tangents, e.g. under mixed precision), "
+                         f"'float32' or 'float64'; got tangent_dtype={tangent_dtype!r}.")
+    return name
+
+
+def resolve_config(config: RollConfig | None = None, **overrides) -> RollConfig:
+    """`config` (default `RollConfig()`) with the fields in `overrides` replaced, validated.
+
+    The one way every ROLL entry point reads its hyperparameters: `wrap(model,
+    config, **overrides)`, `roll_loss(model, x, config, **overrides)`, ...
+
+    Raises:
+        TypeError: `config` is not a `RollConfig`, or an override names no field
+            (the message lists the fields).
+        ValueError: a bad value (see `RollConfig`).
+
+    Example:
+
+    ```python
+    base = RollConfig(lam=2.0, samples=3)
+    resolve_config(base, seed=0)        # RollConfig(lam=2.0, samples=3, seed=0, ...)
+    resolve_config(None, C=0.25)        # the defaults with C=0.25
+    ```
+    """
+    if config is None:
+        config = RollConfig()
+    elif not isinstance(config, RollConfig):
+        raise TypeError(f"config must be a keras_roll.roll.config.RollConfig or None, got "
+                        f"{config!r}; pass the hyperparameters by keyword instead, e.g. "
+                        f"wrap(model, lam=2.0) or roll_loss(model, x, C=1.0).")
+    fields = [f.name for f in dataclasses.fields(RollConfig)]
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        raise TypeError(f"Unknown ROLL hyperparameter(s) {unknown}; the fields of RollConfig "
+                        f"are {fields}.")
+    return dataclasses.replace(config, **overrides) if overrides else config
 
 
 def check_hyperparameters(lam=0.0, C=1.0, gamma=100.0, samples=None, strata=None,

@@ -18,18 +18,16 @@ explicitly and rebuilds it there (nothing is captured from outside). Each one
 computes, for directions `start .. start + k - 1` (zero past the last one),
 the `[B, N]` sum over those directions of every neuron's squared derivative.
 
-**Where the directions live** (`wrt=`, `tangent_entry`): by default they are
-axes of the model input. With `wrt="<layer>"`, a leading elementwise affine
-layer (Rescaling, Normalization, per-channel too), they are axes of that
-layer's output: the tangent pass enters the program right after it, so the
-loss equals the loss of the model without that layer fed the layer's outputs
-(the paper's normalised units).
+**Where the directions live** (`keras_roll.roll.entry`): axes of the model
+input, or of the output of a leading Rescaling / Normalization layer
+(`wrt=`); the estimators enter the tangent pass at `tangent_entry(wrt)`.
 
-**Padded steps** (`padding_mask`): with a leading Masking layer, the padded
-steps of an example have zero gradient by construction. `SampledAxes` then
-draws the `k` axes of each example uniformly among its valid steps x channels
-(per channel among valid steps with `strata="channel"`) and scales by
-`D_valid / min(k, D_valid)` per example, which keeps the estimate unbiased.
+**Padded steps** (`keras_roll.roll.entry.padding_mask`): with a leading
+Masking layer, the padded steps of an example have zero gradient by
+construction. `SampledAxes` then draws the `k` axes of each example uniformly
+among its valid steps x channels (per channel among valid steps with
+`strata="channel"`) and scales by `D_valid / min(k, D_valid)` per example,
+which keeps the estimate unbiased.
 
 **Seeds under tf.distribute** (`seed_tensor`): in a replica context with more
 than one replica, every seed (a fresh random one for `seed=None` too) is
@@ -48,29 +46,23 @@ from __future__ import annotations
 
 import dataclasses
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.records import Record
-from keras_roll.compile.rules.recurrent import MaskingOp
 from keras_roll.roll.config import RollConfig
+from keras_roll.roll.entry import padding_mask, tangent_entry
 
 __all__ = [
-    "AFFINE_ENTRY_LAYERS",
     "ExactAxes",
     "RandomProbes",
     "SampledAxes",
-    "check_tangent_dtype",
     "estimator_for",
     "mix_replica",
-    "padding_mask",
     "seed_tensor",
     "sum_squares_per_unit",
-    "tangent_entry",
+    "tangent_dtype_for",
 ]
-
-AFFINE_ENTRY_LAYERS = (keras.layers.Rescaling, keras.layers.Normalization)
 
 
 def seed_tensor(seed) -> tf.Tensor:
@@ -123,141 +115,6 @@ def mix_replica(seed: tf.Tensor) -> tf.Tensor:
     return tf.cast(tf.random.experimental.stateless_fold_in(seed, rid), tf.int32)
 
 
-# --------------------------------------------------------------------------- where directions live
-
-
-def _readers(program, key) -> list[int]:
-    return [i for i, step in enumerate(program.steps) if key in step.inputs]
-
-
-def _entry_key(program, entry: int):
-    return program.input_key if entry == 0 else program.steps[entry - 1].output
-
-
-def _broadcasts_elementwise(value, example_shape) -> bool:
-    """Whether an array `value` broadcasts against `[B, *example_shape]` elementwise."""
-    shape = np.shape(value)
-    full = (None, *example_shape)
-    if len(shape) > len(full):
-        return False
-    for dim, want in zip(shape[::-1], full[::-1]):
-        if dim != 1 and (want is None or dim != want):
-            return False
-    return True
-
-
-def _affine_problem(step, example_shape) -> str | None:
-    """Why `step` is not an elementwise affine map of its input (None if it is)."""
-    layer = step.layer
-    if not isinstance(layer, AFFINE_ENTRY_LAYERS):
-        return (f"a {type(layer).__name__}, not an elementwise affine layer (Rescaling or "
-                f"Normalization)")
-    if isinstance(layer, keras.layers.Rescaling):
-        for attr in ("scale", "offset"):
-            value = getattr(layer, attr)
-            if not _broadcasts_elementwise(value, example_shape):
-                return (f"a Rescaling whose {attr} of shape {np.shape(value)} does not "
-                        f"broadcast elementwise against inputs of shape {example_shape}")
-    return None
-
-
-def _leading_chain(program) -> list[tuple[str, int]]:
-    """`(name, index)` of the leading elementwise affine steps, in order.
-
-    Step `i` belongs to the chain when it reads only the output of step
-    `i - 1` (the model input for the first one), nothing else reads that
-    value, and it is a Rescaling or Normalization that acts elementwise.
-    """
-    chain = []
-    key = program.input_key
-    for i, step in enumerate(program.steps):
-        if step.inputs != [key] or _readers(program, key) != [i]:
-            break
-        if _affine_problem(step, program.input_shape) is not None:
-            break
-        chain.append((step.name, i))
-        key = step.output
-    return chain
-
-
-def tangent_entry(program, wrt: str | None) -> int:
-    """The program step ROLL's tangents enter at for `wrt=` (0: the model input).
-
-    Args:
-        program: the model's `keras_roll.compile.graph.Program` (`lin.program`).
-        wrt: None, or the name of a leading elementwise affine layer
-            (Rescaling / Normalization, scalar or per-channel), possibly after
-            other such layers: its step name, or its layer name when that is
-            unique.
-
-    Returns:
-        The index of the first step after the `wrt` layer (0 for `wrt=None`).
-
-    Raises:
-        ValueError: no such layer, a layer that is not elementwise affine, or
-            one that does not lead the model (the message lists the valid names).
-
-    Example:
-
-    ```python
-    lin = keras_roll.linearize(keras_roll.models.fc())
-    tangent_entry(lin.program, "normalize")     # 1: tangents enter at dense_1
-    ```
-    """
-    if wrt is None:
-        return 0
-    chain = _leading_chain(program)
-    valid = [name for name, _ in chain]
-    for name, index in chain:
-        if name == wrt or (name.split("/")[-1] == wrt
-                           and sum(s.layer.name == wrt for s in program.steps) == 1):
-            return index + 1
-    hint = (f"valid names for this model: {valid}" if valid else
-            "this model has none: put a keras.layers.Rescaling or Normalization right after "
-            "its Input")
-    matches = [s for s in program.steps if s.name == wrt or getattr(s.layer, "name", None) == wrt]
-    if not matches:
-        names = [s.name for s in program.steps]
-        raise ValueError(f"wrt={wrt!r}: the model has no layer of that name (its layers: "
-                         f"{names}); wrt names a leading Rescaling / Normalization layer, "
-                         f"{hint}.")
-    problem = _affine_problem(matches[0], program.input_shape)
-    if problem is not None:
-        raise ValueError(f"wrt={wrt!r} names {problem}; ROLL's gradients can be taken with "
-                         f"respect to the output of a leading elementwise affine layer only, "
-                         f"{hint}.")
-    raise ValueError(f"wrt={wrt!r} names a {type(matches[0].layer).__name__} that does not lead "
-                     f"the model: it must read the model input (possibly after other "
-                     f"Rescaling / Normalization layers) and be the only layer that reads it, "
-                     f"so that the model is a function of its output; {hint}.")
-
-
-def padding_mask(program, trace, entry: int = 0):
-    """`[B, P]` bool: the unpadded positions (all axes but the channels) of each
-    example, when a leading Masking layer reads the tangents' entry, else None.
-
-    The Masking op multiplies the tangents by its `keep` record, so along a
-    padded position every neuron has derivative zero. Only a Masking layer
-    that is the single reader of the entry value qualifies (otherwise another
-    path could give padded steps a gradient).
-
-    Example:
-
-    ```python
-    keep = padding_mask(lin.program, lin.primal(x).trace)   # [B, T] for [B, T, C] inputs
-    ```
-    """
-    readers = _readers(program, _entry_key(program, entry))
-    if len(readers) != 1:
-        return None
-    step = program.steps[readers[0]]
-    if len(step.ops) != 1 or not isinstance(step.ops[0], MaskingOp):
-        return None
-    keep = trace.steps[readers[0]].ops[0].keep  # [B, *shape[:-1], 1]
-    batch = tf.shape(keep)[0]
-    return tf.reshape(keep > 0, tf.stack([batch, -1]))
-
-
 def _sum_squares_over_directions(jvp, start):
     return tf.reduce_sum(tf.square(jvp.neurons), axis=1)
 
@@ -274,26 +131,17 @@ def sum_squares_per_unit(jvp, dtype=None) -> tf.Tensor:
     return tf.concat([tf.reduce_sum(square(t), axis=1) for t in jvp.neurons], axis=-1)
 
 
-def check_tangent_dtype(tangent_dtype, twin_dtype: str) -> str | None:
-    """`tangent_dtype` standardized: None (the twin's dtype) or a float dtype name.
+def tangent_dtype_for(config: RollConfig, twin_dtype: str) -> str | None:
+    """The dtype of the tangent pass: None when it is the twin's own.
 
     Example:
 
     ```python
-    check_tangent_dtype("bfloat16", "float32")   # "bfloat16"
-    check_tangent_dtype("float32", "float32")    # None: the twin's own dtype
+    tangent_dtype_for(RollConfig(tangent_dtype="bfloat16"), "float32")   # "bfloat16"
+    tangent_dtype_for(RollConfig(tangent_dtype="float32"), "float32")    # None
     ```
     """
-    if tangent_dtype is None:
-        return None
-    try:
-        name = keras.backend.standardize_dtype(tangent_dtype)
-    except (TypeError, ValueError):
-        name = None
-    if name not in ("float16", "bfloat16", "float32", "float64"):
-        raise ValueError(f"tangent_dtype must be None (the twin's dtype), 'float16' or "
-                         f"'bfloat16' (16-bit ROLL tangents, e.g. under mixed precision), "
-                         f"'float32' or 'float64'; got tangent_dtype={tangent_dtype!r}.")
+    name = config.tangent_dtype
     return None if name == twin_dtype else name
 
 
@@ -451,21 +299,19 @@ class RandomProbes(Record):
         return sum_squares_per_unit(jvp, self.dtype)
 
 
-def estimator_for(lin, x, config: RollConfig, seed, trace=None,
-                  tangent_dtype: str | None = None) -> ExactAxes | SampledAxes | RandomProbes:
+def estimator_for(lin, x, config: RollConfig, seed,
+                  trace=None) -> ExactAxes | SampledAxes | RandomProbes:
     """The estimator `config` asks for on the batch `x` (checked, in the twin's dtype).
 
     Args:
         lin: the `Linearized` model.
         x: `[B, *input_shape]` inputs.
         config: the ROLL hyperparameters (`samples`, `strata`, `estimator`,
-            `share_axes`, `wrt`).
+            `share_axes`, `wrt`, `tangent_dtype`).
         seed: None, an int or a `[2]` int tensor (see `seed_tensor`).
         trace: the `Trace` of `x`'s forward pass: with it, sampled axes (not
             shared) avoid the padded steps of a leading Masking layer
             (`padding_mask`).
-        tangent_dtype: None (the twin's dtype) or the dtype of the tangent
-            pass, e.g. "float16" under mixed precision (`check_tangent_dtype`).
 
     Example:
 
@@ -474,7 +320,7 @@ def estimator_for(lin, x, config: RollConfig, seed, trace=None,
     ```
     """
     dtype = lin.dtype
-    tdtype = check_tangent_dtype(tangent_dtype, dtype)
+    tdtype = tangent_dtype_for(config, dtype)
     entry = tangent_entry(lin.program, config.wrt)
     static = x.shape[1:]
     if static.is_fully_defined():

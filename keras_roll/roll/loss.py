@@ -1,4 +1,4 @@
-"""The ROLL regularizer (RObust Local Linearity) and `wrap()` to train with it.
+"""The ROLL regularizer (RObust Local Linearity): `roll_loss`, `neuron_grad_sq`, `memory_plan`.
 
 Lee, Alvarez-Melis & Jaakkola, "Towards Robust, Locally Linear Deep Networks",
 ICLR 2019, Eq. 9: for every example
@@ -38,10 +38,10 @@ needed, the gradient of the loss recomputes the chunks one by one in the
 backward pass (a custom gradient), so training memory stays bounded too. If a
 single direction of the batch does not fit, the error points to `samples=`.
 On a CPU, chunks around the L3 cache size are fastest even with the
-recomputation (`benchmarks/step_time.py`: 16 MiB beat one 700 MiB chunk by 25 %).
+recomputation (`benchmarks/step_time.py`).
 
-`RollRegularizer`, `wrap` and `unwrap` live in `keras_roll.roll.regularizer` and stay
-importable from here.
+`RollRegularizer`, `wrap` and `unwrap`, which train with this loss through
+`fit`, live in `keras_roll.roll.regularizer`.
 """
 
 from __future__ import annotations
@@ -57,46 +57,39 @@ from keras_roll.compile.twin import Linearized, linearize
 from keras_roll.inputs import Array, ModelOrTwin
 from keras_roll.options import Seed
 from keras_roll.roll.chunked_gradients import chunked_sum_squares, chunked_weighted_sum
-from keras_roll.roll.config import ESTIMATORS, STRATA, RollConfig, check_hyperparameters
-from keras_roll.roll.estimators import (
-    Estimator,
-    check_tangent_dtype,
-    estimator_for,
-    tangent_entry,
-)
+from keras_roll.roll.config import RollConfig, resolve_config
+from keras_roll.roll.entry import tangent_entry
+from keras_roll.roll.estimators import Estimator, estimator_for, tangent_dtype_for
 
-__all__ = [
-    "ESTIMATORS",
-    "STRATA",
-    "RollConfig",
-    "check_hyperparameters",
-    "memory_plan",
-    "neuron_grad_sq",
-    "roll_loss",
-]  # and, lazily from keras_roll.roll.regularizer: RollModel, RollRegularizer, wrap, unwrap
-
-
-_REGULARIZER_NAMES = ("RollModel", "RollRegularizer", "wrap", "unwrap")
-
-
-def __getattr__(name):
-    # keras_roll.roll.loss.RollRegularizer / wrap / unwrap, defined in keras_roll.roll.regularizer
-    # (which imports this module, hence the lazy import).
-    if name in _REGULARIZER_NAMES:
-        from keras_roll.roll import regularizer
-
-        return getattr(regularizer, name)
-    raise AttributeError(f"module 'keras_roll.roll.loss' has no attribute {name!r}")
+__all__ = ["checked_config", "grad_sq", "loss_from_config", "memory_plan", "neuron_grad_sq",
+           "roll_loss"]
 
 
 # --------------------------------------------------------------------------- public API
 
 
+def checked_config(lin: Linearized, x: tf.Tensor, config: RollConfig | None,
+                   overrides: dict) -> RollConfig:
+    """The `RollConfig` of a call (`config` with `overrides`), checked against the
+    twin and the batch `x`: `samples` against the input shape, `wrt` against
+    the model (a bad `wrt=` fails here, eagerly, naming the valid layers).
+
+    Example:
+
+    ```python
+    config = checked_config(lin, lin.check_input(x), None, {"samples": 3})
+    ```
+    """
+    config = resolve_config(config, **overrides)
+    config.check_input_shape(tuple(x.shape[1:]))
+    tangent_entry(lin.program, config.wrt)
+    return config
+
+
 @tf.autograph.experimental.do_not_convert
-def neuron_grad_sq(model_or_lin: ModelOrTwin, x: Array, samples: int | None = None,
-                   strata: str | None = None, seed: Seed = None, estimator: str = "axes",
-                   share_axes: bool = False, forward: ForwardPass | None = None,
-                   wrt: str | None = None, tangent_dtype: str | None = None) -> tf.Tensor:
+def neuron_grad_sq(model_or_lin: ModelOrTwin, x: Array, config: RollConfig | None = None, *,
+                   seed: Seed = None, forward: ForwardPass | None = None,
+                   **overrides) -> tf.Tensor:
     """Squared l2 norms of every neuron's input gradient, `[B, N]`.
 
     Exact (`samples=None`, Eq. 9) or the unbiased estimate of Eq. 10. The
@@ -106,9 +99,12 @@ def neuron_grad_sq(model_or_lin: ModelOrTwin, x: Array, samples: int | None = No
     Args:
         model_or_lin: a Keras model or a `Linearized`.
         x: `[B, *input_shape]` inputs.
-        samples, strata, seed, estimator, share_axes, wrt, tangent_dtype: see
-            `roll_loss`.
+        config: a `RollConfig` (default `RollConfig()`); `samples`, `strata`,
+            `estimator`, `share_axes`, `wrt`, `tangent_dtype` and
+            `memory_budget` apply.
+        seed: None (`config.seed`), an int or a `[2]` int tensor (see `roll_loss`).
         forward: a `ForwardPass` of `x` to reuse (from `lin.primal(x)`).
+        **overrides: `RollConfig` fields replacing those of `config`.
 
     Returns:
         A `[B, N]` tensor in the twin's dtype (float32 or float64).
@@ -117,26 +113,24 @@ def neuron_grad_sq(model_or_lin: ModelOrTwin, x: Array, samples: int | None = No
 
     ```python
     sq = keras_roll.roll.loss.neuron_grad_sq(model, x)   # ||grad_x z_j||^2 per neuron
+    sq3 = keras_roll.roll.loss.neuron_grad_sq(model, x, samples=3, seed=0)   # Eq. 10
     ```
     """
     lin = linearize(model_or_lin)
     x = lin.check_input(x)
-    config = RollConfig(samples=samples, strata=strata, estimator=estimator,
-                        share_axes=share_axes, wrt=wrt)
-    config.check_input_shape(tuple(x.shape[1:]))
-    tangent_entry(lin.program, config.wrt)
+    config = checked_config(lin, x, config, overrides)
     fwd = forward if forward is not None else lin.primal(x)
-    return grad_sq(lin, fwd, x, config, seed, tangent_dtype)
+    return grad_sq(lin, fwd, x, config, config.seed if seed is None else seed)
 
 
 def grad_sq(lin: Linearized, fwd: ForwardPass, x: tf.Tensor, config: RollConfig,
-            seed: Seed = None, tangent_dtype: str | None = None) -> tf.Tensor:
+            seed: Seed = None) -> tf.Tensor:
     """`[B, N]` squared gradient norms (scaled estimate) for a checked batch `x`.
 
     The internal entry point of `neuron_grad_sq` and `roll_loss`: `config`
     is already validated and `fwd` is the forward pass of `x`.
     """
-    est = estimator_for(lin, x, config, seed, trace=fwd.trace, tangent_dtype=tangent_dtype)
+    est = estimator_for(lin, x, config, seed, trace=fwd.trace)
     sq = _sum_squares(lin, fwd, x, est, config.memory_budget or lin.memory_budget)
     scale = est.scale(lin.dtype)
     if scale is not None:
@@ -145,10 +139,8 @@ def grad_sq(lin: Linearized, fwd: ForwardPass, x: tf.Tensor, config: RollConfig,
 
 
 @tf.autograph.experimental.do_not_convert
-def roll_loss(model_or_lin: ModelOrTwin, x: Array, C: float = 1.0, gamma: float = 100.0,
-              samples: int | None = None, strata: str | None = None, seed: Seed = None,
-              estimator: str = "axes", share_axes: bool = False, return_logits: bool = False,
-              wrt: str | None = None, tangent_dtype: str | None = None):
+def roll_loss(model_or_lin: ModelOrTwin, x: Array, config: RollConfig | None = None, *,
+              seed: Seed = None, return_logits: bool = False, **overrides):
     """The per-example ROLL regularizer of Eq. 9 (without `lam`), `[B]`.
 
     For every example, the mean over the top `gamma` % of its valid neurons
@@ -159,50 +151,31 @@ def roll_loss(model_or_lin: ModelOrTwin, x: Array, C: float = 1.0, gamma: float 
     steps, the winner of a max window) are left out. The activation pattern is a
     constant for differentiation; the weights are not.
 
+    The hyperparameters are one `RollConfig` (`keras_roll.roll.config`, where
+    each field is described): pass one as `config`, its fields by keyword, or
+    both (the keywords replace the config's fields). `lam` and `on_eval` are
+    read by `wrap` only.
+
     Args:
         model_or_lin: a Keras model (linearized and cached) or a `Linearized`.
         x: `[B, *input_shape]` inputs (array or tensor).
-        C: weight of the hinge term, `>= 0`.
-        gamma: percentage of neurons kept, in `(0, 100]`. 100 keeps all (no sort);
-            otherwise `max(1, ceil(gamma / 100 * n_valid))` per example (at least
-            one neuron however small gamma is).
-        samples: None for the exact loss (every input axis, streamed in chunks
-            within `lin.memory_budget`); k for Eq. 10: k axes per example, drawn
-            uniformly without replacement, sum of squares scaled by `D / k`
-            (unbiased for gamma = 100); the number of probes for random estimators.
-            Behind a leading Masking layer the axes of each example are drawn
-            among its valid (unpadded) steps only, scaled by `D_valid / k`.
-        strata: None, or "channel": k axes in every channel of a channels-last
-            input (the paper's "120 samples on each channel"), scaled per channel.
-        seed: None (fresh randomness per call), an int, or a `[2]` int tensor for
-            stateless, reproducible sampling (also inside `fit`).
-        estimator: "axes" (one-hot input axes), "gaussian" or "rademacher"
-            (random probes v, `E[(g . v)^2] = ||g||^2`, scaled by `1 / k`).
-        share_axes: draw one set of axes for the whole batch instead of one per
-            example. Each example's estimate stays unbiased (its axes are still
-            uniform without replacement) but the examples' estimates are
-            correlated; the first layer's tangents are then shared by the batch,
-            which makes the step markedly cheaper (benchmarks/step_time.py).
+        config: a `RollConfig`, or None for the defaults (exact ROLL, `C=1`,
+            `gamma=100`).
+        seed: None (`config.seed`; fresh randomness without one), an int, or a
+            `[2]` int tensor for stateless, reproducible sampling (also inside
+            `fit`).
         return_logits: also return the twin's logits `[B, ...]` (the model output
             before a folded softmax) from the same forward pass.
-        wrt: None (gradients with respect to the model input `x`) or the name of
-            a leading elementwise affine layer (Rescaling, Normalization, scalar
-            or per-channel): the gradients, the sampled axes and the probes are
-            then those of that layer's output, so the loss equals the loss of
-            the model without that layer fed its outputs (the paper's
-            normalised units; docs/guide.md, "Units and wrt=").
-        tangent_dtype: None (the twin's dtype, float32 even under mixed
-            precision: exact to float32 rounding) or "float16" / "bfloat16":
-            the tangent pass (directions, weights, every op's tangent) runs in
-            that dtype and the squares are summed in the twin's dtype. Under
-            mixed precision this halves the tangents' memory and runs the
-            convolutions at 16-bit speed, at the cost of a relative error of
-            the gradient norms of order 1e-3 (float16) to 1e-2 (bfloat16).
+        **overrides: `RollConfig` fields, e.g. `C=0.25`, `gamma=50.0`,
+            `samples=3`, `strata="channel"`, `estimator="gaussian"`,
+            `share_axes=True`, `wrt="normalize"`, `tangent_dtype="bfloat16"`,
+            `memory_budget=2**24`.
 
     Returns:
         A `[B]` tensor (float32 even under mixed precision), or `(loss, logits)`.
 
     Raises:
+        TypeError: `config` is not a `RollConfig`, or an unknown keyword.
         ValueError: bad hyperparameters (the message names the value).
         MemoryError: a single direction of the batch exceeds the memory budget
             (with the exact loss on large inputs: use `samples=`).
@@ -210,23 +183,20 @@ def roll_loss(model_or_lin: ModelOrTwin, x: Array, C: float = 1.0, gamma: float 
     Example:
 
     ```python
-    reg = keras_roll.roll.loss.roll_loss(model, x, C=1.0, gamma=100.0)   # [B]
+    reg = keras_roll.roll_loss(model, x, C=1.0, gamma=100.0)   # [B]
     loss = keras.losses.sparse_categorical_crossentropy(y, model(x)) + 2.0 * reg
+    sampled = keras_roll.roll_loss(model, x, RollConfig(samples=3), seed=0)
     ```
     """
     lin = linearize(model_or_lin)
     x = lin.check_input(x)
-    config = RollConfig(C=C, gamma=gamma, samples=samples, strata=strata,
-                        estimator=estimator, share_axes=share_axes, wrt=wrt)
-    config.check_input_shape(tuple(x.shape[1:]))
-    tangent_entry(lin.program, config.wrt)  # a bad wrt= fails here, eagerly
-    check_tangent_dtype(tangent_dtype, lin.dtype)
-    return loss_from_config(lin, x, config, seed, return_logits, tangent_dtype=tangent_dtype)
+    config = checked_config(lin, x, config, overrides)
+    return loss_from_config(lin, x, config, config.seed if seed is None else seed,
+                            return_logits)
 
 
 def loss_from_config(lin: Linearized, x: tf.Tensor, config: RollConfig, seed: Seed = None,
-                     return_logits: bool = False, precompute_gradient: bool = False,
-                     tangent_dtype: str | None = None):
+                     return_logits: bool = False, precompute_gradient: bool = False):
     """`roll_loss` for a checked batch `x` and a validated `config`.
 
     Args:
@@ -239,7 +209,6 @@ def loss_from_config(lin: Linearized, x: tf.Tensor, config: RollConfig, seed: Se
             tangent pass less); a backward pass with non-uniform weights still
             recomputes, so the gradient is right either way. Costly if nothing
             is differentiated.
-        tangent_dtype: see `roll_loss`.
 
     Example:
 
@@ -253,9 +222,9 @@ def loss_from_config(lin: Linearized, x: tf.Tensor, config: RollConfig, seed: Se
         loss = tf.zeros([0], lin.dtype)
         return (loss, fwd.logits) if return_logits else loss
     if precompute_gradient and config.gamma >= 100:
-        loss = _full_gamma_loss(lin, fwd, x, config, seed, tangent_dtype)
+        loss = _full_gamma_loss(lin, fwd, x, config, seed)
     else:
-        sq = grad_sq(lin, fwd, x, config, seed, tangent_dtype)
+        sq = grad_sq(lin, fwd, x, config, seed)
         loss = _select_and_average(fwd, sq, config.C, config.gamma)
     loss = _nan_where_nonfinite(fwd, loss)
     if return_logits:
@@ -263,13 +232,12 @@ def loss_from_config(lin: Linearized, x: tf.Tensor, config: RollConfig, seed: Se
     return loss
 
 
-def _full_gamma_loss(lin: Linearized, fwd: ForwardPass, x, config: RollConfig, seed,
-                     tangent_dtype=None):
+def _full_gamma_loss(lin: Linearized, fwd: ForwardPass, x, config: RollConfig, seed):
     """Eq. 9 with gamma = 100 as `sum_j w_j sq_j + C * mean hinge` with constant weights
     `w_j = valid_j * scale / n_valid`, so that chunked tangents can differentiate their
     weighted sum in the forward pass (`chunked_weighted_sum`): the loss is the same
     function as `_select_and_average(fwd, sq, C, 100)`."""
-    est = estimator_for(lin, x, config, seed, trace=fwd.trace, tangent_dtype=tangent_dtype)
+    est = estimator_for(lin, x, config, seed, trace=fwd.trace)
     neurons = fwd.neurons
     dtype = neurons.z.dtype
     valid = neurons.valid
@@ -439,17 +407,20 @@ def _budget_message(lin, budget, per):
             f"memory_budget=...)).")
 
 
-def memory_plan(model_or_lin: ModelOrTwin, x: Array, samples: int | None = None,
-                strata: str | None = None, estimator: str = "axes",
-                share_axes: bool = False, wrt: str | None = None,
-                tangent_dtype: str | None = None) -> ChunkPlan:
-    """The chunking `roll_loss` uses on `x` within `lin.memory_budget` (eager).
+def memory_plan(model_or_lin: ModelOrTwin, x: Array, config: RollConfig | None = None,
+                **overrides) -> ChunkPlan:
+    """The chunking `roll_loss` uses on `x` with `config` (eager).
 
     Returns the `keras_roll.compile.chunking.ChunkPlan` that `roll_loss` executes:
     `directions` per example, `per_chunk` directions per tangent pass,
     `chunks` passes (more than one also costs a recomputation in the backward
     pass), `bytes_per_direction` for the whole batch, and `fits` (False: one
     direction of the batch exceeds the budget, and `roll_loss` raises).
+
+    Args:
+        model_or_lin: a Keras model or a `Linearized`.
+        x: `[B, *input_shape]` inputs.
+        config, **overrides: the hyperparameters, as in `roll_loss`.
 
     Example:
 
@@ -460,14 +431,10 @@ def memory_plan(model_or_lin: ModelOrTwin, x: Array, samples: int | None = None,
     """
     lin = linearize(model_or_lin)
     x = lin.check_input(x)
-    config = RollConfig(samples=samples, strata=strata, estimator=estimator,
-                        share_axes=share_axes, wrt=wrt)
-    config.check_input_shape(tuple(x.shape[1:]))
-    tangent_entry(lin.program, config.wrt)
+    config = checked_config(lin, x, config, overrides)
     layout = lin.layout(x.shape[1:])
     shared = config.exact or config.share_axes
-    itemsize = np.dtype(check_tangent_dtype(tangent_dtype, lin.dtype) or lin.dtype).itemsize
+    itemsize = np.dtype(tangent_dtype_for(config, lin.dtype) or lin.dtype).itemsize
     return _plan(lin, int(x.shape[0]), config.directions(x.shape[1:]), layout.tangent_size,
-                 layout.num_neurons, layout.input_size, shared, lin.memory_budget, itemsize)
-
-
+                 layout.num_neurons, layout.input_size, shared,
+                 config.memory_budget or lin.memory_budget, itemsize)

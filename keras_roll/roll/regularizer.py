@@ -38,8 +38,8 @@ import tensorflow as tf
 
 from keras_roll.compile.keras_internals import first_local_batch, in_multi_worker_mode
 from keras_roll.compile.twin import Linearized, linearize, unwrap
-from keras_roll.roll.config import RollConfig
-from keras_roll.roll.estimators import check_tangent_dtype, tangent_entry
+from keras_roll.roll.config import RollConfig, resolve_config
+from keras_roll.roll.entry import tangent_entry
 from keras_roll.roll.loss import loss_from_config
 
 __all__ = ["RollModel", "RollRegularizer", "evaluating", "unwrap", "wrap"]
@@ -123,23 +123,14 @@ class RollRegularizer(keras.layers.Layer):
 
     Args:
         model: the functional / Sequential Keras model (or its config dict).
-        lam, C, gamma, samples, strata, estimator, share_axes: see `wrap` and
-            `roll_loss`.
-        seed: None (fresh axes every step) or an int: a reproducible sequence,
-            one stateless seed per step (a step counter is kept as a
-            non-trainable weight, saved with the model) and replica. Either way
-            the global replica id is folded into the seed under `tf.distribute`,
-            so replicas never draw the same axes.
-        on_eval: None (in `evaluate` of a `RollModel`, not in `predict`), True
-            (in every inference-mode call) or False (never outside training).
-        memory_budget: bytes of tangents per chunk (default: the twin's,
-            `keras_roll.compile.twin.DEFAULT_MEMORY_BUDGET`).
-        wrt: None, or the name of a leading Rescaling / Normalization layer of
-            `model`: ROLL's gradients are then taken with respect to its output
-            (see `roll_loss`).
-        tangent_dtype: None (the twin's float32) or "float16" / "bfloat16": the
-            dtype of ROLL's tangent pass (see `roll_loss`), e.g. the compute
-            dtype of a mixed-precision model.
+        config: a `RollConfig` (default `RollConfig()`), the hyperparameters;
+            each field is described there. With an int `seed` the sampled
+            directions are a reproducible sequence: one stateless seed per
+            step (a step counter is kept as a non-trainable weight, saved with
+            the model) and replica.
+        **kwargs: `RollConfig` fields replacing those of `config` (`lam=2.0`,
+            `samples=3`, ...), and the keyword arguments of `keras.layers.Layer`
+            (`name`, `dtype`, ...).
 
     In training, with `gamma = 100` and tangents in several chunks, each chunk
     differentiates itself in the forward pass (the step differentiates the
@@ -155,30 +146,22 @@ class RollRegularizer(keras.layers.Layer):
     ```
     """
 
-    def __init__(self, model: keras.Model | dict, lam: float = 2.0, C: float = 1.0,
-                 gamma: float = 100.0, samples: int | None = None, strata: str | None = None,
-                 estimator: str = "axes", seed: int | None = None,
-                 on_eval: bool | None = None, memory_budget: int | None = None,
-                 share_axes: bool = False, wrt: str | None = None,
-                 tangent_dtype: str | None = None, **kwargs):
+    def __init__(self, model: keras.Model | dict, config: RollConfig | None = None, **kwargs):
+        fields = {f.name for f in dataclasses.fields(RollConfig)}
+        overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in fields}
+        config = resolve_config(config, **overrides)
         # float32 policy: no autocast inside call, so the twin reads float32 weights
         # even under mixed precision (the inner model keeps its own policies).
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
         if isinstance(model, dict):  # from a config
             model = keras.saving.deserialize_keras_object(model)
-        config = RollConfig(lam=lam, C=C, gamma=gamma, samples=samples, strata=strata,
-                            estimator=estimator, seed=seed, on_eval=on_eval,
-                            memory_budget=memory_budget, share_axes=share_axes, wrt=wrt)
         if config.memory_budget is None:
             lin = linearize(model)
         else:
             lin = linearize(model, memory_budget=config.memory_budget)
         config.check_input_shape(lin.input_shape)
         tangent_entry(lin.program, config.wrt)  # refuses a bad wrt= here, naming the choices
-        check_tangent_dtype(tangent_dtype, lin.dtype)
-        self.tangent_dtype = (None if tangent_dtype is None
-                              else keras.backend.standardize_dtype(tangent_dtype))
         self.inner_model = model
         self.roll_config = config
         self._lin = lin
@@ -250,8 +233,7 @@ class RollRegularizer(keras.layers.Layer):
         per_example, logits = loss_from_config(self._lin, x, self.roll_config,
                                                seed=self.step_seed(bool(training)),
                                                return_logits=True,
-                                               precompute_gradient=bool(training),
-                                               tangent_dtype=self.tangent_dtype)
+                                               precompute_gradient=bool(training))
         if not training or self._lin.inference_equals_training:
             # The twin's forward pass is the model's inference function (and, without
             # BatchNorm / dropout / noise, its training one): reuse it.
@@ -272,7 +254,6 @@ class RollRegularizer(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(dataclasses.asdict(self.roll_config))
-        config["tangent_dtype"] = self.tangent_dtype
         config["model"] = keras.saving.serialize_keras_object(self.inner_model)
         return config
 
@@ -340,11 +321,7 @@ def _multi_worker_logs(logs, strategy):
         lambda t: tf.reshape(t, [1]) if tf.is_tensor(t) and t.shape.rank == 0 else t, logs)
 
 
-def wrap(model: keras.Model, lam: float = 2.0, C: float = 1.0, gamma: float = 100.0,
-         samples: int | None = None, strata: str | None = None, estimator: str = "axes",
-         seed: int | None = None, on_eval: bool | None = None,
-         memory_budget: int | None = None, share_axes: bool = False,
-         wrt: str | None = None, tangent_dtype: str | None = None) -> RollModel:
+def wrap(model: keras.Model, config: RollConfig | None = None, **overrides) -> RollModel:
     """Returns a model that trains `model` with the ROLL regularizer (Eq. 9 / 10).
 
     The wrapped model (a `RollModel`) has the same inputs and outputs as
@@ -362,38 +339,20 @@ def wrap(model: keras.Model, lam: float = 2.0, C: float = 1.0, gamma: float = 10
         model: a functional or Sequential model of supported layers (a final
             softmax is fine: it is folded into the loss); a model made by `wrap`
             is unwrapped first (the new hyperparameters replace the old ones).
-        lam: regularizer weight (>= 0).
-        C: hinge weight in the bracket (>= 0).
-        gamma: percentage of neurons kept (0, 100].
-        samples: None for the exact loss, or k for the sampled Eq. 10.
-        strata: None or "channel".
-        estimator: "axes", "gaussian" or "rademacher".
-        seed: None or an int for reproducible sampling.
-        on_eval: None (default): computed in `evaluate` (reported as
-            `val_roll_loss` and included in `val_loss`), not in `predict`.
-            True: in every inference-mode call, `predict` too. False: never
-            outside training (evaluation reports `roll_loss` as NaN and
-            `val_loss` is the compiled loss alone, as before this option).
-        memory_budget: bytes of live tangents per chunk of the exact loss
-            (default 64 MiB); more chunks cost one extra tangent pass in the
-            backward (they are recomputed rather than stored).
-        share_axes: with `samples`, one set of axes for the whole batch (see
-            `roll_loss`): cheaper, still unbiased per example.
-        wrt: None (ROLL's gradients with respect to the model input) or the
-            name of a leading Rescaling / Normalization layer: the gradients,
-            sampled axes and probes are then those of that layer's output, the
-            normalised units in which the paper states `lam`, `C` and
-            `samples`, while `model` (and its certificates) keeps its raw
-            input units. E.g. `wrt="normalize"` for `keras_roll.models.fc()`.
-        tangent_dtype: None (ROLL's tangents in the twin's float32) or
-            "float16" / "bfloat16": ROLL's tangent pass in that dtype, e.g. the
-            compute dtype of a mixed-precision model (faster on GPUs, half the
-            tangent memory; see `roll_loss`).
+        config: a `RollConfig` (`keras_roll.roll.config`, where each field is
+            described), or None for the defaults: exact ROLL with `lam=2`,
+            `C=1`, `gamma=100`.
+        **overrides: `RollConfig` fields replacing those of `config`: `lam`,
+            `C`, `gamma`, `samples` (None: exact; k: Eq. 10), `strata`,
+            `estimator`, `seed`, `on_eval`, `memory_budget`, `share_axes`,
+            `wrt` (e.g. `wrt="normalize"` for `keras_roll.models.fc()`: the
+            paper's normalised units) and `tangent_dtype`.
 
     Returns:
         A `RollModel` (a functional `keras.Model`).
 
     Raises:
+        TypeError: `config` is not a `RollConfig`, or an unknown keyword.
         ValueError: bad hyperparameters, or a `wrt` that is not a leading
             elementwise affine layer (the message lists the valid names).
         keras_roll.UnsupportedModelError: a layer the twin cannot linearize.
@@ -401,17 +360,16 @@ def wrap(model: keras.Model, lam: float = 2.0, C: float = 1.0, gamma: float = 10
     Example:
 
     ```python
-    wrapped = keras_roll.roll.loss.wrap(model, lam=2.0, C=1.0, gamma=100.0)
+    wrapped = keras_roll.wrap(model, lam=2.0, C=1.0, gamma=100.0)
     wrapped.compile("sgd", "sparse_categorical_crossentropy")
     history = wrapped.fit(x, y, epochs=5, validation_data=(xv, yv))
     history.history["val_roll_loss"]          # ROLL on the validation data
-    plain = keras_roll.roll.loss.unwrap(wrapped)    # the same object as `model`
+    sampled = keras_roll.wrap(model, RollConfig(lam=2.0, samples=3), seed=0)
+    plain = keras_roll.unwrap(wrapped)        # the same object as `model`
     ```
     """
+    config = resolve_config(config, **overrides)
     model = unwrap(model)  # wrapping a wrapped model re-wraps its plain model
-    layer = RollRegularizer(model, lam=lam, C=C, gamma=gamma, samples=samples, strata=strata,
-                            estimator=estimator, seed=seed, on_eval=on_eval,
-                            memory_budget=memory_budget, share_axes=share_axes, wrt=wrt,
-                            tangent_dtype=tangent_dtype, name="roll_regularizer")
+    layer = RollRegularizer(model, config, name="roll_regularizer")
     inp = keras.Input(shape=model.input_shape[1:], dtype=model.inputs[0].dtype)
     return RollModel(inp, layer(inp), name=f"{model.name}_roll")
