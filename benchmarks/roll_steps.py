@@ -5,10 +5,17 @@ No flags are defined here, so the examples can import it.
 
 * `vanilla_step`: cross-entropy only;
 * `roll_step`: exact ROLL through the perturbation (forward-mode) pass of
-  `keras_roll.roll.loss`, or sampled ROLL (`samples=k` axes per example, `share_axes`);
+  `keras_roll.roll.loss` as `fit` runs it (each chunk differentiated in the
+  forward pass), along the factor of the first layer's Gram matrix (300
+  directions, the default) or along the 784 input axes
+  (`fewest_directions=False`); or sampled ROLL (`samples=k` axes per example,
+  `share_axes`);
 * `autodiff_step`: the same exact loss through `tf.GradientTape.batch_jacobian`
   (reverse mode per neuron, vectorized by pfor): the paper's "back-propagation";
-* `make_steps`: every variant `benchmarks/step_time.py` times.
+* `make_steps`: every variant `benchmarks/step_time.py` times;
+* `vowels_batch` and `sequence_steps`: the paper's Japanese Vowels scoRNN(512)
+  exact ROLL step (AMSGrad replaced by SGD), along every input axis and along the
+  valid (unpadded) axes only.
 
 Example:
 
@@ -22,11 +29,13 @@ step(x, y)   # one SGD update, returns the loss
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 import keras_roll
 from keras_roll.compile.twin import DEFAULT_MEMORY_BUDGET
 from keras_roll.roll import loss as roll
+from keras_roll.roll.config import RollConfig
 
 D, H, DEPTH, L = 784, 300, 4, 10
 LAM, C, LR = 1.0, 1.0, 0.01
@@ -43,11 +52,15 @@ def build() -> keras.Model:
     return keras.Model(inp, keras.layers.Dense(L, name="logits")(h), name="mnist_fc")
 
 
-def exact_step_flops(b: int) -> dict[str, float]:
-    """Matmul FLOPs of one exact ROLL step (see `benchmarks/step_time.py`)."""
+def exact_step_flops(b: int, factored: bool = False) -> dict[str, float]:
+    """Matmul FLOPs of one exact ROLL step (see `benchmarks/step_time.py`): along the D
+    input axes, or (`factored`) along the H rows of the first layer's Gram factor."""
     fwd = 2 * b * (D * H + (DEPTH - 1) * H * H + H * L)
-    tangent = 2 * D * D * H + (DEPTH - 1) * 2 * b * D * H * H + 2 * b * D * H * L
-    tangent_bwd = (DEPTH - 1) * 2 * (2 * b * D * H * H) + 2 * D * D * H
+    k = H if factored else D
+    first = 2 * D * H * H if factored else 2 * D * D * H  # W^T W, or one-hot rows
+    tangent = first + (DEPTH - 1) * 2 * b * k * H * H + 2 * b * k * H * L
+    first_bwd = 2 * (2 * D * H * H) if factored else 2 * D * D * H  # L^-1 W^T and Q dR
+    tangent_bwd = (DEPTH - 1) * 2 * (2 * b * k * H * H) + first_bwd
     return {"forward+backward": 3 * fwd - 2 * b * D * H, "tangent": tangent,
             "tangent backward": tangent_bwd}
 
@@ -82,14 +95,18 @@ def vanilla_step(model: keras.Model):
     return step
 
 
-def roll_step(model: keras.Model, lin, samples=None, share_axes=False):
-    """Cross-entropy + LAM * ROLL (exact by perturbation, or `samples` axes) + SGD."""
+def roll_step(model: keras.Model, lin, samples=None, share_axes=False,
+              fewest_directions=True):
+    """Cross-entropy + LAM * ROLL (exact by perturbation, or `samples` axes) + SGD, as
+    `wrap(model).fit` computes it (`precompute_gradient=True`)."""
     variables = model.trainable_variables
+    config = RollConfig(C=C, samples=samples, share_axes=share_axes,
+                        fewest_directions=fewest_directions)
 
     def step(x, y):
         with tf.GradientTape() as tape:
-            reg, logits = roll.roll_loss(lin, x, C=C, samples=samples, share_axes=share_axes,
-                                         return_logits=True)
+            reg, logits = roll.loss_from_config(lin, x, config, return_logits=True,
+                                                precompute_gradient=True)
             loss = _ce(y, logits) + LAM * tf.reduce_mean(reg)
         _sgd(tape, loss, variables)
         return loss
@@ -116,18 +133,74 @@ def autodiff_step(model: keras.Model):
     return step
 
 
-def make_steps(model: keras.Model, b: int, samples: int):
-    """`(fast, slow, lins)`: the compiled steps of `benchmarks/step_time.py` by name, and
-    the twins by memory budget in MiB."""
+EXACT_BUDGETS_MIB = (16, DEFAULT_MEMORY_BUDGET // 2**20, 1024)
+
+
+def make_steps(model: keras.Model, b: int, samples: int, budgets=EXACT_BUDGETS_MIB):
+    """`(fast, exact, slow, lins)`: the compiled steps of `benchmarks/step_time.py` by name
+    (exact ROLL along the factor and along the input axes at each budget in `budgets`),
+    and the twins by memory budget in MiB."""
     default = DEFAULT_MEMORY_BUDGET // 2**20
     lins = {mib: keras_roll.linearize(model, memory_budget=mib * 2**20)
-            for mib in (1024, default, 16)}
+            for mib in sorted({*budgets, default})}
     fast = {"vanilla": compile_step(vanilla_step(model), b),
             f"sampled ROLL, {samples} axes": compile_step(
                 roll_step(model, lins[default], samples), b),
             f"sampled ROLL, {samples} shared axes": compile_step(
                 roll_step(model, lins[default], samples, share_axes=True), b)}
-    slow = {f"exact ROLL, perturbation ({mib} MiB)": compile_step(roll_step(model, lin), b)
-            for mib, lin in lins.items()}
-    slow["exact ROLL, autodiff batch_jacobian"] = compile_step(autodiff_step(model), b)
-    return fast, slow, lins
+    exact = {}
+    for mib in budgets:
+        exact[exact_name(True, mib)] = compile_step(roll_step(model, lins[mib]), b)
+        exact[exact_name(False, mib)] = compile_step(
+            roll_step(model, lins[mib], fewest_directions=False), b)
+    slow = {"exact ROLL, autodiff batch_jacobian": compile_step(autodiff_step(model), b)}
+    return fast, exact, slow, lins
+
+
+def exact_name(factored: bool, mib: int) -> str:
+    """The name of an exact ROLL step variant in `make_steps`."""
+    return f"exact ROLL, {'factor' if factored else 'input axes'} ({mib} MiB)"
+
+
+def vowels_batch(batch: int = 32, bucketed: bool = False, seed: int = 0):
+    """`(x, y)`: `batch` Japanese Vowels training sequences (the embedded copy), padded
+    to the split's longest (26 steps), or (`bucketed`) `batch` sequences of similar
+    length padded to their longest, as `examples/japanese_vowel.py` batches them."""
+    from keras_roll.data import load_japanese_vowels
+
+    x, y, lengths = load_japanese_vowels(split="train")
+    rng = np.random.default_rng(seed)
+    if bucketed:
+        order = np.argsort(lengths + rng.uniform(0, 0.5, len(lengths)))
+        start = rng.integers(0, len(order) - batch)
+        idx = order[start:start + batch]
+        x = x[:, :int(lengths[idx].max())]
+    else:
+        idx = rng.choice(len(y), batch, replace=False)
+    return tf.constant(x[idx]), tf.constant(y[idx].astype("int32"))
+
+
+def sequence_steps(units: int = 512, shape=(26, 12), batch: int = 32):
+    """`{name: compiled step}`: exact ROLL on the scoRNN(units) classifier along every
+    input axis and along the valid axes only (`PackedAxes`), for `[batch, *shape]`."""
+    keras.utils.set_random_seed(0)
+    model = keras_roll.models.scornn_classifier(units=units)
+    lin = keras_roll.linearize(model)
+    variables = model.trainable_variables
+    spec = [tf.TensorSpec([batch, *shape]), tf.TensorSpec([batch], tf.int32)]
+
+    def step_fn(fewest):
+        config = RollConfig(C=C, fewest_directions=fewest)
+
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                reg, logits = roll.loss_from_config(lin, x, config, return_logits=True,
+                                                    precompute_gradient=True)
+                loss = _ce(y, logits) + LAM * tf.reduce_mean(reg)
+            _sgd(tape, loss, variables)
+            return loss
+
+        return tf.function(step, input_signature=spec, autograph=False)
+
+    return {"exact ROLL, every input axis": step_fn(False),
+            "exact ROLL, valid axes only": step_fn(True)}

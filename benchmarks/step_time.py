@@ -1,36 +1,48 @@
 """ROLL training-step time in the paper's MNIST setting (784-300x4-10 ReLU, batch 64, SGD).
 
 Times, in one run, tf.function-compiled train steps (cross-entropy + lam * ROLL,
-then an SGD update) for
+then an SGD update; the ROLL term as `wrap(model).fit` computes it) for
 
 * vanilla: cross-entropy only;
 * exact ROLL through the perturbation (forward-mode) pass of `keras_roll.roll.loss`,
-  in one chunk (budget 1 GiB), with the default budget (64 MiB: 11 chunks,
-  recomputed in the backward pass) and with a 16 MiB budget (44 cache-sized
-  chunks: on this CPU the recomputation costs less than the memory traffic of
-  large tangents);
+  along the 300 rows of a factor of the first layer's Gram matrix (the default,
+  `keras_roll.roll.factored`) and along the 784 input axes (`fewest_directions=False`,
+  the path before it), each at budgets of 16 MiB, the default 64 MiB and 1 GiB
+  (one chunk);
 * the same exact loss through `tf.GradientTape.batch_jacobian` (the autodiff
   baseline: reverse mode per neuron, vectorized by pfor);
 * sampled ROLL with 3 input axes per example (Eq. 10), and with 3 axes shared by
   the batch (`share_axes=True`: the first layer's tangents are then shared);
 
-and prints the medians, the ratios sampled / vanilla and autodiff / perturbation,
-and the achieved GFLOP/s of the exact step beside float32 matmul rates measured
-in the same run.
+and prints the medians and the ratios: input axes / factor (the exact step's
+speed-up, at each budget and best against best), sampled / vanilla, autodiff /
+perturbation, and the achieved GFLOP/s of the exact steps beside float32 matmul
+rates measured in the same run. The variants are timed round-robin (medians of
+interleaved repetitions): on a machine shared with other work only these ratios,
+measured side by side, mean anything, not the absolute times.
+
+Then, on the paper's Japanese Vowels scoRNN(512) (real data, 32 training
+sequences), the exact step along every input axis / along the valid axes only
+(padded steps skipped, `keras_roll.roll.exact.PackedAxes`), on a batch padded to
+the split's longest sequence and on a batch of similar lengths (as
+`examples/japanese_vowel.py` buckets them).
 
     python -m benchmarks.step_time            # full run
-    python -m benchmarks.step_time --quick    # a short run
+    python -m benchmarks.step_time --quick    # a short run (16 and 64 MiB; scoRNN(64))
+    python -m benchmarks.step_time --nomnist  # the scoRNN part only
 
 FLOP count of the exact step (matmuls only, multiply-add = 2 FLOPs; B = 64,
-D = 784 axes, H = 300, L = 10):
+D = 784 axes, H = 300, L = 10; k = D along the input axes, k = H along the factor):
 
 * forward of the twin (its logits also feed the cross-entropy) and its backward:
   `3 * 2B(DH + 3H^2 + HL) - 2BDH` (no input gradient);
-* tangent forward: the first layer once for all examples (one-hot axes are shared
-  until the first mask: `2 D D H`), then `2 B D H^2` per hidden layer 2..4 and
-  `2 B D H L` for the logits' tangent (computed by the twin though unused);
-* tangent backward: weight and input gradients of layers 2..4 (`2 * 2 B D H^2`
-  each) and the first layer's weight gradient (`2 D D H`).
+* tangent forward: the first layer once for all examples (input axes: one-hot
+  axes are shared until the first mask, `2 D D H`; factor: `W^T W`, `2 D H H`),
+  then `2 B k H^2` per hidden layer 2..4 and `2 B k H L` for the logits' tangent
+  (computed by the twin though unused);
+* tangent backward: weight and input gradients of layers 2..4 (`2 * 2 B k H^2`
+  each) and the first layer's weight gradient (input axes `2 D D H`; factor
+  `L^-1 W^T` and `Q dR`, `4 D H H`).
 
 The elementwise work (masks, squares, reductions) is not counted.
 """
@@ -49,80 +61,135 @@ from absl import app, flags  # noqa: E402
 from benchmarks._util import interleaved_medians, matmul_rate  # noqa: E402
 from benchmarks.roll_steps import (  # noqa: E402
     DEPTH,
+    EXACT_BUDGETS_MIB,
     LAM,
     C,
     D,
     H,
     L,
     build,
+    exact_name,
     exact_step_flops,
     make_steps,
+    sequence_steps,
+    vowels_batch,
 )
 from keras_roll.roll import loss as roll  # noqa: E402
+from keras_roll.roll.config import RollConfig  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_bool("quick", False, "A short run: fewer repetitions.")
+flags.DEFINE_bool("quick", False, "A short run: fewer repetitions, budgets 16 and 64 MiB.")
 flags.DEFINE_integer("batch", 64, "Batch size.")
 flags.DEFINE_integer("samples", 3, "Axes per example of the sampled ROLL.")
+flags.DEFINE_bool("mnist", True, "Time the MNIST MLP steps.")
+flags.DEFINE_bool("vowels", True, "Time the Japanese Vowels scoRNN exact steps.")
+
 
 def main(argv):
     del argv
     tf.get_logger().setLevel("ERROR")  # retracing notes of the per-budget twins
-    b, samples = FLAGS.batch, FLAGS.samples
-    quick = FLAGS.quick
+    print(f"machine: {os.cpu_count()} CPU cores, TensorFlow {tf.__version__}, "
+          f"Keras {keras.__version__}")
+    if FLAGS.mnist:
+        _mnist()
+    if FLAGS.vowels:
+        _vowels(units=64 if FLAGS.quick else 512, repeats=2 if FLAGS.quick else 5)
+
+
+def _vowels(units, repeats):
+    """Exact scoRNN steps: every input axis / valid axes only, padded and bucketed."""
+    for bucketed in (False, True):
+        x, y = vowels_batch(32, bucketed=bucketed)
+        valid = float(np.mean(np.any(x.numpy() != 0, axis=-1)))
+        steps = sequence_steps(units, tuple(x.shape[1:]), 32)
+        times = interleaved_medians({k: (lambda s=s, x=x, y=y: s(x, y).numpy())
+                                     for k, s in steps.items()}, repeats=repeats, warmup=1)
+        label = "similar lengths" if bucketed else "padded to the split's longest"
+        print(f"Japanese Vowels scoRNN({units}), batch 32 {label}: {x.shape[1]} steps, "
+              f"{100 * valid:.0f} % valid")
+        for name, t in times.items():
+            print(f"  {name:<38} {1e3 * t:10.1f} ms/step")
+        ratio = times["exact ROLL, every input axis"] / times["exact ROLL, valid axes only"]
+        print(f"ratio every axis / valid axes only: {ratio:6.2f}"
+              + ("  (target >= 1.7)" if not bucketed else ""))
+
+
+def _mnist():
+    b, samples, quick = FLAGS.batch, FLAGS.samples, FLAGS.quick
+    reps = 3 if quick else 10
     # matmul rates first, on a quiet machine
-    mm = {"[2048x2048]^2": matmul_rate(2048, 2048, 2048, repeats=3 if quick else 10),
-          f"[{b * D}x{H}]@[{H}x{H}]": matmul_rate(b * D, H, H, repeats=3 if quick else 10)}
+    mm = {"[2048x2048]^2": matmul_rate(2048, 2048, 2048, repeats=reps),
+          f"[{b * D}x{H}]@[{H}x{H}]": matmul_rate(b * D, H, H, repeats=reps)}
     model = build()
     rng = np.random.default_rng(0)
     x = tf.constant(rng.uniform(0, 1, size=(b, D)).astype("float32"))
     y = tf.constant(rng.integers(0, L, size=b).astype("int32"))
-    fast, slow, lins = make_steps(model, b, samples)
+    budgets = EXACT_BUDGETS_MIB[:2] if quick else EXACT_BUDGETS_MIB
+    fast, exact, slow, lins = make_steps(model, b, samples, budgets)
     times = interleaved_medians({k: (lambda s=s: s(x, y).numpy()) for k, s in fast.items()},
                                 repeats=10 if quick else 60)
-    times.update(interleaved_medians(
-        {k: (lambda s=s: s(x, y).numpy()) for k, s in slow.items()}, repeats=1 if quick else 5,
-        warmup=1))
-    chunk_mm = {}
-    for mib, lin in lins.items():
-        plan = roll.memory_plan(lin, x)
-        rows = b * plan.per_chunk
-        if mib != 1024 and f"[{rows}x{H}]" not in chunk_mm:
-            chunk_mm[f"[{rows}x{H}]@[{H}x{H}]"] = matmul_rate(rows, H, H, repeats=3 if quick
-                                                              else 10)
-
-    flops = exact_step_flops(b)
-    total = sum(flops.values())
-    print(f"machine: {os.cpu_count()} CPU cores, TensorFlow {tf.__version__}, "
-          f"Keras {keras.__version__}")
+    times.update(interleaved_medians({k: (lambda s=s: s(x, y).numpy())
+                                      for k, s in exact.items()},
+                                     repeats=3 if quick else 9, warmup=1))
+    if not quick:
+        times.update(interleaved_medians({k: (lambda s=s: s(x, y).numpy())
+                                          for k, s in slow.items()}, repeats=3, warmup=1))
     print(f"network: {D}-{'-'.join([str(H)] * DEPTH)}-{L} ReLU, batch {b}, SGD, "
           f"lam={LAM}, C={C}, gamma=100 (median of interleaved repetitions)")
     for name, t in times.items():
         print(f"  {name:<38} {1e3 * t:10.1f} ms/step")
-    exact_names = [k for k in times if "perturbation" in k]
-    best = min(exact_names, key=times.get)
-    exact = times[best]
+    _report_exact(times, budgets, lins, x)
+    _report_sampled(times, samples)
+    _report_rates(times, budgets, mm, b, reps)
+
+
+def _report_exact(times, budgets, lins, x):
+    """The factored path's speed-up, and the chunk plans of both paths."""
+    for mib in budgets:
+        ratio = times[exact_name(False, mib)] / times[exact_name(True, mib)]
+        print(f"ratio input axes / factor at {mib:4d} MiB: {ratio:6.2f}")
+    old = min(budgets, key=lambda m: times[exact_name(False, m)])
+    new = min(budgets, key=lambda m: times[exact_name(True, m)])
+    print(f"ratio best input axes ({old} MiB) / best factor ({new} MiB): "
+          f"{times[exact_name(False, old)] / times[exact_name(True, new)]:6.2f}  (target >= 3)")
+    for mib in budgets:
+        for factored in (False, True):
+            plan = roll.memory_plan(lins[mib], x, RollConfig(fewest_directions=factored))
+            print(f"  budget {mib:5d} MiB, {'factor    ' if factored else 'input axes'}: "
+                  f"{plan.chunks:3d} chunk(s) of {plan.per_chunk} directions "
+                  f"({plan.bytes_per_direction / 2**20:.2f} MiB per direction)")
+
+
+def _report_sampled(times, samples):
     sampled = times[f"sampled ROLL, {samples} axes"]
     shared = times[f"sampled ROLL, {samples} shared axes"]
-    autodiff = times["exact ROLL, autodiff batch_jacobian"]
     print(f"ratio sampled({samples}) / vanilla:   {sampled / times['vanilla']:6.2f}  "
           f"(target <= 2.5; axes shared by the batch: {shared / times['vanilla']:.2f})")
-    print(f"ratio autodiff / perturbation: {autodiff / exact:6.2f}  (target >= 4; best "
-          f"perturbation variant: {best}; vs 1 chunk: "
-          f"{autodiff / times['exact ROLL, perturbation (1024 MiB)']:.2f})")
-    for mib, lin in lins.items():
-        plan = roll.memory_plan(lin, x)
-        print(f"  budget {mib:5d} MiB: {plan.chunks:3d} chunk(s) of {plan.per_chunk} axes "
-              f"({plan.bytes_per_direction / 2**20:.2f} MiB per axis)")
-    rate = total / exact / 1e9
-    print(f"exact step: {total / 1e9:.1f} GFLOP ("
-          + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in flops.items())
-          + f"; recomputed chunks add {flops['tangent'] / 1e9:.1f} not counted)")
-    print(f"  -> {rate:.1f} GFLOP/s ({best})")
-    mm.update(chunk_mm)
+    autodiff = times.get("exact ROLL, autodiff batch_jacobian")
+    if autodiff is not None:
+        best = min((k for k in times if k.startswith("exact ROLL, input")), key=times.get)
+        print(f"ratio autodiff / perturbation along the input axes: "
+              f"{autodiff / times[best]:6.2f}  (target >= 4; {best})")
+
+
+def _report_rates(times, budgets, mm, b, reps):
+    """Achieved GFLOP/s of the best exact step of each path beside matmul rates."""
+    rates = {}
+    for factored in (False, True):
+        mib = min(budgets, key=lambda m: times[exact_name(factored, m)])
+        flops = exact_step_flops(b, factored)
+        rates[factored] = sum(flops.values()) / times[exact_name(factored, mib)] / 1e9
+        print(f"exact step, {'factor' if factored else 'input axes'}: "
+              f"{sum(flops.values()) / 1e9:.1f} GFLOP ("
+              + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in flops.items())
+              + f") -> {rates[factored]:.1f} GFLOP/s at {mib} MiB")
+    rows = b * (H // 4)
+    mm[f"[{rows}x{H}]@[{H}x{H}]"] = matmul_rate(rows, H, H, repeats=reps)
     for name, r in mm.items():
-        print(f"matmul {name:<24} {r:7.1f} GFLOP/s   exact step / this: {rate / r:.2f}")
-    print(f"exact step / best measured matmul: {rate / max(mm.values()):.2f}  (target >= 0.50)")
+        print(f"matmul {name:<24} {r:7.1f} GFLOP/s   exact step (input axes) / this: "
+              f"{rates[False] / r:.2f}")
+    print(f"exact step (input axes) / best measured matmul: "
+          f"{rates[False] / max(mm.values()):.2f}  (target >= 0.50)")
 
 
 if __name__ == "__main__":

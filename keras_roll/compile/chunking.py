@@ -124,7 +124,7 @@ def plan_directions(total, bytes_per_direction, budget):
     fit = tf.minimum(tf.cast(budget, tf.int64)
                      // tf.maximum(tf.cast(bytes_per_direction, tf.int64), 1), total)
     per_chunk, chunks = balanced_split(total, tf.maximum(fit, 1))
-    return per_chunk, chunks, fit >= 1
+    return per_chunk, chunks, (fit >= 1) | (total == 0)
 
 
 def plan_chunks(examples: int, directions: int, bytes_per_item: int, budget: int,

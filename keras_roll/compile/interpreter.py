@@ -153,18 +153,23 @@ class Transform:
 
 
 def propagate(program: Program, transform: Transform, initial, trace: Trace | None = None,
-              start: int = 0):
+              start: int = 0, start_op: int = 0):
     """Walks `program` once, in order, with `transform` at every op.
 
     Args:
         program: the compiled model.
         transform: the pass.
         initial: the value of the model input (with `start > 0`: of the output
-            of step `start - 1`).
+            of step `start - 1`; with `start_op > 0`: of op `start_op - 1` of
+            step `start`).
         trace: the records of a forward pass, given to the ops of later passes.
         start: the first step to run. Steps before it are skipped; the caller
             guarantees that no later step reads their values except the output
             of step `start - 1` (ROLL's `wrt=`, `keras_roll.roll.entry.tangent_entry`).
+        start_op: the first op of step `start` to run (its earlier ops are
+            skipped, e.g. the linear part of a first Dense layer whose output
+            ROLL's factored exact path starts from); step `start` must then
+            read a single value.
 
     Returns:
         The value of the model output. A step without ops (a folded softmax)
@@ -174,11 +179,14 @@ def propagate(program: Program, transform: Transform, initial, trace: Trace | No
     for index, step in enumerate(program.steps):
         if index < start:
             continue
-        inputs = [env[k] for k in step.inputs]
+        skip = start_op if index == start else 0
+        inputs = [initial] if skip else [env[k] for k in step.inputs]
         record = None if trace is None else trace.steps[index]
         context = transform.enter_step(step, inputs, record)
         values = inputs
         for position, op in enumerate(step.ops):
+            if position < skip:
+                continue
             op_record = None if record is None else record.ops[position]
             values = [transform.apply(op, values, context, op_record)]
         env[step.output] = transform.leave_step(step, inputs, values[0], context)
@@ -335,7 +343,7 @@ class Interpreter:
                            Trace(x, tuple(transform.steps)), transform.tangent_size)
 
     def tangent(self, trace: Trace, v, shared: bool, concat: bool = True, axes=None,
-                start: int = 0, dtype: str | None = None) -> JVP:
+                start: int = 0, dtype: str | None = None, start_op: int = 0) -> JVP:
         """Derivatives along directions `v` with the pattern of `trace` frozen.
 
         Args:
@@ -349,6 +357,8 @@ class Interpreter:
                 layer can gather weight rows (see `rules.base.Tangent`).
             start: the step the tangents enter at (see `propagate`): `v` is
                 then a direction of the output of step `start - 1`.
+            start_op: with it, `v` is a direction of the output of op
+                `start_op - 1` of step `start` (see `propagate`).
             dtype: the dtype of the pass (default the interpreter's), e.g.
                 "float16" for the ROLL tangents of a mixed-precision model: the
                 floating records of `trace` are cast to it once, and every op
@@ -362,7 +372,7 @@ class Interpreter:
         k = tf.shape(v)[0] if shared else tf.shape(v)[1]
         transform = TangentTransform(self.folds)
         out = propagate(self.program, transform, Tangent(v, shared=shared, axes=axes), trace,
-                        start)
+                        start, start_op)
         out = out.per_example(batch)
         logits = tf.reshape(out, tf.stack([batch, k, tf.reduce_prod(tf.shape(out)[2:])]))
         blocks = transform.neuron_tangents or [tf.zeros(tf.stack([batch, k, 0]), dtype)]

@@ -27,6 +27,8 @@ import math
 import keras
 import numpy as np
 
+from keras_roll.options import check_memory_budget
+
 __all__ = ["ESTIMATORS", "STRATA", "TANGENT_DTYPES", "RollConfig", "check_hyperparameters",
            "resolve_config"]
 
@@ -77,9 +79,10 @@ class RollConfig:
             is the training objective, but not in `predict`; True in every
             inference-mode call (`predict` too); False never (evaluation then
             reports `roll_loss` as NaN).
-        memory_budget: None (the twin's) or bytes of tangents per chunk of
-            directions; more chunks cost a recomputation in the backward pass
-            unless a training step differentiates each chunk in its forward.
+        memory_budget: None (the twin's), "auto" or bytes of tangents per
+            chunk of directions; more chunks cost a recomputation in the
+            backward pass unless a training step differentiates each chunk in
+            its forward.
         share_axes: one set of sampled axes for the whole batch (needs
             `samples` and estimator "axes"): each example's estimate stays
             unbiased, the examples' estimates are correlated, and the first
@@ -96,6 +99,12 @@ class RollConfig:
             mixed-precision model (half the tangent memory, 16-bit convolutions;
             gradient norms to about 1e-3 (float16) or 1e-2 (bfloat16) relative);
             the squares are summed in the twin's dtype.
+        fewest_directions: exact ROLL only: True (default) pushes the fewest
+            directions that give the same loss: from the output of a first
+            Dense layer with `H1 < D` units, the `H1` rows of a factor of its
+            Gram matrix (`keras_roll.roll.factored`); False pushes every
+            input axis (the reference path). docs/design.md, "The factored
+            exact path".
 
     Raises:
         ValueError: a bad value; the message names the field and the value.
@@ -115,10 +124,11 @@ class RollConfig:
     estimator: str = "axes"
     seed: int | None = None
     on_eval: bool | None = None
-    memory_budget: int | None = None
+    memory_budget: int | str | None = None
     share_axes: bool = False
     wrt: str | None = None
     tangent_dtype: str | None = None
+    fewest_directions: bool = True
 
     def __post_init__(self):
         _check_weights(self.lam, self.C, self.gamma)
@@ -129,14 +139,13 @@ class RollConfig:
             raise ValueError(f"on_eval must be None (ROLL in evaluate, not in predict), True "
                              f"(in every inference call) or False (never outside training), "
                              f"got on_eval={self.on_eval!r}.")
+        if not isinstance(self.fewest_directions, (bool, np.bool_)):
+            raise ValueError(f"fewest_directions must be True or False, got "
+                             f"fewest_directions={self.fewest_directions!r}.")
         if self.wrt is not None and (not isinstance(self.wrt, str) or not self.wrt):
             raise ValueError(f"wrt must be None (gradients with respect to the model input) or "
                              f"the name of a leading Rescaling / Normalization layer, got "
                              f"wrt={self.wrt!r}.")
-        budget = self.memory_budget
-        if budget is not None and (not _is_number(budget) or budget <= 0):
-            raise ValueError(f"memory_budget must be None or a positive number of bytes, got "
-                             f"memory_budget={budget!r}.")
         normalised = {
             "tangent_dtype": _check_tangent_dtype(self.tangent_dtype),
             "lam": float(self.lam), "C": float(self.C), "gamma": float(self.gamma),
@@ -144,7 +153,8 @@ class RollConfig:
             "seed": None if self.seed is None else int(self.seed),
             "on_eval": None if self.on_eval is None else bool(self.on_eval),
             "share_axes": bool(self.share_axes),
-            "memory_budget": None if budget is None else int(budget),
+            "fewest_directions": bool(self.fewest_directions),
+            "memory_budget": check_memory_budget(self.memory_budget),
         }
         for name, value in normalised.items():
             object.__setattr__(self, name, value)

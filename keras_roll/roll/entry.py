@@ -28,7 +28,8 @@ import tensorflow as tf
 
 from keras_roll.compile.rules.recurrent import MaskingOp
 
-__all__ = ["AFFINE_ENTRY_LAYERS", "entry_readers", "padding_mask", "tangent_entry"]
+__all__ = ["AFFINE_ENTRY_LAYERS", "affine_problem", "entry_readers", "padding_mask",
+           "tangent_entry"]
 
 AFFINE_ENTRY_LAYERS = (keras.layers.Rescaling, keras.layers.Normalization)
 
@@ -58,7 +59,7 @@ def _broadcasts_elementwise(value, example_shape) -> bool:
     return True
 
 
-def _affine_problem(step, example_shape) -> str | None:
+def affine_problem(step, example_shape) -> str | None:
     """Why `step` is not an elementwise affine map of its input (None if it is)."""
     layer = step.layer
     if not isinstance(layer, AFFINE_ENTRY_LAYERS):
@@ -85,7 +86,7 @@ def _leading_chain(program) -> list[tuple[str, int]]:
     for i, step in enumerate(program.steps):
         if step.inputs != [key] or _readers(program, key) != [i]:
             break
-        if _affine_problem(step, program.input_shape) is not None:
+        if affine_problem(step, program.input_shape) is not None:
             break
         chain.append((step.name, i))
         key = step.output
@@ -133,7 +134,7 @@ def tangent_entry(program, wrt: str | None) -> int:
         raise ValueError(f"wrt={wrt!r}: the model has no layer of that name (its layers: "
                          f"{names}); wrt names a leading Rescaling / Normalization layer, "
                          f"{hint}.")
-    problem = _affine_problem(matches[0], program.input_shape)
+    problem = affine_problem(matches[0], program.input_shape)
     if problem is not None:
         raise ValueError(f"wrt={wrt!r} names {problem}; ROLL's gradients can be taken with "
                          f"respect to the output of a leading elementwise affine layer only, "

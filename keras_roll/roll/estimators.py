@@ -1,11 +1,14 @@
-"""The directions ROLL differentiates along: three estimators of `||grad_x z_j||^2`.
+"""The directions ROLL differentiates along: estimators of `||grad_x z_j||^2`.
 
 Eq. 9 of Lee et al. (ICLR 2019) needs, for every neuron, the squared norm of
 its input gradient, `||g_j||^2 = sum_k (g_j . e_k)^2`. The frozen-pattern twin
 gives `g_j . v` for any direction `v` by one tangent pass, so each estimator is
 a set of directions and a scale:
 
-* `ExactAxes`: every input axis `e_1 .. e_D`, shared by the batch; exact.
+* exact (`keras_roll.roll.exact`): every input axis `e_1 .. e_D`, shared by
+  the batch (`ExactAxes`), or the same loss in fewer directions: the rows of a
+  factor of a first Dense layer's Gram matrix (`FactoredAxes`), or the valid
+  steps only behind a leading Masking layer (`PackedAxes`);
 * `SampledAxes`: `k` axes per example (or per channel, `strata="channel"`; or
   one set for the batch, `share_axes=True`) drawn without replacement, scaled
   by `D / k` (Eq. 10; per channel `(D / C) / k`); unbiased.
@@ -52,15 +55,21 @@ import tensorflow as tf
 from keras_roll.compile.records import Record
 from keras_roll.roll.config import RollConfig
 from keras_roll.roll.entry import padding_mask, tangent_entry
+from keras_roll.roll.exact import (
+    ExactAxes,
+    FactoredAxes,
+    PackedAxes,
+    exact_estimator,
+    sum_squares_per_unit,
+)
 
 __all__ = [
-    "ExactAxes",
+    "Estimator",
     "RandomProbes",
     "SampledAxes",
     "estimator_for",
     "mix_replica",
     "seed_tensor",
-    "sum_squares_per_unit",
     "tangent_dtype_for",
 ]
 
@@ -115,22 +124,6 @@ def mix_replica(seed: tf.Tensor) -> tf.Tensor:
     return tf.cast(tf.random.experimental.stateless_fold_in(seed, rid), tf.int32)
 
 
-def _sum_squares_over_directions(jvp, start):
-    return tf.reduce_sum(tf.square(jvp.neurons), axis=1)
-
-
-def sum_squares_per_unit(jvp, dtype=None) -> tf.Tensor:
-    """`[B, N]` sums over directions, unit by unit (no `[B, k, N]` concat).
-
-    `dtype`: the dtype the squares are summed in (16-bit tangents are cast to it
-    first, so that squares neither overflow float16 nor lose bfloat16 digits).
-    """
-    def square(t):
-        return tf.square(t if dtype is None or t.dtype == dtype else tf.cast(t, dtype))
-
-    return tf.concat([tf.reduce_sum(square(t), axis=1) for t in jvp.neurons], axis=-1)
-
-
 def tangent_dtype_for(config: RollConfig, twin_dtype: str) -> str | None:
     """The dtype of the tangent pass: None when it is the twin's own.
 
@@ -143,44 +136,6 @@ def tangent_dtype_for(config: RollConfig, twin_dtype: str) -> str | None:
     """
     name = config.tangent_dtype
     return None if name == twin_dtype else name
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class ExactAxes(Record):
-    """Every input axis, one-hot and shared by the batch (Eq. 9, exact).
-
-    Attributes:
-        example_shape: `[rank]` int32 per-example input shape.
-        total: D, the number of axes (an int, or a tensor for dynamic shapes).
-        entry: the program step the tangents enter at (`tangent_entry`).
-        tangent_dtype: None, or the dtype of the tangent pass (see `SampledAxes`).
-        dtype: the twin's dtype (squares are summed in it).
-    """
-
-    example_shape: tf.Tensor
-    total: int | tf.Tensor
-    entry: int = 0
-    tangent_dtype: str | None = None
-    dtype: str | None = None
-
-    shared = True
-
-    def scale(self, dtype):
-        """The factor of the sum of squares (None: exact, no scaling)."""
-        return None
-
-    def sum_squares(self, lin, trace, start, k):
-        dtype = self.dtype
-
-        def reduce(jvp, start):
-            t = jvp.neurons
-            return tf.reduce_sum(tf.square(t if t.dtype == dtype else tf.cast(t, dtype)),
-                                 axis=1)
-
-        return lin.axes_tangent(trace, start, k, self.example_shape,
-                                reduce=_sum_squares_over_directions if self.tangent_dtype is None
-                                else reduce, per_neuron=True, entry=self.entry,
-                                dtype=self.tangent_dtype)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -299,15 +254,14 @@ class RandomProbes(Record):
         return sum_squares_per_unit(jvp, self.dtype)
 
 
-def estimator_for(lin, x, config: RollConfig, seed,
-                  trace=None) -> ExactAxes | SampledAxes | RandomProbes:
+def estimator_for(lin, x, config: RollConfig, seed, trace=None) -> Estimator:
     """The estimator `config` asks for on the batch `x` (checked, in the twin's dtype).
 
     Args:
         lin: the `Linearized` model.
         x: `[B, *input_shape]` inputs.
         config: the ROLL hyperparameters (`samples`, `strata`, `estimator`,
-            `share_axes`, `wrt`, `tangent_dtype`).
+            `share_axes`, `wrt`, `tangent_dtype`, `fewest_directions`).
         seed: None, an int or a `[2]` int tensor (see `seed_tensor`).
         trace: the `Trace` of `x`'s forward pass: with it, sampled axes (not
             shared) avoid the padded steps of a leading Masking layer
@@ -331,8 +285,8 @@ def estimator_for(lin, x, config: RollConfig, seed,
         example_shape = tf.shape(x)[1:]
         d, channels = tf.reduce_prod(example_shape), example_shape[-1]
     samples = config.samples
-    if samples is None:  # exact: every input axis, shared one-hot directions
-        return ExactAxes(example_shape, d, entry, tdtype, dtype)
+    if samples is None:
+        return exact_estimator(lin, config, entry, example_shape, d, tdtype, trace)
     batch = tf.shape(x)[0]
     seed_t = seed_tensor(seed)
     if config.estimator != "axes":
@@ -371,5 +325,5 @@ def estimator_for(lin, x, config: RollConfig, seed,
                        counts, entry, tdtype)
 
 
-# Any of the three estimators (a `Record` of tensors; see `estimator_for`).
-Estimator = ExactAxes | SampledAxes | RandomProbes
+# Any of the estimators (a `Record` of tensors; see `estimator_for`).
+Estimator = ExactAxes | FactoredAxes | PackedAxes | SampledAxes | RandomProbes

@@ -51,15 +51,16 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.chunking import ChunkPlan, plan_chunks, plan_directions
+from keras_roll.compile.chunking import ChunkPlan
 from keras_roll.compile.interpreter import ForwardPass
 from keras_roll.compile.twin import Linearized, linearize
 from keras_roll.inputs import Array, ModelOrTwin
 from keras_roll.options import Seed
-from keras_roll.roll.chunked_gradients import chunked_sum_squares, chunked_weighted_sum
+from keras_roll.roll.buckets import bucketed, buckets_apply
+from keras_roll.roll.chunks import plan_directions_for, roll_budget, sum_squares
 from keras_roll.roll.config import RollConfig, resolve_config
-from keras_roll.roll.entry import tangent_entry
-from keras_roll.roll.estimators import Estimator, estimator_for, tangent_dtype_for
+from keras_roll.roll.entry import padding_mask, tangent_entry
+from keras_roll.roll.estimators import estimator_for
 
 __all__ = ["checked_config", "grad_sq", "loss_from_config", "memory_plan", "neuron_grad_sq",
            "roll_loss"]
@@ -131,7 +132,7 @@ def grad_sq(lin: Linearized, fwd: ForwardPass, x: tf.Tensor, config: RollConfig,
     is already validated and `fwd` is the forward pass of `x`.
     """
     est = estimator_for(lin, x, config, seed, trace=fwd.trace)
-    sq = _sum_squares(lin, fwd, x, est, config.memory_budget or lin.memory_budget)
+    sq = sum_squares(lin, fwd, x, est, roll_budget(lin, config))
     scale = est.scale(lin.dtype)
     if scale is not None:
         sq = sq * tf.cast(scale, sq.dtype)
@@ -221,15 +222,25 @@ def loss_from_config(lin: Linearized, x: tf.Tensor, config: RollConfig, seed: Se
     if x.shape[0] == 0:  # an empty batch has an empty loss
         loss = tf.zeros([0], lin.dtype)
         return (loss, fwd.logits) if return_logits else loss
-    if precompute_gradient and config.gamma >= 100:
-        loss = _full_gamma_loss(lin, fwd, x, config, seed)
+    entry = tangent_entry(lin.program, config.wrt)
+    if buckets_apply(lin.program, config, entry):  # exact, masked sequences: crop by length
+        keep = padding_mask(lin.program, fwd.trace, entry)
+        loss = bucketed(x, keep, lambda xb: _per_example(lin, lin.primal(xb), xb, config, seed,
+                                                         precompute_gradient))
     else:
-        sq = grad_sq(lin, fwd, x, config, seed)
-        loss = _select_and_average(fwd, sq, config.C, config.gamma)
+        loss = _per_example(lin, fwd, x, config, seed, precompute_gradient)
     loss = _nan_where_nonfinite(fwd, loss)
     if return_logits:
         return loss, fwd.logits
     return loss
+
+
+def _per_example(lin, fwd, x, config, seed, precompute_gradient):
+    """Eq. 9 per example from the forward pass `fwd` of `x` (before the NaN check)."""
+    if precompute_gradient and config.gamma >= 100:
+        return _full_gamma_loss(lin, fwd, x, config, seed)
+    sq = grad_sq(lin, fwd, x, config, seed)
+    return _select_and_average(fwd, sq, config.C, config.gamma)
 
 
 def _full_gamma_loss(lin: Linearized, fwd: ForwardPass, x, config: RollConfig, seed):
@@ -246,8 +257,8 @@ def _full_gamma_loss(lin: Linearized, fwd: ForwardPass, x, config: RollConfig, s
     per_example = 1.0 / n_valid if scale is None else \
         tf.reshape(tf.cast(scale, dtype), [-1]) / n_valid
     weights = tf.where(valid, per_example[:, None], tf.zeros([], dtype))
-    budget = config.memory_budget or lin.memory_budget
-    loss = _sum_squares(lin, fwd, x, est, budget, weights=tf.stop_gradient(weights))
+    budget = roll_budget(lin, config)
+    loss = sum_squares(lin, fwd, x, est, budget, weights=tf.stop_gradient(weights))
     if config.C:
         hinge = tf.nn.relu(1.0 - tf.minimum(neurons.below, neurons.above))
         hinge = tf.where(valid, hinge, tf.zeros_like(hinge))
@@ -301,112 +312,6 @@ def _select_and_average(fwd: ForwardPass, sq, C, gamma):
     return total / tf.cast(tf.maximum(n_keep, 1), dtype)
 
 
-# --------------------------------------------------------------------------- streaming
-
-
-def _static_plan(lin: Linearized, fwd: ForwardPass, x, estimator: Estimator,
-                 budget: int) -> ChunkPlan | None:
-    """The `ChunkPlan` of the directions when every size is static (eager, or a
-    graph with a fully static batch), else None.
-
-    One direction of the batch takes every op's tangent, the neuron tangents
-    and (per-example directions) the direction itself.
-    """
-    size = tf.get_static_value(fwd.tangent_size)
-    if size is None:
-        size = _static_tangent_size(lin, x)
-    batch, n_neurons = x.shape[0], fwd.neurons.z.shape[1]
-    d = x.shape[1:].num_elements() if x.shape[1:].is_fully_defined() else None
-    total = estimator.total
-    if None in (size, batch, n_neurons, d) or not isinstance(total, int):
-        return None
-    return _plan(lin, int(batch), total, int(size), int(n_neurons), int(d), estimator.shared,
-                 budget, _itemsize(lin, estimator))
-
-
-def _itemsize(lin, estimator) -> int:
-    """Bytes of one tangent element: the estimator's tangent dtype, else the twin's."""
-    return np.dtype(getattr(estimator, "tangent_dtype", None) or lin.dtype).itemsize
-
-
-def _plan(lin, batch: int, total: int, tangent_size: int, n_neurons: int, d: int,
-          shared: bool, budget: int, itemsize: int | None = None) -> ChunkPlan:
-    itemsize = itemsize or np.dtype(lin.dtype).itemsize
-    per_item = (tangent_size + n_neurons + (0 if shared else d)) * itemsize
-    return plan_chunks(batch, total, per_item, budget, batch_size=max(batch, 1))
-
-
-def _sum_squares(lin: Linearized, fwd: ForwardPass, x, estimator: Estimator, memory_budget,
-                 weights=None):
-    """`[B, N]` sum over directions of the squared neuron derivatives (unscaled).
-
-    With `weights` (`[B, N]`, constant), `[B]`: the weighted sum over neurons of
-    those sums, whose chunked form differentiates each chunk in the forward pass
-    (`chunked_weighted_sum`).
-    """
-    trace = fwd.trace
-    z = fwd.neurons.z
-    dtype = z.dtype
-    budget = int(memory_budget or lin.memory_budget)
-
-    def whole(total):
-        sq = estimator.sum_squares(lin, trace, 0, total)
-        return sq if weights is None else tf.reduce_sum(sq * weights, axis=1)
-
-    def chunked(k, n):
-        if weights is None:
-            return chunked_sum_squares(lin, estimator, trace, tf.shape(z), dtype, k, n)
-        return chunked_weighted_sum(lin, estimator, trace, weights, k, n)
-
-    plan = _static_plan(lin, fwd, x, estimator, budget)
-    if plan is not None:  # eager, or fully static shapes: plan in Python
-        if not plan.fits:
-            raise MemoryError(_budget_message(lin, budget, plan.bytes_per_direction))
-        if plan.direction_chunks == 1:
-            return whole(plan.directions)
-        return chunked(plan.per_chunk, plan.direction_chunks)
-
-    itemsize = _itemsize(lin, estimator)
-    per = tf.cast(fwd.tangent_size, tf.int64) + tf.cast(tf.shape(z)[1], tf.int64)
-    if not estimator.shared:
-        per += tf.cast(tf.reduce_prod(tf.shape(x)[1:]), tf.int64)
-    batch = tf.maximum(tf.cast(tf.shape(x)[0], tf.int64), 1)
-    k, n, fits = plan_directions(estimator.total, batch * per * itemsize, budget)
-    check = tf.debugging.assert_equal(
-        fits, True, message=(f"keras_roll ROLL: one direction for the whole batch does not fit "
-                             f"in memory_budget={budget} bytes; use samples=, a smaller batch or "
-                             f"a larger Linearized.memory_budget."))
-    with tf.control_dependencies([check]):
-        k, n = tf.cast(k, tf.int32), tf.cast(n, tf.int32)
-    total_t = tf.cast(estimator.total, tf.int32)
-    return tf.cond(n <= 1, lambda: whole(total_t), lambda: chunked(k, n))
-
-
-def _static_tangent_size(lin, x):
-    """Per-example tangent size as a Python int when `x` has a fully static shape.
-
-    Inside a graph the twin's `tangent_size` is a tensor; the twin's cached
-    batch-1 eager probe lets fully static graphs plan their chunks in Python.
-    """
-    if not x.shape.is_fully_defined():
-        return None
-    try:
-        with tf.init_scope():
-            if not tf.executing_eagerly():
-                return None
-            return lin.tangent_size(x.shape[1:])
-    except Exception:  # planning falls back to the dynamic path
-        return None
-
-
-def _budget_message(lin, budget, per):
-    return (f"The ROLL tangents of model '{lin.model.name}' need {per} bytes for a single "
-            f"input direction of the batch, more than memory_budget={budget} bytes. Use the "
-            f"approximate loss (samples=..., e.g. samples=120, strata='channel' for images), "
-            f"a smaller batch, or a larger budget (keras_roll.linearize(model, "
-            f"memory_budget=...)).")
-
-
 def memory_plan(model_or_lin: ModelOrTwin, x: Array, config: RollConfig | None = None,
                 **overrides) -> ChunkPlan:
     """The chunking `roll_loss` uses on `x` with `config` (eager).
@@ -416,6 +321,9 @@ def memory_plan(model_or_lin: ModelOrTwin, x: Array, config: RollConfig | None =
     `chunks` passes (more than one also costs a recomputation in the backward
     pass), `bytes_per_direction` for the whole batch, and `fits` (False: one
     direction of the batch exceeds the budget, and `roll_loss` raises).
+    Exact ROLL behind a leading Masking layer packs one row per example and
+    valid axis (`keras_roll.roll.exact.PackedAxes`): its plan then has
+    `examples=1` and `directions` = the rows of the whole batch.
 
     Args:
         model_or_lin: a Keras model or a `Linearized`.
@@ -432,9 +340,6 @@ def memory_plan(model_or_lin: ModelOrTwin, x: Array, config: RollConfig | None =
     lin = linearize(model_or_lin)
     x = lin.check_input(x)
     config = checked_config(lin, x, config, overrides)
-    layout = lin.layout(x.shape[1:])
-    shared = config.exact or config.share_axes
-    itemsize = np.dtype(tangent_dtype_for(config, lin.dtype) or lin.dtype).itemsize
-    return _plan(lin, int(x.shape[0]), config.directions(x.shape[1:]), layout.tangent_size,
-                 layout.num_neurons, layout.input_size, shared,
-                 config.memory_budget or lin.memory_budget, itemsize)
+    fwd = lin.primal(x)
+    estimator = estimator_for(lin, x, config, 0, trace=fwd.trace)
+    return plan_directions_for(lin, fwd, x, estimator, roll_budget(lin, config))

@@ -1,0 +1,223 @@
+"""Exact ROLL's directions (Eq. 9): input axes, a Gram factor, or valid steps only.
+
+The exact loss needs `||g_j||^2 = sum_k (g_j . e_k)^2` over every input axis.
+Three estimators give it exactly, each a `Record` of tensors that the chunked
+ROLL loss passes through its custom gradients (see
+`keras_roll.roll.estimators`):
+
+* `ExactAxes`: the `D` input axes, one-hot and shared by the batch.
+* `FactoredAxes`: when a first Dense layer has `H1 < D` units, the `H1` rows of
+  a factor `R` of its Gram matrix, pushed from its output
+  (`keras_roll.roll.factored`): the same loss in fewer directions.
+* `PackedAxes`: behind a leading Masking layer, one row per example and valid
+  (unpadded) input axis, packed across the batch: padded steps, whose
+  gradients are zero by construction, get no direction. Each row carries its
+  example's records (gathered from the trace) and its sums of squares are
+  added back to its example (docs/design.md, "Padded steps in exact ROLL").
+
+`exact_estimator` picks the one with the fewest directions (`RollConfig.fewest_directions`).
+
+Example:
+
+```python
+est = exact_estimator(lin, RollConfig(), entry=0, example_shape=tf.constant([784]), d=784,
+                      tangent_dtype=None, trace=lin.primal(x).trace)
+sq = est.sum_squares(lin, trace, 0, est.total)     # [B, N]
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from keras_roll.compile.records import Record
+from keras_roll.roll.entry import padding_mask
+from keras_roll.roll.factored import factored_entry, gram_factor
+
+__all__ = ["ExactAxes", "FactoredAxes", "PackedAxes", "exact_estimator",
+           "sum_squares_per_unit"]
+
+
+def _sum_squares_over_directions(jvp, start):
+    return tf.reduce_sum(tf.square(jvp.neurons), axis=1)
+
+
+def sum_squares_per_unit(jvp, dtype=None) -> tf.Tensor:
+    """`[B, N]` sums over directions, unit by unit (no `[B, k, N]` concat).
+
+    `dtype`: the dtype the squares are summed in (16-bit tangents are cast to it
+    first, so that squares neither overflow float16 nor lose bfloat16 digits).
+    """
+    def square(t):
+        return tf.square(t if dtype is None or t.dtype == dtype else tf.cast(t, dtype))
+
+    return tf.concat([tf.reduce_sum(square(t), axis=1) for t in jvp.neurons], axis=-1)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ExactAxes(Record):
+    """Every input axis, one-hot and shared by the batch (Eq. 9, exact).
+
+    Attributes:
+        example_shape: `[rank]` int32 per-example input shape.
+        total: D, the number of axes (an int, or a tensor for dynamic shapes).
+        entry: the program step the tangents enter at (`tangent_entry`).
+        tangent_dtype: None, or the dtype of the tangent pass (16-bit under mixed
+            precision); squares are summed in `dtype`.
+        dtype: the twin's dtype (squares are summed in it).
+    """
+
+    example_shape: tf.Tensor
+    total: int | tf.Tensor
+    entry: int = 0
+    tangent_dtype: str | None = None
+    dtype: str | None = None
+
+    shared = True
+
+    def scale(self, dtype):
+        """The factor of the sum of squares (None: exact, no scaling)."""
+        return None
+
+    def sum_squares(self, lin, trace, start, k):
+        dtype = self.dtype
+
+        def reduce(jvp, start):
+            t = jvp.neurons
+            return tf.reduce_sum(tf.square(t if t.dtype == dtype else tf.cast(t, dtype)),
+                                 axis=1)
+
+        return lin.axes_tangent(trace, start, k, self.example_shape,
+                                reduce=_sum_squares_over_directions if self.tangent_dtype is None
+                                else reduce, per_neuron=True, entry=self.entry,
+                                dtype=self.tangent_dtype)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FactoredAxes(Record):
+    """Exact ROLL along the rows of a Gram factor, from a first Dense layer's output
+    (`keras_roll.roll.factored`: the same loss as `ExactAxes` in `H1 < D` directions).
+
+    Attributes:
+        factor: `[H1, H1]` `R` with `R^T R = W_a^T W_a` (`gram_factor`), in the
+            twin's dtype; differentiable with respect to the kernel.
+        total: H1, the number of directions.
+        step: the Dense layer's step; tangents enter after its first op.
+        dtype: the twin's dtype (squares are summed in it).
+        tangent_dtype: None, or the dtype of the tangent pass.
+    """
+
+    factor: tf.Tensor
+    total: int
+    step: int
+    dtype: str
+    tangent_dtype: str | None = None
+
+    shared = True
+
+    def scale(self, dtype):
+        """The factor of the sum of squares (None: exact, no scaling)."""
+        return None
+
+    def sum_squares(self, lin, trace, start, k):
+        rows = start + tf.range(k)
+        v = tf.gather(self.factor, tf.minimum(rows, self.total - 1))
+        v = v * tf.cast(rows < self.total, v.dtype)[:, None]
+        jvp = lin.interpreter.tangent(trace, v, True, concat=False, start=self.step,
+                                      start_op=1, dtype=self.tangent_dtype)
+        return sum_squares_per_unit(jvp, self.dtype)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PackedAxes(Record):
+    """Exact ROLL along the valid axes only: one row per (example, unpadded input axis).
+
+    Direction `r` is the one-hot axis `axis[r]` of example `example[r]`; a chunk
+    of rows is one tangent pass of a batch of rows, each with the records of
+    its example (gathered from the trace), and its `[rows, N]` squares are
+    summed into their examples. Padded steps (zero gradient behind a leading
+    Masking layer) get no row, so the work is `sum_b D_valid(b)` directions
+    instead of `B * D`.
+
+    Attributes:
+        example: `[R + 1]` int32, the example of every row (one spare row at
+            the end, so that a chunk past the last row gathers a valid index).
+        axis: `[R + 1]` int32, the flat input axis of every row (-1 spare).
+        total: R, the number of rows (a scalar int32 tensor).
+        batch: B, the number of examples (a scalar int32 tensor).
+        example_shape: `[rank]` int32 per-example input shape.
+        depth: D, the flat input size (int or tensor).
+        entry: the program step the tangents enter at (`tangent_entry`).
+        dtype: the twin's dtype (squares are summed in it).
+        tangent_dtype: None, or the dtype of the tangent pass.
+    """
+
+    example: tf.Tensor
+    axis: tf.Tensor
+    total: tf.Tensor
+    batch: tf.Tensor
+    example_shape: tf.Tensor
+    depth: int | tf.Tensor
+    entry: int
+    dtype: str
+    tangent_dtype: str | None = None
+
+    shared = False
+    packed = True  # one example per direction: chunks are planned per row
+
+    @classmethod
+    def from_mask(cls, keep, example_shape, depth, entry, dtype, tangent_dtype=None):
+        """The rows of `keep` `[B, P]` (the valid positions, `padding_mask`): every
+        channel of every valid position, example by example."""
+        batch = tf.shape(keep)[0]
+        channels = example_shape[-1]
+        valid = tf.reshape(tf.repeat(keep[:, :, None], channels, axis=2), tf.stack([batch, -1]))
+        rows = tf.cast(tf.where(valid), tf.int32)  # [R, 2] (example, axis), row-major
+        example = tf.concat([rows[:, 0], [0]], 0)
+        axis = tf.concat([rows[:, 1], [-1]], 0)
+        return cls(tf.stop_gradient(example), tf.stop_gradient(axis), tf.shape(rows)[0],
+                   batch, example_shape, depth, entry, dtype, tangent_dtype)
+
+    def scale(self, dtype):
+        """The factor of the sum of squares (None: exact, no scaling)."""
+        return None
+
+    def sum_squares(self, lin, trace, start, k):
+        rows = tf.minimum(start + tf.range(k), self.total)  # past the end: the spare row
+        example = tf.gather(self.example, rows)
+        axis = tf.gather(self.axis, rows)
+        sub = tf.nest.map_structure(lambda t: tf.gather(t, example), trace)
+        v = tf.one_hot(axis, self.depth, dtype=self.dtype)
+        v = tf.reshape(v, tf.concat([tf.shape(axis), [1], self.example_shape], 0))
+        jvp = lin.tangent_from_trace(sub, v, False, concat=False, axes=axis[:, None],
+                                     start=self.entry, dtype=self.tangent_dtype)
+        return tf.math.unsorted_segment_sum(sum_squares_per_unit(jvp, self.dtype), example,
+                                            self.batch)
+
+
+def exact_estimator(lin, config, entry: int, example_shape, d, tangent_dtype=None,
+                    trace=None) -> ExactAxes | FactoredAxes | PackedAxes:
+    """The exact estimator with the fewest directions for `config` (see the module).
+
+    Args:
+        lin: the `Linearized` model.
+        config: the `RollConfig` (`fewest_directions` False: always `ExactAxes`).
+        entry: the step the tangents enter at (`tangent_entry`).
+        example_shape: `[rank]` int32 per-example input shape.
+        d: D, the flat input size (int or tensor).
+        tangent_dtype: None, or the dtype of the tangent pass.
+        trace: the forward pass's `Trace` (needed for `PackedAxes`).
+    """
+    if config.fewest_directions:
+        factored = factored_entry(lin.program, entry)
+        if factored is not None:
+            factor = gram_factor(factored.kernel(lin.dtype))
+            return FactoredAxes(factor, factored.units, factored.index, lin.dtype,
+                                tangent_dtype)
+        keep = None if trace is None else padding_mask(lin.program, trace, entry)
+        if keep is not None:
+            return PackedAxes.from_mask(keep, example_shape, d, entry, lin.dtype,
+                                        tangent_dtype)
+    return ExactAxes(example_shape, d, entry, tangent_dtype, lin.dtype)

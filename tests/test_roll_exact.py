@@ -1,0 +1,359 @@
+"""Exact ROLL in fewer directions: a first Dense layer's Gram factor, valid steps only.
+
+The factored path pushes `H1` directions from the output of a first Dense layer
+with `H1 < D` units instead of the `D` input axes (`keras_roll.roll.factored`);
+behind a leading Masking layer the packed path pushes one direction per example
+and valid input axis (`keras_roll.roll.exact.PackedAxes`). References: the
+input-axes path (`fewest_directions=False`), `tf.GradientTape` Jacobians with
+Eq. 9 in numpy / TensorFlow (tests/test_roll.py, including a hand-written
+masked SimpleRNN), and the closed form `d tr(R G R^T) / dW = 2 W G` for the
+factor's custom gradient.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_roll
+from keras_roll.roll import loss as roll
+from keras_roll.roll.buckets import buckets_apply
+from keras_roll.roll.config import RollConfig
+from keras_roll.roll.entry import tangent_entry
+from keras_roll.roll.estimators import estimator_for
+from keras_roll.roll.exact import ExactAxes, FactoredAxes, PackedAxes
+from keras_roll.roll.factored import factored_entry, gram_factor
+from tests import model_zoo as zoo
+from tests.test_roll import (
+    _reference_grads,
+    _tf_dense_groups,
+    _tf_rnn_groups,
+    mlp_groups,
+    reference_loss,
+    rnn_groups,
+)
+
+D, H = 24, 9
+
+
+def mlp(first=(), fused=False, width=H, input_shape=(D,), seed=1):
+    """[first layers] -> Dense(width) -> ReLU -> Dense(6) -> LeakyReLU -> Dense(3)."""
+    keras.utils.set_random_seed(seed)
+    inp = keras.Input(input_shape)
+    h = inp
+    for kind in first:
+        if kind == "norm":
+            h = keras.layers.Normalization(mean=0.3, variance=4.0, name="norm")(h)
+        elif kind == "scale":
+            scale = np.linspace(0.5, 2.0, int(np.prod(h.shape[1:]))).astype("float32")
+            h = keras.layers.Rescaling(scale.reshape(h.shape[1:]), offset=0.1, name="scale")(h)
+        elif kind == "flatten":
+            h = keras.layers.Flatten(name="flat")(h)
+    h = keras.layers.Dense(width, activation="relu" if fused else None, name="d0")(h)
+    if not fused:
+        h = keras.layers.ReLU(name="r0")(h)
+    h = keras.layers.Dense(6, name="d1")(h)
+    h = keras.layers.LeakyReLU(0.2, name="l1")(h)
+    return keras.Model(inp, keras.layers.Dense(3, activation="softmax", name="out")(h))
+
+
+def _x(shape=(5, D), seed=0):
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
+def _loss_and_grads(model, x, **kwargs):
+    with tf.GradientTape() as tape:
+        loss = roll.roll_loss(model, x, **kwargs)
+        total = tf.reduce_mean(loss)
+    grads = tape.gradient(total, model.trainable_variables)
+    return loss.numpy(), [np.zeros(v.shape) if g is None else g.numpy()
+                          for g, v in zip(grads, model.trainable_variables)]
+
+
+def _assert_same(a, b, rtol=1e-6):
+    (la, ga), (lb, gb) = a, b
+    np.testing.assert_allclose(la, lb, rtol=rtol)
+    scale = max(np.abs(g).max() for g in ga)
+    for u, v in zip(ga, gb):
+        np.testing.assert_allclose(u, v, rtol=10 * rtol, atol=rtol * scale)
+
+
+@pytest.mark.parametrize("first, fused, wrt", [
+    ((), False, None),
+    (("norm",), True, None),
+    (("norm",), False, "norm"),
+    (("norm", "scale"), False, None),
+])
+def test_factored_loss_and_gradients_equal_the_input_axes(first, fused, wrt):
+    model = mlp(first, fused)
+    x = _x()
+    est = estimator_for(keras_roll.linearize(model), tf.constant(x), RollConfig(wrt=wrt), None)
+    assert isinstance(est, FactoredAxes) and est.total == H
+    for kwargs in ({"C": 0.5}, {"C": 0.5, "gamma": 60.0}):
+        new = _loss_and_grads(model, x, wrt=wrt, **kwargs)
+        old = _loss_and_grads(model, x, wrt=wrt, fewest_directions=False, **kwargs)
+        _assert_same(new, old)
+
+
+def test_factored_loss_and_gradients_match_the_tape_reference():
+    model = mlp()
+    x = _x()
+    names = ["d0", "d1"]
+    want = reference_loss(mlp_groups(model, x, names), 0.7, 50.0)
+    got, grads = _loss_and_grads(model, x, C=0.7, gamma=50.0)
+    np.testing.assert_allclose(got, want, rtol=2e-6)
+    ref = _reference_grads(model, x, lambda m, xb: mlp_groups(m, xb, names),
+                           _tf_dense_groups(names), 0.7, 50.0)
+    scale = max(np.abs(g).max() for g in ref)
+    for g, r in zip(grads, ref):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6 * scale)
+
+
+def test_flatten_before_the_dense_layer_is_factored():
+    model = mlp(("scale", "flatten"), input_shape=(4, 6))
+    x = _x((3, 4, 6))
+    lin = keras_roll.linearize(model)
+    assert factored_entry(lin.program, 0).units == H
+    _assert_same(_loss_and_grads(model, x, C=0.5),
+                 _loss_and_grads(model, x, C=0.5, fewest_directions=False))
+
+
+@pytest.mark.parametrize("gamma", [100.0, pytest.param(70.0, marks=pytest.mark.slow)])
+def test_chunked_and_training_steps_equal_one_chunk(gamma):
+    """Several chunks of factor rows: recomputed in backprop (gamma < 100) or differentiated
+    in the forward pass (a training step, gamma = 100), inside a dynamic-batch graph."""
+    model = mlp(("norm",))
+    x = _x((6, D))
+    whole = keras_roll.linearize(model)
+    plan = roll.memory_plan(whole, x)
+    assert plan.directions == H and plan.chunks == 1
+    chunked = keras_roll.linearize(model, memory_budget=-(-H // 3) * plan.bytes_per_direction)
+    assert roll.memory_plan(chunked, x).chunks == 3
+    variables = model.trainable_variables
+
+    def step(lin, gamma):
+        def run(xb):
+            with tf.GradientTape() as tape:
+                config = RollConfig(C=0.5, gamma=gamma)
+                loss = tf.reduce_mean(roll.loss_from_config(lin, xb, config,
+                                                            precompute_gradient=True))
+            return loss, tape.gradient(loss, variables)
+        return tf.function(run, input_signature=[tf.TensorSpec([None, D])], autograph=False)
+
+    (la, ga), (lb, gb) = step(whole, gamma)(x), step(chunked, gamma)(x)
+    np.testing.assert_allclose(lb.numpy(), la.numpy(), rtol=1e-6)
+    for u, v in zip(ga, gb):
+        np.testing.assert_allclose(v.numpy(), u.numpy(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("build", [
+    lambda: mlp(width=D),  # H1 = D: nothing to gain
+    lambda: mlp(("norm",), width=D + 3),
+    lambda: keras.Sequential([keras.Input((6, 4)), keras.layers.Dense(2, name="d"),
+                              keras.layers.ReLU(), keras.layers.Flatten(),
+                              keras.layers.Dense(3)]),  # Dense per position
+])
+def test_other_models_keep_the_input_axes(build):
+    model = build()
+    lin = keras_roll.linearize(model)
+    x = tf.zeros((2, *model.input_shape[1:]))
+    assert factored_entry(lin.program, tangent_entry(lin.program, None)) is None
+    assert isinstance(estimator_for(lin, x, RollConfig(), None), ExactAxes)
+
+
+def test_input_read_twice_keeps_the_input_axes():
+    inp = keras.Input((D,))
+    h = keras.layers.ReLU()(keras.layers.Dense(4)(inp))
+    skip = keras.layers.Dense(4)(inp)
+    model = keras.Model(inp, keras.layers.Dense(2)(keras.layers.Add()([h, skip])))
+    assert factored_entry(keras_roll.linearize(model).program, 0) is None
+
+
+def test_rank_deficient_and_zero_kernels():
+    model = mlp()
+    kernel = model.get_layer("d0").kernel
+    w = kernel.numpy()
+    w[:, 3] = 0.0  # a dead unit
+    w[:, 5] = 2.0 * w[:, 4]  # two parallel units
+    kernel.assign(w)
+    x = _x()
+    _assert_same(_loss_and_grads(model, x, C=0.5),
+                 _loss_and_grads(model, x, C=0.5, fewest_directions=False), rtol=2e-6)
+    kernel.assign(np.zeros_like(w))
+    loss, grads = _loss_and_grads(model, x, C=0.0)
+    np.testing.assert_array_equal(loss, 0.0)
+    assert all(np.all(np.isfinite(g)) for g in grads)
+
+
+def test_non_finite_kernel_gives_a_nan_loss():
+    model = mlp()
+    w = model.get_layer("d0").kernel.numpy()
+    w[0, 0] = np.nan
+    model.get_layer("d0").kernel.assign(w)
+    assert np.all(np.isnan(roll.roll_loss(model, _x(), C=0.0).numpy()))
+
+
+def test_gram_factor_and_its_gradient():
+    rng = np.random.default_rng(3)
+    w = tf.constant(rng.normal(size=(30, 8)))
+    g = rng.normal(size=(8, 8))
+    g = tf.constant(g + g.T)
+    with tf.GradientTape() as tape:
+        tape.watch(w)
+        r = gram_factor(w)
+        loss = tf.linalg.trace(tf.matmul(tf.matmul(r, g), r, transpose_b=True))
+    np.testing.assert_allclose(tf.matmul(r, r, transpose_a=True).numpy(),
+                               tf.matmul(w, w, transpose_a=True).numpy(), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(tape.gradient(loss, w).numpy(), (2.0 * w @ g).numpy(),
+                               rtol=1e-9, atol=1e-9)
+
+
+# --------------------------------------------------------------------------- padded steps
+
+
+@pytest.fixture(scope="module")
+def sequences():
+    x, lengths = zoo.padded_sequences(batch=4, steps=5)
+    assert len(set(lengths.tolist())) > 1
+    return x, lengths
+
+
+def test_packed_rows_are_the_valid_axes(sequences):
+    x, lengths = sequences
+    model = zoo.rnn()
+    lin = keras_roll.linearize(model)
+    fwd = lin.primal(tf.constant(x))
+    est = estimator_for(lin, tf.constant(x), RollConfig(), None, trace=fwd.trace)
+    assert isinstance(est, PackedAxes)
+    channels = x.shape[-1]
+    want = [(b, t * channels + c) for b, n in enumerate(lengths) for t in range(n)
+            for c in range(channels)]
+    rows = list(zip(est.example.numpy()[:-1].tolist(), est.axis.numpy()[:-1].tolist()))
+    assert rows == want and int(est.total) == len(want)
+    plan = roll.memory_plan(model, x)
+    assert (plan.examples, plan.directions) == (1, len(want))
+    assert roll.memory_plan(model, x, fewest_directions=False).directions == x[0].size
+
+
+@pytest.mark.parametrize("activation", ["relu", "leaky"])
+def test_packed_loss_and_gradients_match_the_reference(sequences, activation):
+    x, _ = sequences
+    model = zoo.rnn(activation)
+    leaky = activation == "leaky"
+    want = reference_loss(rnn_groups(model, x, leaky=leaky), 0.5, 60.0)
+    got, grads = _loss_and_grads(model, x, C=0.5, gamma=60.0)
+    np.testing.assert_allclose(got, want, rtol=2e-6)
+    _assert_same((got, grads), _loss_and_grads(model, x, C=0.5, gamma=60.0,
+                                               fewest_directions=False))
+    if not leaky:
+        ref = _reference_grads(model, x, rnn_groups, _tf_rnn_groups, 0.5, 60.0)
+        scale = max(np.abs(g).max() for g in ref)
+        for g, r in zip(grads, ref):
+            np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize("gamma", [100.0, pytest.param(70.0, marks=pytest.mark.slow)])
+def test_packed_rows_in_chunks_and_in_a_training_graph(sequences, gamma):
+    """Rows in several chunks, planned in the graph (the number of rows depends on the
+    data): the same loss and gradients as one chunk, gamma = 100 (differentiated in
+    the forward pass) and gamma < 100 (recomputed)."""
+    x, _ = sequences
+    model = zoo.rnn()
+    whole = keras_roll.linearize(model)
+    plan = roll.memory_plan(whole, x)
+    chunked = keras_roll.linearize(model, memory_budget=7 * plan.bytes_per_direction)
+    assert roll.memory_plan(chunked, x).chunks > 3
+    variables = model.trainable_variables
+
+    def step(lin, gamma):
+        def run(xb):
+            with tf.GradientTape() as tape:
+                config = RollConfig(C=0.5, gamma=gamma)
+                loss = tf.reduce_mean(roll.loss_from_config(lin, xb, config,
+                                                            precompute_gradient=True))
+            return loss, tape.gradient(loss, variables)
+        return tf.function(run, input_signature=[tf.TensorSpec([None, *x.shape[1:]])],
+                           autograph=False)
+
+    ref = _loss_and_grads(model, x, C=0.5, gamma=gamma, fewest_directions=False)
+    loss, grads = step(chunked, gamma)(x)
+    np.testing.assert_allclose(loss.numpy(), ref[0].mean(), rtol=1e-6)
+    for g, r in zip(grads, ref[1]):
+        np.testing.assert_allclose(g.numpy(), r, rtol=1e-5, atol=1e-7)
+
+
+def test_sequences_without_padding_and_an_all_padding_example():
+    model = zoo.rnn()
+    x = np.random.default_rng(4).normal(size=(3, 5, 3)).astype("float32")
+    x[1] = 0.0  # no valid step at all: no neuron, a loss of 0
+    got, grads = _loss_and_grads(model, x, C=0.5)
+    _assert_same((got, grads), _loss_and_grads(model, x, C=0.5, fewest_directions=False))
+    assert got[1] == 0.0
+
+
+def variable_rnn(return_sequences=False, zero_output_for_mask=False, time=None, seed=0):
+    """`zoo.rnn` with a variable time axis: Masking -> SimpleRNN -> Dense."""
+    keras.utils.set_random_seed(seed)
+    inp = keras.Input((time, 3))
+    h = keras.layers.Masking(0.0)(inp)
+    h = keras.layers.SimpleRNN(6, activation="relu", return_sequences=return_sequences,
+                               zero_output_for_mask=zero_output_for_mask, name="rnn")(h)
+    if return_sequences:
+        h = keras.layers.GlobalAveragePooling1D()(h)
+    return keras.Model(inp, keras.layers.Dense(2, name="logits")(h))
+
+
+@pytest.mark.parametrize("build, applies", [
+    (variable_rnn, True),
+    (lambda: variable_rnn(time=6), False),  # a fixed time axis
+    (lambda: variable_rnn(return_sequences=True), False),  # reads every step
+    (lambda: variable_rnn(zero_output_for_mask=True), False),  # the last output may be 0
+])
+def test_length_buckets_apply_to_a_last_state_recurrent_layer(build, applies):
+    program = keras_roll.linearize(build()).program
+    assert buckets_apply(program, RollConfig(), 0) is applies
+    assert not buckets_apply(program, RollConfig(fewest_directions=False), 0)
+    assert not buckets_apply(program, RollConfig(samples=2), 0)
+
+
+@pytest.fixture(scope="module")
+def bucket_case():
+    model = variable_rnn()
+    x, _ = zoo.padded_sequences(batch=7, steps=6, seed=2)
+    x[3] = 0.0  # an example without a valid step
+    return model, x
+
+
+def test_length_buckets_give_the_same_loss_and_gradients(bucket_case):
+    """Seven sequences of lengths 2..6 (one all padding) in four buckets, eagerly: against
+    the input axes and the tape."""
+    model, x = bucket_case
+    want = reference_loss(rnn_groups(model, x), 0.5, 60.0)
+    got, grads = _loss_and_grads(model, x, C=0.5, gamma=60.0)
+    np.testing.assert_allclose(got, want, rtol=2e-6)
+    _assert_same((got, grads), _loss_and_grads(model, x, C=0.5, gamma=60.0,
+                                               fewest_directions=False))
+
+
+@pytest.mark.slow
+def test_length_buckets_in_a_training_graph(bucket_case):
+    """A dynamic batch and time axis, and two examples: two empty buckets."""
+    model, x = bucket_case
+    lin = keras_roll.linearize(model)
+    variables = model.trainable_variables
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, 3])], autograph=False)
+    def step(xb):
+        with tf.GradientTape() as tape:
+            loss = roll.loss_from_config(lin, xb, RollConfig(C=0.5), precompute_gradient=True)
+            total = tf.reduce_mean(loss)
+        return loss, tape.gradient(total, variables)
+
+    for xb in (x, x[:2]):
+        ref_loss, ref_grads = _loss_and_grads(model, xb, C=0.5, fewest_directions=False)
+        loss, grads = step(tf.constant(xb))
+        np.testing.assert_allclose(loss.numpy(), ref_loss, rtol=1e-6)
+        for g, r in zip(grads, ref_grads):
+            np.testing.assert_allclose(g.numpy(), r, rtol=1e-5, atol=1e-7)
