@@ -30,12 +30,13 @@ from typing import NamedTuple
 
 import numpy as np
 
+from keras_roll.certification.margin_math import dual_norm, to_numpy
 from keras_roll.certification.margins import certify
 from keras_roll.compile.twin import linearize
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.inputs import ModelOrTwin, is_stream, stream_length
 from keras_roll.options import Norms, Rigor, RunOptions, Verbose, check_bisect_tol, parse_norms
-from keras_roll.robust.adversarial import lp_norm, predict_classes
+from keras_roll.robust.adversarial import predict_classes
 from keras_roll.robust.backward import op_graph
 from keras_roll.robust.batches import iter_labelled_batches
 from keras_roll.robust.intervals import check_supported
@@ -161,8 +162,9 @@ class _Run:
         """Runs the methods on correctly classified finite inputs; returns `nonfinite`."""
         bad = np.zeros(x.shape[0], bool)
         x64 = x.astype(np.float64)
+        terms = None
         if self.method in ("best", "region"):
-            bad = self._region(x, x64, pred, idx, res)
+            bad, terms = self._region(x, x64, pred, idx, res)
         for p in self.norms:
             r = res[p]
             todo = ~bad & ~((r["upper"][idx] - r["lower"][idx])
@@ -170,10 +172,14 @@ class _Run:
             if self.method in ("best", "walk"):
                 self._walk(x64, pred, idx, todo, p, r)
             if self.relax and self.method != "region":
-                self._relaxation(x64, pred, idx, todo, p, r)
+                if terms is None:
+                    terms = decision_terms(self.twin, x64, pred, guard=False,
+                                           memory_budget=self.budget)
+                self._relaxation(x64, pred, idx, todo, p, r, terms)
         return bad
 
-    def _region(self, x, x64, pred, idx, res) -> np.ndarray:
+    def _region(self, x, x64, pred, idx, res):
+        """Method 1; returns `(nonfinite, DecisionTerms)`."""
         cert = certify(self.lin, x, norms=self.norms, rigor=self.rigor,
                        batch_size=self.run.batch_size, memory_budget=self.budget,
                        verbose=False)
@@ -187,7 +193,7 @@ class _Run:
             r["lower"][idx] = nb.lower
             r["lower_method"][idx] = np.where(nb.lower < margin, "decision", "region")
             _take_upper(r, idx, nb, "region")
-        return np.asarray(cert.nonfinite, bool)
+        return np.asarray(cert.nonfinite, bool), terms
 
     def _walk(self, x64, pred, idx, todo, p, r):
         sub = np.flatnonzero(todo)
@@ -197,7 +203,7 @@ class _Run:
                          self.search.max_regions, self.budget)
         _take_upper(r, idx[sub], nb, "walk")
 
-    def _relaxation(self, x64, pred, idx, todo, p, r):
+    def _relaxation(self, x64, pred, idx, todo, p, r, terms):
         sub = np.flatnonzero(todo)
         if not sub.size:
             return
@@ -211,9 +217,14 @@ class _Run:
             return np.min(low, axis=1)
 
         known = r["lower"][idx[sub]]
-        upper = r["upper"][idx[sub]]
-        scale = np.where(known > 0, known, 1e-3 * (1.0 + lp_norm(xs, p)))
-        lo = largest_certified(values, known, upper, scale, self.search.bisect_tol)
+        # The affine map at x steers the search: its margins at `known` and its
+        # nearest decision hyperplane (the first radius tried).
+        m, gq = terms.margins[sub], to_numpy(dual_norm(terms.gradients[sub], p))
+        at_known = np.min(m - gq * known[:, None], axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            guess = np.min(np.where(gq > 0, m / gq, np.inf), axis=1)
+        lo = largest_certified(values, known, r["upper"][idx[sub]], guess,
+                               self.search.bisect_tol, values_at_lower=at_known)
         better = lo > known
         target = idx[sub[better]]
         r["lower"][target] = lo[better]
@@ -233,7 +244,7 @@ def _take_upper(r, idx, nb, name):
 
 def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
                   method: str = "best", rigor: Rigor | str | None = None, *,
-                  max_regions: int = 100, bisect_tol: float = 1e-3, exact_rtol: float = 1e-3,
+                  max_regions: int = 100, bisect_tol: float = 1e-2, exact_rtol: float = 1e-3,
                   batch_size: int | None = None, memory_budget: int | str | None = None,
                   verbose: Verbose | None = None,
                   options: RunOptions | None = None) -> RobustRadius:
@@ -280,7 +291,8 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
         method: "best", "region", "walk", "relaxation" or "interval".
         rigor: "float64" (default), "strict" or "float32" (a `keras_roll.Rigor`).
         max_regions: regions the walk may cross per input (and per refining line).
-        bisect_tol: relative width of the relaxation search's final bracket.
+        bisect_tol: relative width of the relaxation search's final bracket: the lower
+            bound is within `1 + bisect_tol` of the largest radius the pass certifies.
         exact_rtol: `exact` where `upper - lower <= exact_rtol * upper`.
         batch_size: examples per batch (streams of single examples are grouped).
         memory_budget: bytes of tangents / functionals per chunk (default the twin's).

@@ -5,13 +5,15 @@ A bound pass (`keras_roll.robust.relaxation.margin_bounds`) answers, for a radiu
 the ball is certified when `v(eps) > 0`. The search keeps what it has *verified*:
 `lo` is always a radius the pass certified (or a lower bound known beforehand),
 `hi` one it did not (or an upper bound: a confirmed adversarial point). A missing
-`hi` is found by doubling; then the bracket shrinks by the Illinois variant of
-false position on `v` (Dahlquist & Bjorck, *Numerical Methods*, Sec. 6.2.3): the
-next radius is where the chord of `v` crosses 0, and the value kept twice on the
-same side is halved, which makes it converge superlinearly from both sides. Every
-step moves at least `tol / 2` inside the bracket, so it ends with
-`hi <= lo (1 + tol)`. The answer is `lo`. (`v` need not be monotone: the answer is
-a radius that was certified, whatever the order.)
+`hi` is found by doubling; a bracket wider than `WIDE` is halved in log space
+(`v` is far from linear over it: flat while few units are unstable, then falling
+fast); a narrow one shrinks by the Illinois variant of false position on `v`
+(Dahlquist & Bjorck, *Numerical Methods*, Sec. 6.2.3): the next radius is where the
+chord of `v` crosses 0, and the value kept twice on the same side is halved, which
+makes it converge superlinearly from both sides. Every step moves at least
+`tol / 2` inside the bracket, so it ends with `hi <= lo (1 + tol)`. The answer is
+`lo` (`v` need not be monotone: the answer is a radius that was certified, whatever
+the order).
 
 Example:
 
@@ -30,16 +32,19 @@ __all__ = ["MAX_STEPS", "largest_certified"]
 
 MAX_STEPS = 64  # bound passes per example at most
 GROWTH = 4.0  # factor of the doubling phase
+WIDE = 4.0  # a bracket wider than this ratio is halved in log space
 
 
 class _State:
     """The brackets of every example."""
 
-    def __init__(self, lower, upper, scale, tol):
+    def __init__(self, lower, upper, scale, tol, values_at_lower=None):
         self.lo = np.asarray(lower, np.float64).copy()
         hi = np.asarray(upper, np.float64)
         self.hi = np.maximum(np.where(np.isfinite(hi), hi, np.inf), self.lo)
         self.f_lo = np.full(self.lo.shape, np.nan)
+        if values_at_lower is not None:
+            self.f_lo = np.where(np.asarray(values_at_lower) > 0, values_at_lower, np.nan)
         self.f_hi = np.full(self.lo.shape, np.nan)
         self.side = np.zeros(self.lo.shape, np.int64)
         self.steps = np.zeros(self.lo.shape, np.int64)
@@ -55,14 +60,20 @@ class _State:
     def next_radius(self, idx) -> np.ndarray:
         lo, hi, f_lo, f_hi = self.lo[idx], self.hi[idx], self.f_lo[idx], self.f_hi[idx]
         grow = np.maximum(GROWTH * lo, self.scale[idx])
-        with np.errstate(divide="ignore", invalid="ignore"):
-            chord = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
         edge = 1.0 + self.tol / 2.0
         low_end = np.where(lo > 0, lo * edge, hi * 1e-3)
-        chord = np.clip(np.where(np.isfinite(chord), chord, np.sqrt(low_end * hi)),
-                        low_end, hi / edge)
-        out = np.where(np.isnan(f_lo), lo, np.where(np.isfinite(hi), chord, grow))
-        return out
+        # A wide bracket is halved in log space (the margins' bound is far from linear
+        # over it); a narrow one by false position. Without a value at hi (an
+        # adversarial distance), the first guess is `scale`.
+        middle = np.sqrt(low_end * hi)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            chord = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
+        guess = np.isnan(f_hi) & (self.scale[idx] > low_end) & (self.scale[idx] < hi)
+        narrow = hi <= WIDE * np.maximum(lo, 1e-300)
+        pick = np.where(guess, self.scale[idx],
+                        np.where(narrow & np.isfinite(chord), chord, middle))
+        pick = np.clip(pick, low_end, hi / edge)
+        return np.where(np.isnan(f_lo), lo, np.where(np.isfinite(hi), pick, grow))
 
     def update(self, idx, eps, value) -> None:
         first = np.isnan(self.f_lo[idx])
@@ -81,7 +92,8 @@ class _State:
 
 def largest_certified(values: Callable, lower: np.ndarray, upper: np.ndarray,
                       scale: np.ndarray, tol: float = 1e-3,
-                      progress: Callable | None = None) -> np.ndarray:
+                      progress: Callable | None = None,
+                      values_at_lower: np.ndarray | None = None) -> np.ndarray:
     """Per example, a certified radius within `1 + tol` of where the pass stops certifying.
 
     Args:
@@ -90,14 +102,18 @@ def largest_certified(values: Callable, lower: np.ndarray, upper: np.ndarray,
             (certified where > 0; at `eps = 0` the margin itself).
         lower: `[B]` radii known to be certified (0 if none).
         upper: `[B]` radii known not to be (an adversarial distance), or inf / NaN.
-        scale: `[B]` a typical radius (the first guess without `upper`).
+        scale: `[B]` a guess of the answer (the first radius tried inside the bracket,
+            or without `upper` the first one doubled).
         tol: relative width of the final bracket.
         progress: optional `progress(k)`, called with the number of examples finished.
+        values_at_lower: optional `[B]` estimates of `values` at `lower` (e.g. the
+            margin at `eps = 0`), which spare a pass there: they only steer the search
+            (an estimate <= 0 is ignored), `lower` is known to be certified anyway.
 
     Returns:
         `[B]` float64 certified radii (`lo`; `lower` where the pass certifies no more).
     """
-    state = _State(lower, upper, scale, tol)
+    state = _State(lower, upper, scale, tol, values_at_lower)
     finished = state.done()
     if progress is not None and finished.any():
         progress(int(finished.sum()))

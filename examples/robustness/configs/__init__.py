@@ -1,0 +1,1 @@
+"""The robustness example's configs: `default` (the paper's network) and `quick`."""

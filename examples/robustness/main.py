@@ -1,0 +1,43 @@
+"""The robustness example's entry point: its flags (one per field of `configs/default.py`,
+plus `--quick` and `--out`) and `main`.
+
+    python -m examples.robustness --data_dir=<folder with mnist.npz> [--quick]
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from examples.common import app
+from examples.common.config_flags import (
+    config_from_flags,
+    define_config_flags,
+    require_existing_path,
+)
+from examples.robustness import train
+from examples.robustness.configs import default, quick
+
+
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
+    """Defines the robustness example's flags and their validators on `fv`."""
+    app.define_run_flags(fv, out="runs/robustness")
+    define_config_flags(fv, default.get_config())
+    require_existing_path(fv, "data_dir", "a Keras-layout mnist.npz or a folder holding it "
+                                          "or the four IDX files")
+
+
+def get_config(fv: flags.FlagValues) -> default.Config:
+    """The run's config: the quick one under `--quick`, overridden by the flags."""
+    return config_from_flags(fv, default.get_config(), quick.get_config() if fv.quick else None)
+
+
+def main(fv: flags.FlagValues):
+    """Trains (or reuses) the two models and bounds their radii, with the parsed flags.
+
+    Example:
+
+    ```python
+    result = main(parse_flags(define_flags, ["--quick", "--data_dir=data"]))
+    ```
+    """
+    return train.train_and_evaluate(get_config(fv), fv.out)
