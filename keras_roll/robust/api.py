@@ -88,8 +88,8 @@ def _relaxation_available(twin, method) -> bool:
     except UnsupportedModelError as e:
         if method != "best":
             raise
-        warnings.warn(f"{e} robust_radius(method='best') uses the region margin as the "
-                      f"lower bound for this model.", stacklevel=3)
+        warnings.warn(f"robust_radius(method='best') bounds this model without the linear "
+                      f"relaxation: {e}", stacklevel=3)
         return False
     return True
 
