@@ -12,8 +12,7 @@ Trains the network briefly on MNIST (Adam, `--epochs` over `--train_size` images
   `method="interval"` and prints the median certified radius of each, their ratio
   (target: relaxation >= 5 x intervals at the median) and seconds per input.
 
-Only ratios measured in one run mean anything on a shared machine; the absolute
-rates are printed with the machine's load average.
+Only ratios measured in one run mean anything on a shared machine.
 
     python -m benchmarks.robust --data=/path/to/mnist.npz [--num_examples=200]
 """
@@ -87,8 +86,8 @@ def main(argv):
     n, k = FLAGS.num_examples, FLAGS.relax_examples
     times = method1(model, xte[:n], FLAGS.repeats, FLAGS.rigor)
     bounds = relaxation_vs_intervals(model, xte[:k], yte[:k], FLAGS.rigor)
-    print(f"machine: {os.cpu_count()} CPU cores (load average {os.getloadavg()[0]:.1f}), "
-          f"TensorFlow {tf.__version__}; rigor {FLAGS.rigor}")
+    print(f"machine: {os.cpu_count()} CPU cores, TensorFlow {tf.__version__}; "
+          f"rigor {FLAGS.rigor}")
     print(f"network: 784-300x4-10 ReLU, {FLAGS.epochs} epochs on {FLAGS.train_size} "
           f"images, test accuracy {acc:.1%}")
     for name, t in times.items():
