@@ -133,13 +133,14 @@ def autodiff_step(model: keras.Model):
     return step
 
 
-EXACT_BUDGETS_MIB = (16, DEFAULT_MEMORY_BUDGET // 2**20, 1024)
+EXACT_BUDGETS_MIB = (16, DEFAULT_MEMORY_BUDGET // 2**20, 256, 1024)  # 1 GiB: one chunk
 
 
 def make_steps(model: keras.Model, b: int, samples: int, budgets=EXACT_BUDGETS_MIB):
     """`(fast, exact, slow, lins)`: the compiled steps of `benchmarks/step_time.py` by name
-    (exact ROLL along the factor and along the input axes at each budget in `budgets`),
-    and the twins by memory budget in MiB."""
+    (exact ROLL along the factor and along the input axes at each budget in `budgets`,
+    and along the factor with `memory_budget="auto"`), and the twins by memory budget
+    in MiB ("auto" too)."""
     default = DEFAULT_MEMORY_BUDGET // 2**20
     lins = {mib: keras_roll.linearize(model, memory_budget=mib * 2**20)
             for mib in sorted({*budgets, default})}
@@ -153,13 +154,16 @@ def make_steps(model: keras.Model, b: int, samples: int, budgets=EXACT_BUDGETS_M
         exact[exact_name(True, mib)] = compile_step(roll_step(model, lins[mib]), b)
         exact[exact_name(False, mib)] = compile_step(
             roll_step(model, lins[mib], fewest_directions=False), b)
+    lins["auto"] = keras_roll.linearize(model)  # the default: chunks sized by a probe
+    exact[exact_name(True, "auto")] = compile_step(roll_step(model, lins["auto"]), b)
     slow = {"exact ROLL, autodiff batch_jacobian": compile_step(autodiff_step(model), b)}
     return fast, exact, slow, lins
 
 
-def exact_name(factored: bool, mib: int) -> str:
-    """The name of an exact ROLL step variant in `make_steps`."""
-    return f"exact ROLL, {'factor' if factored else 'input axes'} ({mib} MiB)"
+def exact_name(factored: bool, mib: int | str) -> str:
+    """The name of an exact ROLL step variant in `make_steps` (`mib="auto"` too)."""
+    size = "auto" if mib == "auto" else f"{mib} MiB"
+    return f"exact ROLL, {'factor' if factored else 'input axes'} ({size})"
 
 
 def vowels_batch(batch: int = 32, bucketed: bool = False, seed: int = 0):

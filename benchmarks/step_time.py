@@ -7,15 +7,17 @@ then an SGD update; the ROLL term as `wrap(model).fit` computes it) for
 * exact ROLL through the perturbation (forward-mode) pass of `keras_roll.roll.loss`,
   along the 300 rows of a factor of the first layer's Gram matrix (the default,
   `keras_roll.roll.factored`) and along the 784 input axes (`fewest_directions=False`,
-  the path before it), each at budgets of 16 MiB, the default 64 MiB and 1 GiB
-  (one chunk);
+  the path before it), each at budgets of 16, 64 (the former default), 256 MiB
+  and 1 GiB (one chunk), and along the factor with `memory_budget="auto"` (the
+  default: the chunk size from a timed probe, `keras_roll.roll.autotune`);
 * the same exact loss through `tf.GradientTape.batch_jacobian` (the autodiff
   baseline: reverse mode per neuron, vectorized by pfor);
 * sampled ROLL with 3 input axes per example (Eq. 10), and with 3 axes shared by
   the batch (`share_axes=True`: the first layer's tangents are then shared);
 
 and prints the medians and the ratios: input axes / factor (the exact step's
-speed-up, at each budget and best against best), sampled / vanilla, autodiff /
+speed-up, at each budget and best against best), "auto" / the best fixed budget,
+the former default step / the new default step, sampled / vanilla, autodiff /
 perturbation, and the achieved GFLOP/s of the exact steps beside float32 matmul
 rates measured in the same run. The variants are timed round-robin (medians of
 interleaved repetitions): on a machine shared with other work only these ratios,
@@ -74,6 +76,7 @@ from benchmarks.roll_steps import (  # noqa: E402
     sequence_steps,
     vowels_batch,
 )
+from keras_roll.compile.twin import DEFAULT_MEMORY_BUDGET  # noqa: E402
 from keras_roll.roll import loss as roll  # noqa: E402
 from keras_roll.roll.config import RollConfig  # noqa: E402
 
@@ -152,6 +155,13 @@ def _report_exact(times, budgets, lins, x):
     new = min(budgets, key=lambda m: times[exact_name(True, m)])
     print(f"ratio best input axes ({old} MiB) / best factor ({new} MiB): "
           f"{times[exact_name(False, old)] / times[exact_name(True, new)]:6.2f}  (target >= 3)")
+    default = DEFAULT_MEMORY_BUDGET // 2**20
+    auto = times[exact_name(True, "auto")]
+    print(f"ratio input axes at the former default ({default} MiB) / factor with 'auto': "
+          f"{times[exact_name(False, default)] / auto:6.2f}  (the step before / after)")
+    print(f"ratio factor 'auto' / best fixed budget ({new} MiB): "
+          f"{auto / times[exact_name(True, new)]:6.3f}  (target <= 1.05; 'auto' chose "
+          f"{roll.memory_plan(lins['auto'], x).memory_budget / 2**20:.2f} MiB)")
     for mib in budgets:
         for factored in (False, True):
             plan = roll.memory_plan(lins[mib], x, RollConfig(fewest_directions=factored))

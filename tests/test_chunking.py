@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_roll.compile.chunking import balanced_split, plan_chunks, plan_directions
+from keras_roll.compile.chunking import (
+    auto_candidates,
+    balanced_split,
+    choose_budget,
+    plan_chunks,
+    plan_directions,
+    remembered_budget,
+)
 
 CASES = list(itertools.product(
     [1, 3, 64, 1000],          # examples
@@ -105,3 +112,58 @@ def test_random_plans_never_exceed_the_budget():
         plan = plan_chunks(b, d, per, budget)
         if plan.fits:
             assert plan.examples_per_chunk * plan.per_chunk * per <= budget
+
+
+# --------------------------------------------------------------------------- memory_budget="auto"
+
+
+def _plan_for(examples=64, directions=784, per=4 * 1510):
+    return lambda budget: plan_chunks(examples, directions, per, budget)
+
+
+def test_auto_candidates_are_the_distinct_plans_within_the_cap():
+    plans = auto_candidates(_plan_for())
+    whole = 64 * 784 * 4 * 1510  # every direction of 64 examples: 289 MiB
+    assert sorted(plans) == [16 * 2**20, 64 * 2**20, 256 * 2**20, whole]
+    assert plans[whole].direction_chunks == 1
+    assert all(p.fits for p in plans.values())
+    small = auto_candidates(_plan_for(examples=4, directions=10))  # 241 KB in all
+    assert len(small) == 1 and next(iter(small.values())).chunks == 1
+    capped = auto_candidates(_plan_for(), cap=64 * 2**20)
+    assert sorted(capped) == [16 * 2**20, 64 * 2**20]
+
+
+def test_choose_budget_picks_the_fastest_and_skips_needless_probes():
+    plans = auto_candidates(_plan_for())
+    cost = {b: 1.0 + abs(b - 64 * 2**20) / 2**30 for b in plans}  # 64 MiB is fastest
+    calls = []
+
+    def seconds(budget, plan):
+        calls.append(budget)
+        assert plan is plans[budget]
+        return cost[budget]
+
+    assert choose_budget(plans, seconds, repeats=2) == min(cost, key=cost.get)
+    assert sorted(calls) == sorted(list(plans) * 3)  # one untimed call, then 2 rounds
+    calls.clear()
+    one = {2**20: plans[16 * 2**20]}
+    assert choose_budget(one, seconds) == 2**20 and not calls
+    assert choose_budget(plans, seconds, min_chunks=10**6) == min(plans) and not calls
+
+
+def test_remembered_budget_is_kept_per_owner_and_key():
+    class Owner:
+        pass
+
+    first, second = Owner(), Owner()
+    calls = []
+
+    def choose(value):
+        calls.append(value)
+        return value
+
+    assert remembered_budget(first, ("roll", (3,)), lambda: choose(5)) == 5
+    assert remembered_budget(first, ("roll", (3,)), lambda: choose(7)) == 5
+    assert remembered_budget(first, ("roll", (4,)), lambda: choose(7)) == 7
+    assert remembered_budget(second, ("roll", (3,)), lambda: choose(9)) == 9
+    assert calls == [5, 7, 9]

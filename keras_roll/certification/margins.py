@@ -58,6 +58,7 @@ from keras_roll.options import (
     Norms,
     RunOptions,
     check_bisect_tol,
+    fixed_budget,
     parse_norm,
     parse_norms,
 )
@@ -86,6 +87,12 @@ class _Run:
         lin = linearize(model)
         return cls(lin, guard_for(options.rigor).twin(lin), norms, Method.parse(method),
                    check_bisect_tol(bisect_tol), options, options.budget(lin.memory_budget))
+
+    @property
+    def stream_budget(self) -> int | None:
+        """The gradient-norm stream's budget: None lets an "auto" twin time its chunks."""
+        auto = fixed_budget(self.options.memory_budget) is None and self.twin.auto_budget
+        return None if auto else self.budget
 
 
 def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
@@ -292,7 +299,7 @@ def _certify_batch(run: _Run, x, directions, bar) -> Certificate:
                              axis=1)
         bar.update(b_total)
     elif run.method is Method.ANALYTIC:
-        for gs in errors_and_norms(twin, x, run.options.batch_size, run.budget,
+        for gs in errors_and_norms(twin, x, run.options.batch_size, run.stream_budget,
                                    run.options.rigor):
             sl = gs.examples
             res = _analytic_slice(run, x[sl], None if dirs is None else dirs[sl], gs)

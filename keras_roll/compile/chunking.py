@@ -10,6 +10,13 @@ sizes, so that the planner (`keras_roll.roll.loss.memory_plan`) and every execut
 (the twin's axis stream, ROLL, directional margins, region counts, the
 bisection) agree by construction. See docs/design.md, section "Memory".
 
+`memory_budget="auto"` (the default of `keras_roll.linearize`) chooses among
+the plans of a few candidate budgets by timing them (`auto_candidates`,
+`choose_budget`) and remembers the choice per model and shape
+(`remembered_budget`); the executors that time their work are
+`keras_roll.roll.autotune` (ROLL) and `keras_roll.compile.autotune` (the axis
+stream of certificates). docs/design.md, "Chunk sizes by measurement".
+
 Example:
 
 ```python
@@ -25,17 +32,25 @@ for sl in plan.example_slices():
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+import math
+import weakref
+from collections.abc import Callable, Iterator
 
 import tensorflow as tf
 
 __all__ = [
+    "AUTO_BUDGETS",
+    "AUTO_CAP",
+    "AUTO_MIN_CHUNKS",
     "DEFAULT_EXAMPLES",
     "MIN_DIRECTIONS",
     "ChunkPlan",
+    "auto_candidates",
     "balanced_split",
+    "choose_budget",
     "plan_chunks",
     "plan_directions",
+    "remembered_budget",
 ]
 
 DEFAULT_EXAMPLES = 64  # examples per chunk by default: enough rows for efficient matmuls
@@ -163,3 +178,98 @@ def plan_chunks(examples: int, directions: int, bytes_per_item: int, budget: int
         b = max(1, min(b, budget // (per * want)))
     k, _, fits = plan_directions(int(directions), b * per, budget)
     return ChunkPlan(int(examples), int(directions), b, max(1, k), per, budget, bool(fits))
+
+
+# --------------------------------------------------------------------------- memory_budget="auto"
+
+AUTO_BUDGETS = (16 * 2**20, 64 * 2**20, 256 * 2**20)  # the fixed candidates of "auto"
+AUTO_CAP = 2**30  # the most memory "auto" lets a chunk hold (its one-chunk candidate too)
+AUTO_MIN_CHUNKS = 4  # below this many chunks under every candidate, no probe is worth it
+
+
+def auto_candidates(plan_for: Callable[[int], ChunkPlan],
+                    cap: int | None = None) -> dict[int, ChunkPlan]:
+    """The candidate budgets of `memory_budget="auto"` and their plans, one per plan.
+
+    The candidates are 16, 64 and 256 MiB and "one chunk": the budget that holds
+    all the directions of an example chunk, if that is within `cap`. Budgets
+    whose plans cut the work the same way are one candidate (the smallest).
+
+    Args:
+        plan_for: `fn(budget) -> ChunkPlan`, the caller's plan for a budget
+            (built with `plan_chunks` / `plan_directions`).
+        cap: the largest budget considered (default `AUTO_CAP`).
+
+    Example:
+
+    ```python
+    plans = auto_candidates(lambda b: plan_chunks(64, 784, 4 * 1510, b))
+    sorted(plans)    # [16 MiB, 64 MiB, 256 MiB, one chunk] when they all differ
+    ```
+    """
+    cap = AUTO_CAP if cap is None else int(cap)
+    budgets = [b for b in AUTO_BUDGETS if b <= cap]
+    widest = plan_for(cap)
+    one_chunk = widest.bytes_per_direction * widest.directions
+    if one_chunk <= cap:
+        budgets.append(max(int(one_chunk), 1))
+    plans: dict[int, ChunkPlan] = {}
+    seen = set()
+    for budget in sorted(budgets):
+        plan = plan_for(budget)
+        cut = (plan.examples_per_chunk, plan.per_chunk)
+        if cut not in seen and plan.fits:
+            seen.add(cut)
+            plans[budget] = plan
+    return plans or {budgets[0]: plan_for(budgets[0])}
+
+
+def choose_budget(plans: dict[int, ChunkPlan], seconds: Callable[[int, ChunkPlan], float],
+                  repeats: int = 2, min_chunks: int = AUTO_MIN_CHUNKS) -> int:
+    """The budget of `plans` whose work `seconds` measures fastest.
+
+    `seconds(budget, plan)` runs the caller's work under `plan` once and returns
+    its cost in seconds per unit of work (comparable between plans: a whole
+    step, or one chunk divided by its examples and directions). Every
+    candidate is run once untimed (tracing), then `repeats` times round-robin;
+    the smallest of its times counts. When a single plan is left, or no
+    candidate would cut the work into `min_chunks` chunks, nothing is run and
+    the smallest budget is returned.
+
+    Example:
+
+    ```python
+    budget = choose_budget(auto_candidates(plan_for), lambda b, p: time_step(b))
+    ```
+    """
+    budgets = sorted(plans)
+    if len(budgets) == 1 or max(p.chunks for p in plans.values()) < min_chunks:
+        return budgets[0]
+    for budget in budgets:
+        seconds(budget, plans[budget])  # the first call traces
+    best = {budget: math.inf for budget in budgets}
+    for _ in range(max(1, repeats)):
+        for budget in budgets:
+            best[budget] = min(best[budget], seconds(budget, plans[budget]))
+    return min(budgets, key=lambda b: (best[b], b))
+
+
+_CHOICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def remembered_budget(owner, key, choose: Callable[[], int]) -> int:
+    """`choose()` the first time `owner` (a model) meets `key`, the same budget after.
+
+    The choices of "auto" are kept per model (weakly: they go with it) and per
+    key, e.g. the kind of work, the dtype and the per-example shape.
+
+    Example:
+
+    ```python
+    budget = remembered_budget(model, ("certify", "float64", (32, 32, 3)), probe)
+    ```
+    """
+    choices = _CHOICES.setdefault(owner, {})
+    if key not in choices:
+        choices[key] = int(choose())
+    return choices[key]

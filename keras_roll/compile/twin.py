@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from keras_roll import inputs
 from keras_roll.compile import streaming
+from keras_roll.compile.autotune import axis_budget
 from keras_roll.compile.graph import Program, build_program
 from keras_roll.compile.interpreter import JVP, ForwardPass, Interpreter, Trace
 from keras_roll.compile.layout import NeuronLayout
@@ -84,15 +85,17 @@ class CompiledPasses(NamedTuple):
                    compiled(kind.axes_tangent))
 
 
-def linearize(model: ModelOrTwin, memory_budget: int | str = DEFAULT_MEMORY_BUDGET) -> Linearized:
+def linearize(model: ModelOrTwin, memory_budget: int | str | None = "auto") -> Linearized:
     """Compiles a Keras model into its frozen-pattern twin.
 
     Args:
         model: a built functional or Sequential Keras model of supported layers
             (a model made by `keras_roll.wrap` is unwrapped first).
         memory_budget: bytes of tangents a chunk may hold when directions are
-            streamed (`jacobian`, `certify`), at least 1; "auto" (or None)
-            for the default.
+            streamed (`jacobian`, `certify`, ROLL), at least 1; or "auto" (the
+            default; None too): chunks sized by a short timed probe the first
+            time the twin meets a shape (`keras_roll.compile.chunking`), else
+            `DEFAULT_MEMORY_BUDGET`.
 
     Returns:
         A `Linearized` model (cached on `model`: linearizing it again is free).
@@ -111,7 +114,7 @@ def linearize(model: ModelOrTwin, memory_budget: int | str = DEFAULT_MEMORY_BUDG
     if isinstance(model, Linearized):
         return model
     model = unwrap(model)
-    memory_budget = twin_budget(memory_budget)
+    budget = fixed_budget(memory_budget)
     # One twin per (model, budget), kept on the model itself: repeated calls such as
     # certify(model, x) reuse its compiled functions instead of tracing them again.
     cache = getattr(model, "_keras_roll_twins", None)
@@ -121,7 +124,7 @@ def linearize(model: ModelOrTwin, memory_budget: int | str = DEFAULT_MEMORY_BUDG
             object.__setattr__(model, "_keras_roll_twins", cache)
         except AttributeError:
             pass
-    key = int(memory_budget)
+    key = "auto" if budget is None else budget
     if key not in cache:
         cache[key] = Linearized(model, memory_budget=memory_budget)
     return cache[key]
@@ -146,11 +149,15 @@ class Linearized(NeuronQueries, ProgramQueries):
         program: its compiled `Program`.
         interpreter: the `Interpreter` that runs the passes.
         compiled: the passes compiled with `tf.function` (`CompiledPasses`).
-        memory_budget: bytes of tangents a streamed chunk may hold.
+        memory_budget: bytes of tangents a streamed chunk may hold (the
+            default when the twin is "auto" and nothing is tuned).
+        auto_budget: whether the twin was built with "auto": the executors
+            that time their chunks may then choose other budgets.
         dtype: the dtype of the twin ("float32" or "float64").
     """
 
-    def __init__(self, model: keras.Model, memory_budget: int | str = DEFAULT_MEMORY_BUDGET):
+    def __init__(self, model: keras.Model, memory_budget: int | str | None = "auto"):
+        self.auto_budget = fixed_budget(memory_budget) is None
         memory_budget = twin_budget(memory_budget)
         model = unwrap(model)
         self.model = model
@@ -339,13 +346,14 @@ class Linearized(NeuronQueries, ProgramQueries):
         compiled function if given. With `per_neuron=True` the reduction must
         act on each neuron separately (e.g. a sum over directions): it then runs
         on each unit's block without first concatenating the `[b, k, N]`
-        tangents, which is several times faster.
+        tangents, which is several times faster. Without `memory_budget`, an
+        "auto" twin sizes the chunks by a timed probe (`keras_roll.compile.autotune`).
         """
         x = self.check_input(x, keep_float=True)
         layout = self.layout(x.shape[1:])
-        return streaming.iter_axis_chunks(self.compiled, layout, x, self.dtype,
-                                          memory_budget or self.memory_budget, batch_size,
-                                          reduce, per_neuron)
+        budget = memory_budget or axis_budget(self, x, batch_size, reduce, per_neuron)
+        return streaming.iter_axis_chunks(self.compiled, layout, x, self.dtype, budget,
+                                          batch_size, reduce, per_neuron)
 
     def check_input(self, x: Array, keep_float: bool = False) -> tf.Tensor:
         """Validates `x` against the model input; returns a tensor of `self.dtype`

@@ -228,6 +228,10 @@ def _graph_connected(tensor, memo: dict) -> bool:
         if key in memo:
             stack.pop()
             continue
+        if not hasattr(t, "graph"):  # an eager tensor captured by the graph: assume it may
+            memo[key] = floating_or_resource(t)
+            stack.pop()
+            continue
         op = t.op
         if not floating_or_resource(t) or op.type in _CONSTANT_OPS:
             memo[key] = False

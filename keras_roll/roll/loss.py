@@ -56,6 +56,7 @@ from keras_roll.compile.interpreter import ForwardPass
 from keras_roll.compile.twin import Linearized, linearize
 from keras_roll.inputs import Array, ModelOrTwin
 from keras_roll.options import Seed
+from keras_roll.roll.autotune import tuned_config
 from keras_roll.roll.buckets import bucketed, buckets_apply
 from keras_roll.roll.chunks import plan_directions_for, roll_budget, sum_squares
 from keras_roll.roll.config import RollConfig, resolve_config
@@ -120,6 +121,7 @@ def neuron_grad_sq(model_or_lin: ModelOrTwin, x: Array, config: RollConfig | Non
     lin = linearize(model_or_lin)
     x = lin.check_input(x)
     config = checked_config(lin, x, config, overrides)
+    config = tuned_config(lin, x, config, False, lambda cfg, xb: loss_from_config(lin, xb, cfg, 0))
     fwd = forward if forward is not None else lin.primal(x)
     return grad_sq(lin, fwd, x, config, config.seed if seed is None else seed)
 
@@ -218,6 +220,8 @@ def loss_from_config(lin: Linearized, x: tf.Tensor, config: RollConfig, seed: Se
                                     return_logits=True)
     ```
     """
+    config = tuned_config(lin, x, config, precompute_gradient, lambda cfg, xb: loss_from_config(
+        lin, xb, cfg, 0, precompute_gradient=precompute_gradient))
     fwd = lin.primal(x)
     if x.shape[0] == 0:  # an empty batch has an empty loss
         loss = tf.zeros([0], lin.dtype)
@@ -340,6 +344,7 @@ def memory_plan(model_or_lin: ModelOrTwin, x: Array, config: RollConfig | None =
     lin = linearize(model_or_lin)
     x = lin.check_input(x)
     config = checked_config(lin, x, config, overrides)
+    config = tuned_config(lin, x, config, False, lambda cfg, xb: loss_from_config(lin, xb, cfg, 0))
     fwd = lin.primal(x)
     estimator = estimator_for(lin, x, config, 0, trace=fwd.trace)
     return plan_directions_for(lin, fwd, x, estimator, roll_budget(lin, config))
