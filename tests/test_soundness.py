@@ -400,7 +400,7 @@ def test_default_rigor_holds_inside_a_simple_rnn():
     assert not np.any(own != ref[owner])
 
 
-@pytest.mark.parametrize("key", ["dense", "conv1d", "conv2d", "conv3d", "rnn", "scornn"])
+@pytest.mark.parametrize("key", ["dense", "conv1d", "conv2d", "conv3d", "rnn"])
 def test_default_guard_on_every_registered_layer_class(key):
     """The conformance models hold every registered class: the noise pass runs on
     them all, its guard covers the model's own error at the centre, per neuron, and
