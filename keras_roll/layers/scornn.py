@@ -28,6 +28,7 @@ linearizes it with the same frozen-pattern twin as `SimpleRNN`
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 
@@ -239,6 +240,15 @@ class ScoRNNCell(keras.layers.Layer):
         cayley = ops.solve(eye + a, eye - a)
         return cayley * ops.cast(ops.convert_to_tensor(self.diagonal), a.dtype)[None, :]
 
+    @contextlib.contextmanager
+    def kernel_for_loop(self):
+        """Computes `W` once for the duration of a time loop (one linear solve per call)."""
+        self._step_kernel = self.recurrent_matrix()
+        try:
+            yield
+        finally:
+            self._step_kernel = None
+
     @property
     def recurrent_kernel(self):
         """`W`, recomputed from `skew` and `D` each time it is read."""
@@ -335,12 +345,8 @@ class ScoRNN(keras.layers.RNN):
         self.input_spec = [keras.layers.InputSpec(ndim=3)]
 
     def inner_loop(self, sequences, initial_state, mask, training=False):
-        # One linear solve per call, not one per time step.
-        self.cell._step_kernel = self.cell.recurrent_matrix()
-        try:
+        with self.cell.kernel_for_loop():
             return super().inner_loop(sequences, initial_state, mask, training=training)
-        finally:
-            self.cell._step_kernel = None
 
     def call(self, sequences, initial_state=None, mask=None, training=False):
         return super().call(sequences, mask=mask, training=training,
