@@ -15,7 +15,8 @@ from keras_roll.data import load_japanese_vowels, load_mnist, make_toy2d, mnist_
 from keras_roll.data.mnist import load_idx
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+# The real data files, where the checkout has them beside it or $KERAS_ROLL_TEST_DATA says.
+SHARED_DATA = Path(os.environ.get("KERAS_ROLL_TEST_DATA", REPO.parent / "shared" / "data"))
 
 
 # --------------------------------------------------------------------------- lazy imports

@@ -45,6 +45,8 @@ from examples.toy2d import main as toy2d
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "examples" / "configs"
+# Real MNIST (mnist.npz), where the checkout has it beside it or $KERAS_ROLL_TEST_DATA says.
+SHARED_DATA = Path(os.environ.get("KERAS_ROLL_TEST_DATA", REPO.parent / "shared" / "data"))
 PNG = b"\x89PNG\r\n\x1a\n"
 parse = config_flags.parse_flags
 
@@ -461,14 +463,13 @@ def test_mnist_on_another_idx_data_set(idx_folder, tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (REPO.parent / "shared" / "data" / "mnist.npz").is_file(),
-                    reason="real MNIST not present")
+@pytest.mark.skipif(not (SHARED_DATA / "mnist.npz").is_file(), reason="real MNIST not present")
 def test_mnist_quick_shows_roll_at_work(tmp_path):
     """The documented --quick command on real MNIST: Table 1 has a selected ROLL row with
     a larger median margin than vanilla's."""
     result = mnist.main(parse(mnist.define_flags, [
         f"--flagfile={CONFIGS / 'mnist_roll.flags'}", "--quick",
-        f"--data_dir={REPO.parent / 'shared' / 'data'}", f"--out={tmp_path}"]))
+        f"--data_dir={SHARED_DATA}", f"--out={tmp_path}"]))
     _, shown, _ = _check_table(tmp_path, "table1", n_rows=3)
     picked = [r for r in shown[1:] if "none qualified" not in r[0]]
     assert picked, shown

@@ -1,10 +1,12 @@
-"""The figures render result objects to readable PNGs (title, labelled axes, legend
-or colour bar), on the Agg canvas, with a clear error without matplotlib; the
-region map of a 2-D model against the ReLU sign patterns computed with numpy."""
+"""The figures draw the result objects they are given, and only those, as readable
+PNGs (title, labelled axes, legend or colour bar) on the Agg canvas, with a clear
+error without matplotlib; the region map of a 2-D model against the ReLU sign
+patterns computed with numpy."""
 
 from __future__ import annotations
 
 import sys
+import types
 
 import keras
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 
 import keras_roll
 from keras_roll import plots
-from keras_roll.certification.region_map import region_map
+from keras_roll.certification.region_map import RegionMap, region_map
 from keras_roll.evaluate import postprocess_saliency
 
 pytest.importorskip("matplotlib")
@@ -43,14 +45,6 @@ def _bias():
     return keras.initializers.RandomNormal(stddev=0.5)
 
 
-def _toy(seed=0):
-    keras.utils.set_random_seed(seed)
-    inp = keras.Input((2,))
-    h = keras.layers.Dense(8, activation="relu", bias_initializer=_bias())(inp)
-    h = keras.layers.Dense(8, activation="relu", bias_initializer=_bias())(h)
-    return keras.Model(inp, keras.layers.Dense(2, activation="softmax")(h), name="toy")
-
-
 def test_region_map_partitions_the_grid_by_relu_signs():
     """A one-layer ReLU net: the pattern of a point is the sign vector of W x + b, so
     two grid points share an id exactly when numpy gives them the same signs."""
@@ -75,6 +69,11 @@ def test_region_map_partitions_the_grid_by_relu_signs():
     np.testing.assert_array_equal(grid.boundaries(), edge)
     np.testing.assert_allclose(grid.logits, model.predict(pts.reshape(-1, 2), verbose=0)
                                .reshape(41, 41, 2), rtol=1e-5, atol=1e-6)
+    # without bounds, the grid covers the points `around` with a margin, else [-1, 1]^2
+    around = np.array([[-3.0, 0.5], [2.0, 4.0]])
+    (x0, x1), (y0, y1) = region_map(model, resolution=2, around=around).bounds
+    assert x0 < -3.0 and x1 > 2.0 and y0 < 0.5 and y1 > 4.0
+    assert region_map(model, resolution=2).bounds == ((-1.0, 1.0), (-1.0, 1.0))
     with pytest.raises(ValueError, match="2-D input"):
         region_map(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
     with pytest.raises(ValueError, match="resolution must be an integer >= 2"):
@@ -83,35 +82,45 @@ def test_region_map_partitions_the_grid_by_relu_signs():
         region_map(model, bounds=((1, 0), (0, 1)))
 
 
+def _quadrants(logits_per_point=2):
+    """A RegionMap by hand: four regions (the quadrants), logits growing with x1."""
+    xs, ys = np.linspace(-1, 1, 41), np.linspace(-0.5, 1.5, 41)
+    gx, gy = np.meshgrid(xs, ys)
+    ids = (gx > 0.013).astype(int) + 2 * (gy > 0.017).astype(int)
+    logits = np.stack([gx * k for k in range(logits_per_point)], axis=-1)
+    return RegionMap(xs, ys, ids, logits, "softmax", "hand")
+
+
 def test_linear_regions(tmp_path):
-    model = _toy()
-    rng = np.random.default_rng(0)
-    x = rng.uniform(-1, 1, (12, 2)).astype("float32")
-    y = (x[:, 0] > 0).astype(int)
-    cert = keras_roll.certify(model, x, norms=(2,), verbose=False)
-    grid = region_map(model, resolution=120, around=x)
-    fig = plots.plot_linear_regions(grid, x, y, cert, path=tmp_path / "f1.png")
+    grid = _quadrants()
+    x = np.array([[-0.5, 0.0], [0.5, 1.0], [0.3, -0.2]])
+    y = np.array([0, 1, 1])
+    radii = np.array([0.1, 0.25, np.inf])  # no circle for an unbounded margin
+    fig = plots.plot_linear_regions(grid, x, y, radii, path=tmp_path / "f1.png")
     _check_png(tmp_path / "f1.png")
     _check_labels(fig, legend=True, colorbar=True)
     main = fig.axes[0]
-    radii = cert.margins[2]
-    circles = sorted(p.radius for p in main.patches)
-    np.testing.assert_allclose(circles, np.sort(radii[np.isfinite(radii)]), rtol=1e-6)
-    assert f"({grid.regions} on the grid)" in main.get_title()
-    # the default bounds cover the points
-    (x0, x1), (y0, y1) = grid.bounds
-    assert x0 < x[:, 0].min() and x1 > x[:, 0].max() and y0 < x[:, 1].min()
-    # multi-class heat map, no data points
-    inp = keras.Input((2,))
-    h = keras.layers.Dense(6, activation="relu", bias_initializer=_bias())(inp)
-    multi = keras.Model(inp, keras.layers.Dense(4)(h))
-    fig = plots.plot_linear_regions(region_map(multi, bounds=((-2, 2), (-1, 1)), resolution=60),
+    assert sorted(p.radius for p in main.patches) == [0.1, 0.25]
+    assert [tuple(p.center) for p in main.patches] == [(-0.5, 0.0), (0.5, 1.0)]
+    assert main.get_title() == "Linear regions of 'hand' (4 on the grid)"
+    overlay = main.get_images()[1].get_array()
+    np.testing.assert_array_equal(overlay[..., 3] > 0, grid.boundaries())
+    assert (main.get_xlim(), main.get_ylim()) == ((-1.0, 1.0), (-0.5, 1.5))
+    # the heat map is P(class 1) of the two logits
+    heat = main.get_images()[0].get_array()
+    np.testing.assert_allclose(heat, 1 / (1 + np.exp(-grid.logits[..., 1] + grid.logits[..., 0])))
+    # a Certificate gives its l2 margins; several classes give the predicted class
+    cert = types.SimpleNamespace(margins={2: radii})
+    fig = plots.plot_linear_regions(_quadrants(4), x, y, cert, class_names="abcd",
                                     path=tmp_path / "sub" / "f1b.png")
     _check_png(tmp_path / "sub" / "f1b.png", min_bytes=2_000)
+    assert fig.axes[0].get_images()[0].get_array().max() == 3  # argmax of k * x1
     with pytest.raises(TypeError, match="RegionMap"):
-        plots.plot_linear_regions(model)
+        plots.plot_linear_regions(keras.Sequential([keras.Input((2,))]))
     with pytest.raises(ValueError, match="one l2 radius per point"):
-        plots.plot_linear_regions(grid, x, y, radii[:3])
+        plots.plot_linear_regions(grid, x, y, radii[:2])
+    with pytest.raises(ValueError, match="pass x too"):
+        plots.plot_linear_regions(grid, y=y)
 
 
 def test_margin_tradeoff(tmp_path):
@@ -130,15 +139,17 @@ def test_margin_tradeoff(tmp_path):
 
 
 def test_stability_bounds(tmp_path):
-    keras.utils.set_random_seed(0)
-    inp = keras.Input((12, 3))
-    h = keras.layers.SimpleRNN(8, activation="relu")(inp)
-    model = keras.Model(inp, keras.layers.Dense(3)(h))
-    x = np.random.default_rng(0).normal(size=(2, 12, 3)).astype("float32")
-    sb = keras_roll.stability_bounds(model, x, verbose=False)
-    fig = plots.plot_stability_bounds(x, sb, channel=2, example=1, path=tmp_path / "f3.png")
+    x = np.random.default_rng(0).normal(size=(2, 12, 3))
+    lower, upper = -np.full(x.shape, 0.1), np.full(x.shape, 0.3)
+    bounds = types.SimpleNamespace(lower=lower, upper=upper)  # a StabilityBounds' fields
+    fig = plots.plot_stability_bounds(x, bounds, channel=2, example=1,
+                                      path=tmp_path / "f3.png")
     _check_png(tmp_path / "f3.png")
     _check_labels(fig)
+    band = fig.axes[0].collections[0].get_paths()[0].vertices[:, 1]
+    np.testing.assert_allclose([band.min(), band.max()],
+                               [(x[1, :, 2] - 0.1).min(), (x[1, :, 2] + 0.3).max()])
+    np.testing.assert_allclose(fig.axes[0].get_lines()[0].get_ydata(), x[1, :, 2])
     # infinite sides are drawn to the plot edge and marked
     lower = np.full((12, 1), -np.inf)
     upper = np.full((12, 1), 0.2)
@@ -147,7 +158,7 @@ def test_stability_bounds(tmp_path):
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert "unbounded lower side" in labels
     with pytest.raises(ValueError, match="channel must be"):
-        plots.plot_stability_bounds(x[0], (sb.lower[0], sb.upper[0]), channel=3)
+        plots.plot_stability_bounds(x[0], (bounds.lower[0], bounds.upper[0]), channel=3)
 
 
 def test_attribution_grids(tmp_path):
@@ -163,12 +174,11 @@ def test_attribution_grids(tmp_path):
     x = rng.uniform(0, 1, (2, 8, 8, 1)).astype("float32")
     y = np.array([0, 2])
     nearby = np.clip(x + rng.uniform(-0.03, 0.03, x.shape), 0, 1).astype("float32")
-    maps = {}
-    for name, seed in (("vanilla", 0), ("ROLL", 1)):
-        model = cnn(seed)
-        maps[name] = plots.GradientMaps(
-            keras_roll.saliency(model, x, y), keras_roll.saliency(model, nearby, y),
-            keras_roll.integrated_gradients(model, x, y, steps=4, verbose=False))
+    model = cnn(0)
+    one = plots.GradientMaps(
+        keras_roll.saliency(model, x, y), keras_roll.saliency(model, nearby, y),
+        keras_roll.integrated_gradients(model, x, y, steps=4, verbose=False))
+    maps = {"vanilla": one, "ROLL": one._replace(worst=one.gradient)}
     fig = plots.plot_gradient_comparison(x, maps, eps=0.03, path=tmp_path / "f4.png")
     _check_png(tmp_path / "f4.png")
     titles = [a.get_title() for a in fig.axes if a.get_title()]

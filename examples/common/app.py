@@ -103,7 +103,10 @@ def run(define_flags, main) -> None:
             sys.exit(1)
         sys.stdout.flush()
 
+    before = set(flags.FLAGS)
     define_flags(flags.FLAGS)
+    for name in sorted(set(flags.FLAGS) - before):  # what --helpshort lists
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
     app.run(entry)
 
 

@@ -53,7 +53,8 @@ def fit_model_for(name: str, model: keras.Model, config: Config) -> keras.Model:
 
 
 def train_one(name: str, data, config: Config, out: Path):
-    """Trains one of vanilla / distance / roll; returns `(model, row)`."""
+    """Trains one of vanilla / distance / roll; returns `(twin, row, certificate)`: the
+    trained model's exact twin, its row and the certificate of the training points."""
     (x, y), (xv, yv) = data
     keras.utils.set_random_seed(config.seed)
     model = build_model(config)
@@ -63,19 +64,19 @@ def train_one(name: str, data, config: Config, out: Path):
     fit = fit_best(model, fit_model, (x, y.astype("float32")), (xv, yv.astype("float32")),
                    config.epochs, config.batch_size, verbose=0, progress=name, name=name)
     twin = exact_twin(model)
-    row, _ = margin_stats(model, x, y, twin=twin)
+    row, cert = margin_stats(model, x, y, twin=twin)
     val, _ = margin_stats(model, xv, yv, prefix="val_", regions=False, twin=twin)
     row.update(val)
     row.update({"tag": name, "model": TITLES[name], "best_epoch": fit.best.epoch,
                 "val_loss": fit.best.best, "train_time_s": fit.seconds})
     model.save_weights(out / f"{name}.weights.h5")
-    return model, row
+    return twin, row, cert
 
 
-def figure1(name: str, model, row: dict, x, y, config: Config, out: Path) -> Path:
-    """Figure 1 of one model: its regions on the grid, the exact l2 margins of `x`."""
-    grid = keras_roll.region_map(model, bounds=BOUNDS, resolution=config.resolution)
-    cert = keras_roll.certify(exact_twin(model), x, norms=(2,), rigor="float32")
+def figure1(name: str, twin, row: dict, x, y, cert, config: Config, out: Path) -> Path:
+    """Figure 1 of one model: the regions of its exact twin on the grid and the exact
+    l2 margins of the training points `x` (`cert`, the table's)."""
+    grid = keras_roll.region_map(twin, bounds=BOUNDS, resolution=config.resolution)
     path = out / f"figure1_{name}.png"
     keras_roll.plots.plot_linear_regions(
         grid, x, y, cert, path=path,
@@ -97,9 +98,9 @@ def train_and_evaluate(config: Config, workdir) -> app.ExampleResult:
     for name in config.models:
         app.log(f"== {name}: {config.depth} x {config.width} ReLU, {config.n} points, "
                 f"{config.epochs} epochs")
-        model, row = train_one(name, data, config, out)
+        twin, row, cert = train_one(name, data, config, out)
         rows.append(row)
-        figures.append(figure1(name, model, row, x, y, config, out))
+        figures.append(figure1(name, twin, row, x, y, cert, config, out))
     vanilla = next((r for r in rows if r["tag"] == "vanilla"), None)
     for r in rows:
         r["ratio"] = ratio(r["l2_p50"], vanilla["l2_p50"]) if vanilla else None
