@@ -294,8 +294,9 @@ def test_quick_is_a_config_and_set_flags_win():
 
 
 @pytest.mark.parametrize("module, name", [
-    (mnist, "mnist_vanilla"), (mnist, "mnist_roll"), (toy2d, "toy2d"),
-    (jv, "japanese_vowel_vanilla"), (jv, "japanese_vowel_roll")])
+    (mnist, "mnist_vanilla"), (mnist, "mnist_roll"), (mnist, "mnist_exact"),
+    (mnist, "mnist_lam_grid"), (toy2d, "toy2d"), (jv, "japanese_vowel_vanilla"),
+    (jv, "japanese_vowel_roll"), (jv, "japanese_vowel_exact")])
 def test_flagfiles_parse(module, name):
     fv = parse(module.define_flags, [f"--flagfile={CONFIGS / (name + '.flags')}"])
     assert fv.out.startswith("runs/")
