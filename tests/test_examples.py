@@ -434,9 +434,11 @@ TINY = ["--epochs=1", "--val_size=30", "--width=16", "--depth=2", "--batch_size=
 def test_mnist_on_another_idx_data_set(idx_folder, tmp_path, capsys):
     """No MNIST in the titles: the data set's name (its folder's), its 5 classes and the
     normalisation of its training split; every model's full row; the last-epoch
-    warning; a rerun reuses the stored result."""
+    warning; the faithfulness table and figure of its explanations; a rerun reuses the
+    stored result."""
     out = tmp_path / "out"
-    argv = [f"--data_dir={idx_folder}", f"--out={out}", "--quick", "--noroll", *TINY]
+    argv = [f"--data_dir={idx_folder}", f"--out={out}", "--quick", "--noroll", *TINY,
+            "--faithfulness=10"]
     result = mnist.main(parse(mnist.define_flags, argv))
     log = capsys.readouterr().out
     head, shown, data = _check_table(out, "table1", n_rows=1)
@@ -459,6 +461,16 @@ def test_mnist_on_another_idx_data_set(idx_folder, tmp_path, capsys):
     assert row["clr_lower"] <= row["clr_upper"] <= 30
     assert row["l1_p50"] >= row["l2_p50"] > 0  # ||v||_2 <= ||v||_1 => eps_1 >= eps_2
     assert "WARNING: vanilla: the best validation loss is at the last epoch (1 of 1)" in log
+    # the faithfulness of the model's exact integrated gradients: table, figure, log
+    head, faith, faith_data = _check_table(out, "faithfulness", n_rows=1)
+    assert faith[0][0] == "Vanilla" and faith_data["rows"][0]["n"] == 10
+    assert {"Deletion area (lower: better)", "Insertion area (higher: better)",
+            "MuFidelity (higher: better)"} <= set(head)
+    assert 0 <= faith_data["rows"][0]["deletion"] <= 1
+    assert 0 <= faith_data["rows"][0]["insertion"] <= 1
+    assert result.tables["faithfulness"] in log
+    assert [p.name for p in result.figures] == ["faithfulness.png"]
+    assert _is_png(result.figures[0]) and f"Faithfulness curves: {result.figures[0]}" in log
     again = mnist.main(parse(mnist.define_flags, argv))
     assert again.rows[0]["train_time_s"] == row["train_time_s"]  # reused, not retrained
 
@@ -477,6 +489,10 @@ def test_mnist_quick_shows_roll_at_work(tmp_path):
     assert result.summary["same_acc"] or result.summary["acc_minus_1"]
     best = result.summary["same_acc"] or result.summary["acc_minus_1"]
     assert best["ratio_l2_p50"] > 1.5
+    _, faith, _ = _check_table(tmp_path, "faithfulness", n_rows=1 + len(
+        {r["tag"] for r in (result.summary["same_acc"], result.summary["acc_minus_1"]) if r}))
+    assert faith[0][0] == "Vanilla" and faith[1][0].startswith("ROLL at ")
+    assert _is_png(tmp_path / "faithfulness.png")
 
 
 @pytest.mark.slow

@@ -127,3 +127,60 @@ def test_bad_arguments(linear):
     with pytest.raises(TypeError, match="batch_size"):
         faithfulness(model, x, y, attr, batchsize=3)
     assert keras_roll.faithfulness is faithfulness
+
+
+# ---------------------------------------------------------------------- the figure and the example
+
+
+def test_plot_faithfulness_draws_one_curve_per_result(linear, tmp_path):
+    model, w, _, x, y = linear
+    exact = w[:, y].T * x
+    results = {name: faithfulness(model, x, y, a, metrics=("deletion", "insertion"),
+                                  step_size=0.25, verbose=False)
+               for name, a in (("exact", exact), ("reversed", -exact))}
+    path = tmp_path / "f.png"
+    fig = keras_roll.plots.plot_faithfulness(results, title="linear", path=path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    axes = fig.axes
+    assert len(axes) == 2 and [len(ax.lines) for ax in axes] == [2, 2]
+    np.testing.assert_allclose(axes[0].lines[0].get_ydata(),
+                               results["exact"].curves["deletion"].mean(axis=0))
+    with pytest.raises(ValueError, match="no mufidelity curve"):
+        keras_roll.plots.plot_faithfulness(results, metrics=("mufidelity",))
+    with pytest.raises(ValueError, match="at least one"):
+        keras_roll.plots.plot_faithfulness({})
+
+
+def test_mnist_example_scores_the_table1_models(tmp_path):
+    import dataclasses
+    import json
+
+    from examples.mnist import explanations, train
+    from examples.mnist.configs import default
+    from examples.mnist.input_pipeline import Data
+
+    config = dataclasses.replace(default.get_config(), width=8, depth=1, faithfulness=6)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, (10, 784)).astype("float32")
+    data = Data((x, None), (x, None), (x, rng.integers(0, 3, 10)), "digits", 3, None)
+    (tmp_path / "runs").mkdir()
+    rows = []
+    for tag, lam in (("vanilla", None), ("roll_a", 1.0)):
+        model = train.build_model(dataclasses.replace(config, seed=len(rows)), 784, 3)
+        model.save_weights(tmp_path / "runs" / f"{tag}.weights.h5")
+        rows.append({"tag": tag, "lam": lam, "C": 1.0, "gamma": 100.0, "estimator": "exact"})
+    summary = {"same_acc": {"tag": "roll_a"}, "acc_minus_1": {"tag": "roll_a"}}
+    md, figure = explanations.faithfulness_table(
+        rows, summary, data, config, tmp_path, lambda: train.build_model(config, 784, 3))
+    table = (tmp_path / "faithfulness.md").read_text()
+    assert md == table and "| Vanilla |" in table and "ROLL at same accuracy" in table
+    assert "1 % less" not in table  # the same model selected twice is shown once
+    assert figure.read_bytes()[:4] == b"\x89PNG"
+    stored = json.loads((tmp_path / "faithfulness.json").read_text())["rows"]
+    vanilla = train.build_model(config, 784, 3)
+    vanilla.load_weights(tmp_path / "runs" / "vanilla.weights.h5")
+    ig = keras_roll.integrated_gradients(vanilla, x[:6], verbose=False)
+    want = faithfulness(vanilla, x[:6], ig.labels, ig.attributions, seed=config.seed,
+                        verbose=False).mean()
+    assert stored[0]["deletion"] == pytest.approx(want["deletion"], rel=1e-6)
+    assert stored[0]["mufidelity"] == pytest.approx(want["mufidelity"], rel=1e-6)

@@ -1,5 +1,5 @@
-"""Trains the MNIST models and writes Table 1 (and Figure 2 with `--sweep`):
-`train_and_evaluate(config, workdir)`.
+"""Trains the MNIST models and writes Table 1, the faithfulness of their explanations
+(and Figure 2 with `--sweep`): `train_and_evaluate(config, workdir)`.
 
 Example:
 
@@ -33,6 +33,7 @@ from examples.common.selection import runs_table, selected_table
 from examples.common.tables import write_json
 from examples.common.training import fit_best
 from examples.mnist.configs.default import TRAINING_FIELDS, Config, Init
+from examples.mnist.explanations import faithfulness_table
 from examples.mnist.input_pipeline import Data, load_data, parse_normalize
 
 SWEPT = (("lam", "lambda"), ("C", "C"), ("gamma", "gamma (%)"))
@@ -148,7 +149,8 @@ def figure2(rows: list[dict], config: Config, name: str, out: Path) -> list[Path
 
 def train_and_evaluate(config: Config, workdir) -> app.ExampleResult:
     """Trains (or reuses) every model of `config`, writes Table 1, the table of every
-    model and, with `--sweep`, Figure 2 to `workdir`; returns what it wrote."""
+    model, the faithfulness table and figure of Table 1's models and, with `--sweep`,
+    Figure 2 to `workdir`; returns what it wrote."""
     app.quiet_tensorflow()
     out = app.output_dir(workdir)
     data = load_data(config)
@@ -167,11 +169,20 @@ def train_and_evaluate(config: Config, workdir) -> app.ExampleResult:
         notes=[f"Margins in [0, 1] pixel units ({norm}; the paper's sigma x margin)."])
     runs_md = runs_table(rows, out, f"{data.name}: every trained model")
     figures = figure2(rows, config, data.name, out) if config.sweep else []
+    tables = {"table1": md, "runs": runs_md}
+    faith_md, faith_figure = faithfulness_table(
+        rows, summary, data, config, out,
+        lambda: build_model(config, dim, data.classes, data.normalize))
     app.log("\n" + runs_md + "\n" + md)
     for path in figures:
         app.log(f"Figure 2: {path}")
+    if faith_md is not None:
+        tables["faithfulness"] = faith_md
+        figures.append(faith_figure)
+        app.log("\n" + faith_md)
+        app.log(f"Faithfulness curves: {faith_figure}")
     app.log(f"Everything is in {out}/")
     summary = {**summary, "dataset": data.name, "normalize": data.normalize,
                "config": dataclasses.asdict(config)}
     write_json(out / "summary.json", summary)
-    return app.ExampleResult({"table1": md, "runs": runs_md}, rows, figures, summary, out)
+    return app.ExampleResult(tables, rows, figures, summary, out)

@@ -8,6 +8,8 @@
 * `plot_attribution_grid` / `plot_gradient_comparison`: image grids of the original,
   its gradient, the gradient at the worst-case point of the distortion search and
   integrated gradients, for two models side by side (Figs. 4-6).
+* `plot_faithfulness`: Deletion and Insertion curves of several models or
+  attributions (`keras_roll.faithfulness`).
 
 The functions only draw: they take result objects computed by the caller
 (`keras_roll.region_map`, `keras_roll.certify`,
@@ -18,8 +20,9 @@ matplotlib is imported only when a figure is drawn (it is in the `test` and
 global state; every function returns the `matplotlib.figure.Figure` and saves a
 PNG when given `path`.
 
-One module per figure (`regions`, `tradeoff`, `stability`, `attribution`) over the
-drawing surface of `canvas`; a new figure gets its own module and an export here.
+One module per figure (`regions`, `tradeoff`, `stability`, `attribution`,
+`faithfulness`) over the drawing surface of `canvas`; a new figure gets its own module
+and an export here.
 
 Example:
 
@@ -35,6 +38,7 @@ from keras_roll.plots.attribution import (
     plot_attribution_grid,
     plot_gradient_comparison,
 )
+from keras_roll.plots.faithfulness import plot_faithfulness
 from keras_roll.plots.regions import plot_linear_regions
 from keras_roll.plots.stability import plot_stability_bounds
 from keras_roll.plots.tradeoff import plot_margin_tradeoff
@@ -42,6 +46,7 @@ from keras_roll.plots.tradeoff import plot_margin_tradeoff
 __all__ = [
     "GradientMaps",
     "plot_attribution_grid",
+    "plot_faithfulness",
     "plot_gradient_comparison",
     "plot_linear_regions",
     "plot_margin_tradeoff",

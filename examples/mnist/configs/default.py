@@ -70,6 +70,10 @@ class Config:
     sweep_base: tuple[float, ...] = option((2.0, 1.0, 100.0), "lambda,C,gamma held fixed "
                                            "while the sweep varies one of them.",
                                            lower_bound=0.0)
+    faithfulness: int = option(
+        100, "Test images whose exact integrated gradients are scored for faithfulness "
+        "(Deletion, Insertion, MuFidelity) for each model of Table 1, with a figure of the "
+        "curves; 0: none.", lower_bound=0)
     timing: bool = option(False, "Only time one train step of each method (Table 2) on "
                           "random data.")
     timing_repeats: int = option(20, "Interleaved repetitions of the fast steps in --timing "

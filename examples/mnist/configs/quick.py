@@ -12,4 +12,4 @@ def get_config() -> default.Config:
     return dataclasses.replace(
         default.get_config(), train_size=5000, val_size=1000, test_size=500, width=100,
         epochs=6, lr=0.05, momentum=0.9, samples=16, lam=(0.25, 1.0), C=(1.0,),
-        timing_repeats=3)
+        timing_repeats=3, faithfulness=50)
