@@ -185,6 +185,47 @@ def test_exact_matches_a_fine_tape_midpoint_sum(setup):
     assert err < 1e-4
 
 
+def _analytic_walk(model, x, y):
+    """An independent region-splitting walk of `_model`'s network in numpy float64 from
+    the zero baseline: the breakpoints of the first layer along `t x` are roots of
+    affine functions, those of the second layer roots of an affine function on each
+    interval between them; each region's gradient is the product of the weights and
+    its pattern. Returns `(attributions, regions)`."""
+    (w1, b1), (w2, b2), (w3, _) = [model.get_layer(index=i).get_weights() for i in (1, 2, 4)]
+    alpha = -float(model.get_layer(index=3)(np.array([[-1.0]])).numpy()[0, 0])  # as computed
+
+    def pre(t, xi):  # the two layers' pre-activations at t x
+        z1 = t[:, None] * (xi @ w1) + b1
+        return z1, np.maximum(z1, 0) @ w2 + b2
+
+    attributions, regions = np.zeros_like(x), np.zeros(len(x), int)
+    for i, xi in enumerate(x):
+        roots = -b1 / (xi @ w1)
+        edges = np.unique(np.r_[0.0, roots[(roots > 0) & (roots < 1)], 1.0])
+        cuts = [edges]
+        for a, b in zip(edges[:-1], edges[1:]):
+            za, zb = pre(np.array([a, b]), xi)[1]
+            t2 = a + (b - a) * za / (za - zb)  # z2 affine on [a, b]
+            cuts.append(t2[(t2 > a) & (t2 < b)])
+        edges = np.unique(np.concatenate(cuts))
+        mid = (edges[:-1] + edges[1:]) / 2
+        z1, z2 = pre(mid, xi)
+        m1, m2 = (z1 > 0).astype(float), np.where(z2 > 0, 1.0, alpha)
+        grads = np.einsum("dh,rh,hk,rk->rd", w1, m1, w2, m2 * w3[:, y[i]])
+        attributions[i] = xi * (np.diff(edges) @ grads)
+        pattern = np.concatenate([m1, m2], axis=1)
+        regions[i] = 1 + np.any(pattern[1:] != pattern[:-1], axis=1).sum()
+    return attributions, regions
+
+
+def test_exact_matches_an_independent_region_splitting_walk(setup):
+    model, _, x, y = setup
+    ig = integrated_gradients(model, x, y, verbose=False)
+    want, regions = _analytic_walk(model, x, y)
+    np.testing.assert_allclose(ig.attributions, want, rtol=0, atol=1e-12 * np.abs(want).max())
+    np.testing.assert_array_equal(ig.regions, regions)
+
+
 def test_riemann_sum_converges_to_the_exact_integral(setup):
     model, _, x, y = setup
     exact = integrated_gradients(model, x, y, verbose=False).attributions
