@@ -479,7 +479,8 @@ def test_mnist_on_another_idx_data_set(idx_folder, tmp_path, capsys):
 @pytest.mark.skipif(not (SHARED_DATA / "mnist.npz").is_file(), reason="real MNIST not present")
 def test_mnist_quick_shows_roll_at_work(tmp_path):
     """The documented --quick command on real MNIST: Table 1 has a selected ROLL row with
-    a larger median margin than vanilla's."""
+    a larger median margin than vanilla's; the faithfulness table has vanilla's row and
+    each selected ROLL model's."""
     result = mnist.main(parse(mnist.define_flags, [
         f"--flagfile={CONFIGS / 'mnist_roll.flags'}", "--quick",
         f"--data_dir={SHARED_DATA}", f"--out={tmp_path}"]))
