@@ -232,7 +232,7 @@ def _near_zero_count(model, x):
 
 
 @pytest.mark.parametrize("rigor", ["float64", "strict"])
-@pytest.mark.parametrize("which", ["mlp", "cnn"])
+@pytest.mark.parametrize("which", ["mlp", pytest.param("cnn", marks=pytest.mark.slow)])
 def test_guarded_rigors_have_no_violations(which, rigor, near_zero_mlp, near_zero_cnn):
     model, x = near_zero_mlp if which == "mlp" else near_zero_cnn
     assert _near_zero_count(model, x) >= 6  # the set-up does place neurons near 0
@@ -253,13 +253,14 @@ def test_float32_rigor_violates_on_the_same_setup(near_zero_mlp):
     bad64, bad_own = violations(model, x, points, owner)
     assert bad64 + bad_own > 0
     # ... and the guarded radii are smaller exactly there, by about the rounding error;
-    # the default is never below "strict" (it also takes the worst-case guard).
+    # the default is never below "strict" (it also takes the worst-case guard), up to
+    # the float64 rounding of the reverse-mode norms of its candidates (1e-10 relative).
     strict = keras_roll.certify(model, x, verbose=False, rigor="strict")
     cert = keras_roll.certify(model, x, verbose=False)
     for p in NORMS:
         for c in (cert, strict):
             assert np.all(c.margins[p] <= cert32.margins[p] * (1 + 1e-4) + 1e-9)
-        assert np.all(cert.margins[p] >= strict.margins[p])
+        assert np.all(cert.margins[p] >= strict.margins[p] * (1 - 1e-9))
 
 
 def small_mlp(seed):
@@ -303,6 +304,7 @@ def test_mixed_precision_certifies_the_float16_network():
     assert violations(model, x, points, owner)[1] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rigor", ["float64", "strict"])
 def test_rounding_bound_covers_the_models_own_error(near_zero_cnn, rigor):
     """At the centre, |z computed by the model - z in float64| <= the bound, per neuron
@@ -356,6 +358,7 @@ def natural_mlp():
     return model, blob_images(np.random.default_rng(1), 16)[0]
 
 
+@pytest.mark.slow
 def test_default_rigor_certifies_a_naturally_trained_float32_mlp(natural_mlp):
     """The point of the probabilistic guard: on a normally trained float32 network the
     default certifies most inputs (the worst-case 'strict' far fewer), within a few %
@@ -370,7 +373,7 @@ def test_default_rigor_certifies_a_naturally_trained_float32_mlp(natural_mlp):
     for p in NORMS:
         assert np.mean(cert.margins[p] > 0) >= 0.75
         assert np.sum(strict.margins[p] > 0) < np.sum(cert.margins[p] > 0)
-        assert np.all(cert.margins[p] >= strict.margins[p])
+        assert np.all(cert.margins[p] >= strict.margins[p] * (1 - 1e-9))
         assert np.all(cert.margins[p] <= exact.margins[p])
         live = cert.margins[p] > 0
         assert np.median(cert.margins[p][live] / exact.margins[p][live]) > 0.9
@@ -380,6 +383,7 @@ def test_default_rigor_certifies_a_naturally_trained_float32_mlp(natural_mlp):
         assert violations(model, x, points, owner) == (0, 0)
 
 
+@pytest.mark.slow
 def test_default_rigor_holds_inside_a_simple_rnn():
     """A ReLU-family SimpleRNN: its step sums and activations round inside the layer.
     Probes at 0.999 x radius keep the sign of every step's pre-activation in the
@@ -400,6 +404,7 @@ def test_default_rigor_holds_inside_a_simple_rnn():
     assert not np.any(own != ref[owner])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["dense", "conv1d", "conv2d", "conv3d", "rnn"])
 def test_default_guard_on_every_registered_layer_class(key):
     """The conformance models hold every registered class: the noise pass runs on
@@ -419,13 +424,14 @@ def test_default_guard_on_every_registered_layer_class(key):
     cert = keras_roll.certify(model, x, verbose=False)
     strict = keras_roll.certify(model, x, verbose=False, rigor="strict")
     for p in NORMS:
-        assert np.all(cert.margins[p] >= strict.margins[p])
+        assert np.all(cert.margins[p] >= strict.margins[p] * (1 - 1e-9))
 
 
 # ------------------------------------------------------------------- boundary points
 
 
-@pytest.mark.parametrize("p", NORMS)
+@pytest.mark.parametrize("p", [pytest.param(1, marks=pytest.mark.slow), 2,
+                               pytest.param(np.inf, marks=pytest.mark.slow)])
 def test_boundary_point_is_where_the_pattern_changes(p):
     """Along the binding direction the pattern holds at 0.99 x radius and changes at
     1.01 x radius (float64 model: the rounding bound is ~1e-13 relative)."""
@@ -643,6 +649,7 @@ def _explicit_rnn_variances(model, x, l1):
     return out
 
 
+@pytest.mark.slow
 def test_noise_pass_of_a_simple_rnn_against_tape_jacobians():
     """Inside a SimpleRNN every step's sum and activation round: the pass injects noise
     inside the recursion, checked against the explicit unrolled network."""
@@ -658,3 +665,95 @@ def test_noise_pass_of_a_simple_rnn_against_tape_jacobians():
     assert np.all(v0 > 0) and np.all(v1[:, 5:] > 0)
     np.testing.assert_allclose(nb.sigma_at_x**2, v0, rtol=0.12)
     np.testing.assert_allclose(nb.sigma_per_radius**2, v1, rtol=0.12)
+
+
+# --------------------------------------------------------------------------- huge inputs
+
+SCALES = (1.0, 1e10, 1e20, 1e30, 1e34, 1e35, 3e35, 1e36, 3e36, 1e37, 1e38)
+
+
+def _exact_fc(model, x):
+    """`(z [B, N], J [B, N, D])` of a `keras_roll.models.fc` MLP in float64 numpy,
+    independently of keras_roll: the exact neurons and their input gradients."""
+    norm = next(lyr for lyr in model.layers if isinstance(lyr, keras.layers.Normalization))
+    mean = np.asarray(norm.mean, np.float64).reshape(-1)
+    std = np.sqrt(np.asarray(norm.variance, np.float64).reshape(-1))
+    h = (x.astype(np.float64) - mean) / std
+    zs, grads, g, s = [], [], None, None
+    for layer in [lyr for lyr in model.layers if isinstance(lyr, keras.layers.Dense)][:-1]:
+        w = layer.kernel.numpy().astype(np.float64)
+        z = h @ w + layer.bias.numpy().astype(np.float64)
+        if s is None:  # the first layer's gradients: W^T diag(1 / std), for every example
+            g = np.broadcast_to((w / std[:, None]).T, (len(x), *w.T.shape))
+        else:  # W^T diag(relu'(z_prev)) g_prev
+            g = np.matmul(w.T[None], s[:, :, None] * g)
+        zs.append(z)
+        grads.append(g)
+        s = (z > 0).astype(np.float64)
+        h = z * s
+    return np.concatenate(zs, 1), np.concatenate(grads, 1)
+
+
+def _exact_margins(dist, grads):
+    out = {}
+    for p, q in ((1, np.inf), (2, 2), (np.inf, 1)):
+        gn = np.linalg.norm(grads, ord=q, axis=2)
+        out[p] = np.where(gn > 0, dist / np.where(gn > 0, gn, 1.0), np.inf).min(1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def huge_inputs():
+    keras.utils.set_random_seed(11)
+    model = keras_roll.models.fc(classifier_activation=None)
+    x0 = np.random.default_rng(11).uniform(0, 1, size=(3, 784))
+    x = np.concatenate([(s * x0).astype("float32") for s in SCALES])
+    scale = np.repeat(SCALES, len(x0))
+    z, grads = _exact_fc(model, x)
+    return model, x, scale, _exact_margins(np.abs(z), grads), grads, z
+
+
+def test_huge_inputs_never_enlarge_a_radius(huge_inputs):
+    """Inputs scaled by 1 .. 1e38 on the 784-300x4-10 MLP: the default guard's radius never
+    exceeds the exact margin (float64 numpy, independent of keras_roll); where the guard
+    cannot represent its bound (the model's float32 evaluation, or the guard's own
+    arithmetic, overflows) the radius is NaN with a warning. The same holds for the
+    saliency radii (`stable_radius`), and `count_regions` refuses what it cannot bound."""
+    model, x, scale, exact, _, _ = huge_inputs
+    with pytest.warns(UserWarning, match="non-finite"):
+        cert = keras_roll.certify(model, x, verbose=False)
+    nan = cert.nonfinite
+    assert not nan[scale <= 1e30].any() and nan[scale >= 1e38].all()
+    for p in NORMS:
+        r = cert.margins[p]
+        assert np.all(np.isnan(r) == nan)
+        assert np.all(r[~nan] <= exact[p][~nan] * (1 + 1e-9))
+        assert np.sum(r[~nan] > 0) >= 3  # the test can fail: radii are not all 0
+    with pytest.warns(UserWarning, match="non-finite"):
+        radius = keras_roll.stable_radius(model, x, norms=(2,), verbose=False)[2]
+    np.testing.assert_array_equal(np.isnan(radius), nan)
+    assert np.all(radius[~nan] <= exact[2][~nan] * (1 + 1e-9))
+    with pytest.raises(ValueError, match="non-finite|overflow"):
+        keras_roll.count_regions(model, x[nan], verbose=False)
+
+
+@pytest.mark.slow
+def test_huge_inputs_never_enlarge_a_stability_bound(huge_inputs):
+    """The stability bounds along every input axis of the huge inputs the guard can
+    represent stay below the exact first breakpoint along that axis."""
+    model, x, scale, _, grads, z = huge_inputs
+    lin = keras_roll.linearize(model)
+    with pytest.warns(UserWarning, match="non-finite"):
+        nan = keras_roll.certify(lin, x, norms=(2,), verbose=False).nonfinite
+    ok = np.flatnonzero(~nan & (scale >= 1e34))  # the huge ones the guard represents
+    assert ok.size
+    sb = keras_roll.stability_bounds(lin, x[ok], verbose=False)
+    upper = _exact_axis_margins(z[ok], grads[ok])
+    assert np.all(sb.upper.reshape(len(ok), -1) <= upper * (1 + 1e-9))
+
+
+def _exact_axis_margins(z, grads):
+    """`[B, D]` exact margins along `+e_k`: the first breakpoint (0) a neuron reaches."""
+    toward = -np.where(z > 0, 1.0, -1.0)[:, :, None] * grads  # rate toward the breakpoint
+    dist = np.abs(z)[:, :, None]
+    return np.where(toward > 0, dist / np.where(toward > 0, toward, 1.0), np.inf).min(1)

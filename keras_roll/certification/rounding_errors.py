@@ -4,7 +4,8 @@ The guard of a `Rigor` (`keras_roll.rounding.guard`) bounds, for one example
 slice, the rounding error of every neuron at `x` and its growth per unit of
 radius; `margin_math` subtracts them from every distance (docs/design.md,
 section "The rounding bound"). `errors_and_norms` streams the gradient norms of
-a batch with the guard's errors of the same slices.
+a batch with the guard's errors of the same slices; under the default guard the
+norms come from `guarded_norms` (float32 tangents, float64 where it decides).
 
 Example:
 
@@ -19,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from keras_roll.certification.gradient_norms import GradNorms, iter_gradient_norms
+from keras_roll.certification.gradient_norms import GradNorms
+from keras_roll.certification.guarded_norms import guarded_norms
 from keras_roll.compile.interpreter import ForwardPass
 from keras_roll.options import Rigor
 from keras_roll.rounding.guard import RoundingErrors, guard_for
@@ -61,10 +63,12 @@ def rounding_errors(twin, fwd, rigor: Rigor = Rigor.FLOAT64, l1=None,
     return guard.errors(twin, fwd, l1=l1, memory_budget=memory_budget)
 
 
-def errors_and_norms(twin, x, batch_size: int | None, budget: int,
+def errors_and_norms(twin, x, batch_size: int | None, budget: int | None,
                      rigor: Rigor) -> Iterator[GuardedSlice]:
     """`GuardedSlice`s of `x`: the streamed gradient norms, and the rounding errors
-    of `rigor`'s guard in the same slices (None under "float32").
+    of `rigor`'s guard in the same slices (None under "float32"). Under the
+    default guard a norm is exact (float64) where it can decide a margin and a
+    rigorous upper bound elsewhere (`keras_roll.certification.guarded_norms`).
 
     Example:
 
@@ -73,6 +77,5 @@ def errors_and_norms(twin, x, batch_size: int | None, budget: int,
         ...
     ```
     """
-    guard = guard_for(rigor)
-    for sl, fwd, gn in iter_gradient_norms(twin, x, batch_size, budget):
-        yield GuardedSlice(sl, fwd, gn, guard.errors(twin, fwd, l1=gn.l1, memory_budget=budget))
+    for sl, fwd, gn, err in guarded_norms(twin, x, batch_size, budget, rigor):
+        yield GuardedSlice(sl, fwd, gn, err)

@@ -4,7 +4,9 @@
 * `rules` (and the built-in `layer_rules`): how each op rounds, in tables keyed
   by op type, with a rule derived from any other op's linear map;
 * `worst_case`: the worst-case bound (`rigor="strict"`);
-* `noise` (and `noise_recurrent`): the probabilistic bound (`rigor="float64"`);
+* `noise` (and `noise_transform`, `noise_recurrent`): the probabilistic bound
+  (`rigor="float64"`);
+* `tangent_error`: gradient norms from float32 tangents with a rigorous bound;
 * `guard`: one `Guard` per rigor, what certificates call.
 
 docs/design.md, section "The rounding bound".

@@ -174,9 +174,12 @@ class StrictGuard(Guard):
         # |error| <= (1 + g)(g m + a): the second-order term of relative and absolute errors.
         grow = (1.0 + g_eval + g_exact) * BOUND_SAFETY
         absolute = rb.abs_eval.numpy() + rb.abs_exact.numpy()
-        return RoundingErrors(((g_eval + g_exact) * at_x + absolute) * grow,
-                              (g_eval + g_exact) * per_r * grow, _slack(fwd),
-                              rb.overflow.numpy(), (g_exact * at_x + rb.abs_exact.numpy()) * grow)
+        e = ((g_eval + g_exact) * at_x + absolute) * grow
+        f = (g_eval + g_exact) * per_r * grow
+        # Magnitudes beyond float64 (inf, or inf * 0): the example overflows.
+        bad = ~(np.all(np.isfinite(e), axis=1) & np.all(np.isfinite(f), axis=1))
+        return RoundingErrors(_finite(e), _finite(f), _slack(fwd), rb.overflow.numpy() | bad,
+                              _finite((g_exact * at_x + rb.abs_exact.numpy()) * grow))
 
     def pattern_tolerance(self, twin, fwd, memory_budget=None):
         err = self.errors(twin, fwd)
@@ -196,7 +199,8 @@ class GuardAtX(NamedTuple):
 
     def alternatives_at_x(self) -> list:
         """`[E_probabilistic, E_worst_case]`, `[b, N]` each."""
-        e = (NOISE_FACTOR * self.noise.sigma_at_x + 2.0 * self.noise.exact_at_x) * BOUND_SAFETY
+        nb = _finite_bound(self.noise)
+        e = (NOISE_FACTOR * nb.sigma_at_x + 2.0 * nb.exact_at_x) * BOUND_SAFETY
         return [e, _finite(self.strict.at_x)]
 
     def smallest_at_x(self) -> np.ndarray:
@@ -206,8 +210,13 @@ class GuardAtX(NamedTuple):
 
 
 def _finite(t):
-    """A worst-case bound that overflowed allows nothing: inf (not NaN)."""
+    """A bound that overflowed allows nothing: inf (not NaN)."""
     return np.where(np.isfinite(t), t, np.inf)
+
+
+def _finite_bound(nb):
+    """A `NoiseBound` with its non-finite terms made inf (allowing nothing)."""
+    return type(nb)(*(None if f is None else _finite(f) for f in nb[:4]), nb.overflow)
 
 
 class Float64Guard(Guard):
@@ -225,7 +234,8 @@ class Float64Guard(Guard):
 
     def errors(self, twin, fwd, l1=None, memory_budget=None, at_x: GuardAtX | None = None):
         """See `Guard.errors`; with `at_x` (from `self.at_x`) only the growth terms
-        run (the noise pass's track 1), and `l1` are taken as upper bounds as given."""
+        run (the noise pass's track 1), `l1` are taken as upper bounds as given, and
+        `exact_per_radius` also bounds gradients computed in reverse mode."""
         slack = _slack(fwd)
         if at_x is None:
             if l1 is not None:
@@ -234,8 +244,13 @@ class Float64Guard(Guard):
             strict = StrictGuard().errors(twin, fwd)
             nb0 = nb
         else:
-            nb = noise_bound(twin, fwd, l1=l1, memory_budget=memory_budget, tracks=(1,))
+            nb = noise_bound(twin, fwd, l1=l1, memory_budget=memory_budget, tracks=(1,),
+                             reverse=True)
             nb0, strict = at_x.noise, at_x.strict
+        # Terms the noise pass could not represent (even with float64 tangents): the
+        # example is flagged as overflowing (NaN margins and a warning), never shrunk less.
+        bad = nb0.nonfinite() | nb.nonfinite()
+        nb0, nb = _finite_bound(nb0), _finite_bound(nb)
         exact_at_x = 2.0 * nb0.exact_at_x * BOUND_SAFETY
         # The worst-case bound as a second guard: the smaller one for small fan-ins and
         # under float16. Its magnitudes compound |W| and may overflow where the model's
@@ -244,12 +259,12 @@ class Float64Guard(Guard):
         return RoundingErrors(
             (NOISE_FACTOR * nb0.sigma_at_x + 2.0 * nb0.exact_at_x) * BOUND_SAFETY,
             (NOISE_FACTOR * nb.sigma_per_radius + 2.0 * nb.exact_per_radius) * BOUND_SAFETY,
-            slack, nb0.overflow, np.fmin(exact_at_x, strict.exact_at_x), _finite(strict.at_x),
-            _finite(strict.per_radius), nb.exact_per_radius * BOUND_SAFETY)
+            slack, nb0.overflow | bad, np.fmin(exact_at_x, strict.exact_at_x),
+            _finite(strict.at_x), _finite(strict.per_radius), nb.exact_per_radius * BOUND_SAFETY)
 
     def pattern_tolerance(self, twin, fwd, memory_budget=None):
         nb = noise_bound(twin, fwd, memory_budget=memory_budget, samples=0, tracks=(0,))
-        return 2.0 * nb.exact_at_x * BOUND_SAFETY, nb.overflow
+        return 2.0 * _finite(nb.exact_at_x) * BOUND_SAFETY, nb.overflow | nb.nonfinite()
 
 
 def _slack(fwd) -> float:
