@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from examples.common.config_flags import parse_flags
-from examples.robustness import main
+from examples.robustness import main, train
 
 TINY = ["--train_size=240", "--val_size=60", "--epochs=1", "--width=12", "--depth=2",
         "--samples=3", "--test_size=5", "--max_regions=20", "--radii=0.01,0.1"]
@@ -53,5 +53,8 @@ def test_quick_config_and_bad_flags():
     fv = parse_flags(main.define_flags, ["--quick", "--test_size=7"])
     config = main.get_config(fv)
     assert config.test_size == 7 and config.width == 100 and config.samples == 16
+    named = main.get_config(parse_flags(main.define_flags, ["--dataset=MNIST"]))
+    assert train.mnist_config(named).dataset == "MNIST"
+    assert train.mnist_config(config).dataset is None
     with pytest.raises(Exception, match="method"):
         parse_flags(main.define_flags, ["--method=exact"])

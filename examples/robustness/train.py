@@ -38,11 +38,12 @@ NORMS = (2, np.inf)
 def mnist_config(config: Config) -> mnist_default.Config:
     """The MNIST example's config of the two models (vanilla, ROLL lam C gamma 100)."""
     return dataclasses.replace(
-        mnist_default.get_config(), data_dir=config.data_dir, train_size=config.train_size,
-        val_size=config.val_size, test_size=config.test_size, epochs=config.epochs,
-        lr=config.lr, momentum=config.momentum, width=config.width, depth=config.depth,
-        lam=(config.lam,), C=(config.C,), gamma=(100.0,), samples=config.samples,
-        seed=config.seed, vanilla=True, roll=True, sweep=False, resume=config.resume)
+        mnist_default.get_config(), data_dir=config.data_dir, dataset=config.dataset,
+        train_size=config.train_size, val_size=config.val_size, test_size=config.test_size,
+        epochs=config.epochs, lr=config.lr, momentum=config.momentum, width=config.width,
+        depth=config.depth, lam=(config.lam,), C=(config.C,), gamma=(100.0,),
+        samples=config.samples, seed=config.seed, vanilla=True, roll=True, sweep=False,
+        resume=config.resume)
 
 
 def trained_models(config: Config, out):
