@@ -5,6 +5,7 @@ references are the float32 Keras model itself (probes inside the lower bound nev
 change its prediction, adversarial points do) and the methods against each other.
 """
 
+import dataclasses
 import warnings
 
 import keras
@@ -223,3 +224,18 @@ def test_rigor_float32_is_the_unguarded_bound(trained, results):
     guarded = results["region"]
     assert np.all(guarded.lower[2] <= raw.lower[2] * (1 + 1e-5))
     assert raw.rigor == "float32"
+
+
+def test_summary_counts_exact_among_correctly_classified(results):
+    """A misclassified input has radius 0, exactly: the summary's exact share leaves it out."""
+    rr = results["best"]
+    labels = np.array(rr.predicted).copy()
+    labels[0] = (labels[0] + 1) % 3
+    exact = {p: np.zeros(rr.n, bool) for p in rr.norms}
+    for p in rr.norms:
+        exact[p][0] = True  # only the misclassified one
+    lines = []
+    dataclasses.replace(rr, labels=labels, exact=exact).summary(print_fn=lines.append)
+    text = "\n".join(lines)
+    assert "l2: exact 0% of the correctly classified" in text, text
+    assert "misclassified inputs have radius 0" in text

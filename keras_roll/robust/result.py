@@ -176,12 +176,15 @@ class RobustRadius:
     def _methods_line(self, p) -> str:
         lab = NORM_LABELS[p]
         ok = ~self.nonfinite
-        exact = float(np.mean(self.exact[p][ok])) if ok.any() else float("nan")
+        # Misclassified inputs are exact at 0: the share counts the others.
+        solved = ok & self.correct
+        exact = float(np.mean(self.exact[p][solved])) if solved.any() else float("nan")
         found = float(np.mean(np.isfinite(self.upper[p][ok]))) if ok.any() else float("nan")
 
         def counts(arr):
             names, num = np.unique(np.asarray(arr)[ok], return_counts=True)
             return ", ".join(f"{n or 'none'} {c}" for n, c in zip(names, num))
 
-        return (f"{lab}: exact {exact:.0%}, adversarial found {found:.0%}; lower from "
+        of = " of the correctly classified" if self.labels is not None else ""
+        return (f"{lab}: exact {exact:.0%}{of}, adversarial found {found:.0%}; lower from "
                 f"[{counts(self.lower_method[p])}], upper from [{counts(self.upper_method[p])}]")
