@@ -285,6 +285,30 @@ def test_margins_match_dense_jacobian_and_gradient_tape(mlp_case):
         assert [names[j] for j in cert.binding_index[p]] == cert.binding[p]
 
 
+def test_streaming_in_small_chunks_changes_nothing_float32():
+    """The default-suite part of the test below: chunks of axes and of examples give
+    the same margins, bindings and bounds in the twin's own float32 arithmetic."""
+    model = zoo.cnn()
+    x = np.random.default_rng(3).uniform(0, 4, size=(3, 8, 8, 2)).astype("float32")
+    d = np.random.default_rng(4).normal(size=(3, 4, 8, 8, 2))
+    lin = keras_roll.linearize(model)
+    small = {"batch_size": 2, "memory_budget": 200_000, "verbose": False}
+    chunks = [(c[0], c[2]) for c in lin.iter_axis_chunks(x, batch_size=2,
+                                                           memory_budget=200_000)]
+    assert len({sl.start for sl, _ in chunks}) == 2 and len({s for _, s in chunks}) > 2
+    big = certify(lin, x, directions=d, verbose=False, rigor="float32")
+    got = certify(lin, x, directions=d, rigor="float32", **small)
+    for p in NORMS:
+        np.testing.assert_allclose(got.margins[p], big.margins[p], rtol=1e-5)
+        np.testing.assert_array_equal(got.binding_index[p], big.binding_index[p])
+    np.testing.assert_allclose(got.directional, big.directional, rtol=1e-5)
+    sb_big = stability_bounds(lin, x, verbose=False, rigor="float32")
+    sb_small = stability_bounds(lin, x, rigor="float32", **small)
+    np.testing.assert_allclose(sb_small.upper, sb_big.upper, rtol=1e-5)
+    np.testing.assert_allclose(sb_small.lower, sb_big.lower, rtol=1e-5)
+
+
+@pytest.mark.slow  # the float64 guards over many small chunks (each costs seconds)
 def test_streaming_in_small_chunks_changes_nothing():
     model = zoo.cnn()
     x = np.random.default_rng(3).uniform(0, 4, size=(3, 8, 8, 2)).astype("float32")
