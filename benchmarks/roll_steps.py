@@ -186,15 +186,16 @@ def vowels_batch(batch: int = 32, bucketed: bool = False, seed: int = 0):
 
 def sequence_steps(units: int = 512, shape=(26, 12), batch: int = 32):
     """`{name: compiled step}`: exact ROLL on the scoRNN(units) classifier along every
-    input axis and along the valid axes only (`PackedAxes`), for `[batch, *shape]`."""
+    input axis (the default) and along the valid axes only (`skip_padded_steps=True`,
+    `PackedAxes`), for `[batch, *shape]`."""
     keras.utils.set_random_seed(0)
     model = keras_roll.models.scornn_classifier(units=units)
     lin = keras_roll.linearize(model)
     variables = model.trainable_variables
     spec = [tf.TensorSpec([batch, *shape]), tf.TensorSpec([batch], tf.int32)]
 
-    def step_fn(fewest):
-        config = RollConfig(C=C, fewest_directions=fewest)
+    def step_fn(valid_only):
+        config = RollConfig(C=C, skip_padded_steps=valid_only)
 
         def step(x, y):
             with tf.GradientTape() as tape:

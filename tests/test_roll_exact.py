@@ -2,8 +2,8 @@
 
 The factored path pushes `H1` directions from the output of a first Dense layer
 with `H1 < D` units instead of the `D` input axes (`keras_roll.roll.factored`);
-behind a leading Masking layer the packed path pushes one direction per example
-and valid input axis (`keras_roll.roll.exact.PackedAxes`). References: the
+behind a leading Masking layer the packed path (`skip_padded_steps=True`) pushes one
+direction per example and valid input axis (`keras_roll.roll.exact.PackedAxes`). References: the
 input-axes path (`fewest_directions=False`), `tf.GradientTape` Jacobians with
 Eq. 9 in numpy / TensorFlow (tests/test_roll.py, including a hand-written
 masked SimpleRNN), and the closed form `d tr(R G R^T) / dW = 2 W G` for the
@@ -225,16 +225,19 @@ def test_packed_rows_are_the_valid_axes(sequences):
     model = zoo.rnn()
     lin = keras_roll.linearize(model)
     fwd = lin.primal(tf.constant(x))
-    est = estimator_for(lin, tf.constant(x), RollConfig(), None, trace=fwd.trace)
+    default = estimator_for(lin, tf.constant(x), RollConfig(), None, trace=fwd.trace)
+    assert isinstance(default, ExactAxes)  # every input axis unless asked
+    est = estimator_for(lin, tf.constant(x), RollConfig(skip_padded_steps=True), None,
+                        trace=fwd.trace)
     assert isinstance(est, PackedAxes)
     channels = x.shape[-1]
     want = [(b, t * channels + c) for b, n in enumerate(lengths) for t in range(n)
             for c in range(channels)]
     rows = list(zip(est.example.numpy()[:-1].tolist(), est.axis.numpy()[:-1].tolist()))
     assert rows == want and int(est.total) == len(want)
-    plan = roll.memory_plan(model, x)
+    plan = roll.memory_plan(model, x, skip_padded_steps=True)
     assert (plan.examples, plan.directions) == (1, len(want))
-    assert roll.memory_plan(model, x, fewest_directions=False).directions == x[0].size
+    assert roll.memory_plan(model, x).directions == x[0].size
 
 
 @pytest.mark.parametrize("activation", ["relu", "leaky"])
@@ -243,10 +246,9 @@ def test_packed_loss_and_gradients_match_the_reference(sequences, activation):
     model = zoo.rnn(activation)
     leaky = activation == "leaky"
     want = reference_loss(rnn_groups(model, x, leaky=leaky), 0.5, 60.0)
-    got, grads = _loss_and_grads(model, x, C=0.5, gamma=60.0)
+    got, grads = _loss_and_grads(model, x, C=0.5, gamma=60.0, skip_padded_steps=True)
     np.testing.assert_allclose(got, want, rtol=2e-6)
-    _assert_same((got, grads), _loss_and_grads(model, x, C=0.5, gamma=60.0,
-                                               fewest_directions=False))
+    _assert_same((got, grads), _loss_and_grads(model, x, C=0.5, gamma=60.0))
     if not leaky:
         ref = _reference_grads(model, x, rnn_groups, _tf_rnn_groups, 0.5, 60.0)
         scale = max(np.abs(g).max() for g in ref)
@@ -262,15 +264,15 @@ def test_packed_rows_in_chunks_and_in_a_training_graph(sequences, gamma):
     x, _ = sequences
     model = zoo.rnn()
     whole = keras_roll.linearize(model)
-    plan = roll.memory_plan(whole, x)
+    plan = roll.memory_plan(whole, x, skip_padded_steps=True)
     chunked = keras_roll.linearize(model, memory_budget=7 * plan.bytes_per_direction)
-    assert roll.memory_plan(chunked, x).chunks > 3
+    assert roll.memory_plan(chunked, x, skip_padded_steps=True).chunks > 3
     variables = model.trainable_variables
 
     def step(lin, gamma):
         def run(xb):
             with tf.GradientTape() as tape:
-                config = RollConfig(C=0.5, gamma=gamma)
+                config = RollConfig(C=0.5, gamma=gamma, skip_padded_steps=True)
                 loss = tf.reduce_mean(roll.loss_from_config(lin, xb, config,
                                                             precompute_gradient=True))
             return loss, tape.gradient(loss, variables)
@@ -288,8 +290,8 @@ def test_sequences_without_padding_and_an_all_padding_example():
     model = zoo.rnn()
     x = np.random.default_rng(4).normal(size=(3, 5, 3)).astype("float32")
     x[1] = 0.0  # no valid step at all: no neuron, a loss of 0
-    got, grads = _loss_and_grads(model, x, C=0.5)
-    _assert_same((got, grads), _loss_and_grads(model, x, C=0.5, fewest_directions=False))
+    got, grads = _loss_and_grads(model, x, C=0.5, skip_padded_steps=True)
+    _assert_same((got, grads), _loss_and_grads(model, x, C=0.5))
     assert got[1] == 0.0
 
 
@@ -313,8 +315,8 @@ def variable_rnn(return_sequences=False, zero_output_for_mask=False, time=None, 
 ])
 def test_length_buckets_apply_to_a_last_state_recurrent_layer(build, applies):
     program = keras_roll.linearize(build()).program
-    assert buckets_apply(program, RollConfig(), 0) is applies
-    assert not buckets_apply(program, RollConfig(fewest_directions=False), 0)
+    assert buckets_apply(program, RollConfig(skip_padded_steps=True), 0) is applies
+    assert not buckets_apply(program, RollConfig(), 0)  # every input axis by default
     assert not buckets_apply(program, RollConfig(samples=2), 0)
 
 
@@ -331,10 +333,9 @@ def test_length_buckets_give_the_same_loss_and_gradients(bucket_case):
     the input axes and the tape."""
     model, x = bucket_case
     want = reference_loss(rnn_groups(model, x), 0.5, 60.0)
-    got, grads = _loss_and_grads(model, x, C=0.5, gamma=60.0)
+    got, grads = _loss_and_grads(model, x, C=0.5, gamma=60.0, skip_padded_steps=True)
     np.testing.assert_allclose(got, want, rtol=2e-6)
-    _assert_same((got, grads), _loss_and_grads(model, x, C=0.5, gamma=60.0,
-                                               fewest_directions=False))
+    _assert_same((got, grads), _loss_and_grads(model, x, C=0.5, gamma=60.0))
 
 
 @pytest.mark.slow
@@ -347,12 +348,13 @@ def test_length_buckets_in_a_training_graph(bucket_case):
     @tf.function(input_signature=[tf.TensorSpec([None, None, 3])], autograph=False)
     def step(xb):
         with tf.GradientTape() as tape:
-            loss = roll.loss_from_config(lin, xb, RollConfig(C=0.5), precompute_gradient=True)
+            config = RollConfig(C=0.5, skip_padded_steps=True)
+            loss = roll.loss_from_config(lin, xb, config, precompute_gradient=True)
             total = tf.reduce_mean(loss)
         return loss, tape.gradient(total, variables)
 
     for xb in (x, x[:2]):
-        ref_loss, ref_grads = _loss_and_grads(model, xb, C=0.5, fewest_directions=False)
+        ref_loss, ref_grads = _loss_and_grads(model, xb, C=0.5)
         loss, grads = step(tf.constant(xb))
         np.testing.assert_allclose(loss.numpy(), ref_loss, rtol=1e-6)
         for g, r in zip(grads, ref_grads):

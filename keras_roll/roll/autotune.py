@@ -44,7 +44,7 @@ from keras_roll.roll.estimators import estimator_for
 __all__ = ["tuned_config"]
 
 _PROBE_FIELDS = ("samples", "strata", "estimator", "share_axes", "wrt", "tangent_dtype",
-                 "fewest_directions")
+                 "fewest_directions", "skip_padded_steps")
 
 
 def tuned_config(lin, x, config: RollConfig, precompute: bool, run) -> RollConfig:

@@ -47,11 +47,11 @@ def buckets_apply(program, config: RollConfig, entry: int) -> bool:
     Example:
 
     ```python
-    buckets_apply(lin.program, RollConfig(), 0)   # True for scornn_classifier()
+    buckets_apply(lin.program, RollConfig(skip_padded_steps=True), 0)  # scornn_classifier()
     ```
     """
     shape = tuple(program.input_shape)
-    if not (config.exact and config.fewest_directions) or len(shape) != 2 or \
+    if not (config.exact and config.skip_padded_steps) or len(shape) != 2 or \
             shape[0] is not None:
         return False
     readers = entry_readers(program, entry)

@@ -105,6 +105,12 @@ class RollConfig:
             Gram matrix (`keras_roll.roll.factored`); False pushes every
             input axis (the reference path). docs/design.md, "The factored
             exact path".
+        skip_padded_steps: exact ROLL only: True pushes, behind a leading
+            Masking layer, one direction per example and valid (unpadded) input
+            axis, in length buckets (`keras_roll.roll.exact.PackedAxes`,
+            `keras_roll.roll.buckets`): the same loss. False (default) pushes
+            every input axis: on the paper's Japanese Vowels scoRNN it was
+            measured faster (benchmarks/README.md, "Training steps").
 
     Raises:
         ValueError: a bad value; the message names the field and the value.
@@ -129,6 +135,7 @@ class RollConfig:
     wrt: str | None = None
     tangent_dtype: str | None = None
     fewest_directions: bool = True
+    skip_padded_steps: bool = False
 
     def __post_init__(self):
         _check_weights(self.lam, self.C, self.gamma)
@@ -142,6 +149,9 @@ class RollConfig:
         if not isinstance(self.fewest_directions, (bool, np.bool_)):
             raise ValueError(f"fewest_directions must be True or False, got "
                              f"fewest_directions={self.fewest_directions!r}.")
+        if not isinstance(self.skip_padded_steps, (bool, np.bool_)):
+            raise ValueError(f"skip_padded_steps must be True or False, got "
+                             f"skip_padded_steps={self.skip_padded_steps!r}.")
         if self.wrt is not None and (not isinstance(self.wrt, str) or not self.wrt):
             raise ValueError(f"wrt must be None (gradients with respect to the model input) or "
                              f"the name of a leading Rescaling / Normalization layer, got "
@@ -154,6 +164,7 @@ class RollConfig:
             "on_eval": None if self.on_eval is None else bool(self.on_eval),
             "share_axes": bool(self.share_axes),
             "fewest_directions": bool(self.fewest_directions),
+            "skip_padded_steps": bool(self.skip_padded_steps),
             "memory_budget": check_memory_budget(self.memory_budget),
         }
         for name, value in normalised.items():

@@ -203,7 +203,8 @@ def exact_estimator(lin, config, entry: int, example_shape, d, tangent_dtype=Non
 
     Args:
         lin: the `Linearized` model.
-        config: the `RollConfig` (`fewest_directions` False: always `ExactAxes`).
+        config: the `RollConfig` (`fewest_directions` False: no factor;
+            `skip_padded_steps` True: `PackedAxes` behind a leading Masking layer).
         entry: the step the tangents enter at (`tangent_entry`).
         example_shape: `[rank]` int32 per-example input shape.
         d: D, the flat input size (int or tensor).
@@ -216,6 +217,7 @@ def exact_estimator(lin, config, entry: int, example_shape, d, tangent_dtype=Non
             factor = gram_factor(factored.kernel(lin.dtype))
             return FactoredAxes(factor, factored.units, factored.index, lin.dtype,
                                 tangent_dtype)
+    if config.skip_padded_steps:
         keep = None if trace is None else padding_mask(lin.program, trace, entry)
         if keep is not None:
             return PackedAxes.from_mask(keep, example_shape, d, entry, lin.dtype,
