@@ -226,7 +226,7 @@ def _roll_grads(lin, x, config, weights=None, precompute=True, function=False):
 
 
 @pytest.mark.parametrize("config", [
-    RollConfig(C=0.5),
+    pytest.param(RollConfig(C=0.5), marks=pytest.mark.slow),  # the longest default test
     RollConfig(C=0.5, samples=4, strata="channel"),
 ], ids=["exact", "sampled"])
 def test_precomputed_chunk_gradients_equal_the_single_chunk_gradient(config, monkeypatch):

@@ -417,7 +417,7 @@ def test_resnet18_paper_size_compiles_and_samples_roll():
     assert loss.shape == (2,) and np.all(np.isfinite(loss.numpy()))
 
 
-@pytest.mark.parametrize("how", ["argument", "global"])
+@pytest.mark.parametrize("how", ["argument", pytest.param("global", marks=pytest.mark.slow)])
 def test_resnet18_mixed_precision_has_a_float32_head(how):
     """Under mixed_float16 (as an argument or as the global policy) the body computes in
     float16 and the classifier in float32, as Keras' mixed-precision guide advises."""

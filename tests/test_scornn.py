@@ -352,7 +352,7 @@ def test_roll_loss_and_its_weight_gradient_match_the_reference():
                                        rtol=1e-4, atol=2e-5 * scale, err_msg=v.path)
 
 
-@pytest.mark.parametrize("samples", [None, 4])
+@pytest.mark.parametrize("samples", [pytest.param(None, marks=pytest.mark.slow), 4])
 def test_wrapped_classifier_fits_exact_and_sampled_roll(samples):
     model = scornn_classifier((6, 3), units=8, classes=3, num_negative_ones=2, seed=1)
     layer = model.get_layer("scornn")
