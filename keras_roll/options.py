@@ -192,6 +192,21 @@ def check_batch_size(batch_size) -> int | None:
     return None if batch_size is None else int(batch_size)
 
 
+def check_seed(seed) -> int | None:
+    """None (fresh entropy) or a non-negative int.
+
+    Example:
+
+    ```python
+    check_seed(0)       # 0
+    ```
+    """
+    if seed is not None and (not isinstance(seed, numbers.Integral) or isinstance(seed, bool)
+                             or seed < 0):
+        raise ValueError(f"seed must be None or a non-negative integer, got {seed!r}.")
+    return None if seed is None else int(seed)
+
+
 def check_memory_budget(memory_budget, allow_default: bool = True) -> int | str | None:
     """A memory budget: a number of bytes >= 1 (returned as an int), "auto" or None.
 

@@ -31,7 +31,7 @@ from keras_roll.evaluate.gradients import (
     check_inputs,
     check_labels,
 )
-from keras_roll.options import RunOptions, fixed_budget
+from keras_roll.options import RunOptions, check_seed, fixed_budget
 
 __all__ = ["Distortion", "gradient_distortion", "sampling_box"]
 
@@ -181,9 +181,7 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
     samples = check_count(samples, "samples")
     population = check_count(population, "population")
     generations = check_count(generations, "generations", minimum=0)
-    if seed is not None and (not isinstance(seed, numbers.Integral) or isinstance(seed, bool)
-                             or seed < 0):
-        raise ValueError(f"seed must be None or a non-negative integer, got {seed!r}.")
+    check_seed(seed)
     if callback is not None and not callable(callback):
         raise ValueError(f"callback must be callable, got {callback!r}.")
     engine = LogitGradients.of(model)

@@ -31,7 +31,6 @@ f.curves["deletion"]             # [B, steps + 1] scores along the curve
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import weakref
 
 import numpy as np
@@ -46,7 +45,7 @@ from keras_roll.evaluate.targets import (
     read_inputs,
     resolve_targets,
 )
-from keras_roll.options import RunOptions, fixed_budget
+from keras_roll.options import RunOptions, check_seed, fixed_budget
 
 __all__ = ["METRICS", "Faithfulness", "faithfulness"]
 
@@ -160,9 +159,7 @@ def faithfulness(model, x, y, attributions, metrics=METRICS, baseline=0.0,
     samples = check_count(samples, "samples")
     if score not in ("model", "logit"):
         raise ValueError(f"score must be 'model' or 'logit', got {score!r}.")
-    if seed is not None and (not isinstance(seed, numbers.Integral) or isinstance(seed, bool)
-                             or seed < 0):
-        raise ValueError(f"seed must be None or a non-negative integer, got {seed!r}.")
+    check_seed(seed)
     engine = gradient_engine(model)
     x, y = read_inputs(x, y, engine.input_shape)
     x = engine.check(x, "x")

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from keras_roll.compile.chunking import plan_directions
 from keras_roll.compile.twin import Linearized, linearize
+from keras_roll.evaluate.targets import class_labels
 
 __all__ = [
     "LogitGradients",
@@ -415,17 +416,7 @@ def check_labels(y, n: int, num_logits: int, output_link: str | None,
                 and arr.shape[1] > 1 else " (pass y.reshape(-1))" if arr.size == n else "")
         raise ValueError(f"y must have shape [B] = ({n},), one integer label per example, "
                          f"got shape {arr.shape}{hint}.")
-    if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
-        raise ValueError(f"y must hold integer class labels, got values such as "
-                         f"{arr[(~np.isfinite(arr)) | (arr != np.round(arr))][:3]}.")
-    arr = arr.astype(np.int64)
-    top = 2 if binary else num_logits
-    bad = (arr < 0) | (arr >= top)
-    if bad.any():
-        what = ("0 or 1 for a model with one sigmoid output" if binary
-                else f"in [0, {num_logits}) for a model with {num_logits} logits")
-        raise ValueError(f"y must be {what}; got {arr[bad][:5].tolist()} at positions "
-                         f"{np.flatnonzero(bad)[:5].tolist()}.")
+    arr = class_labels(arr, num_logits, binary)
     if binary:
         return np.zeros(n, np.int32), np.where(arr == 1, 1.0, -1.0)
     return arr.astype(np.int32), np.ones(n)

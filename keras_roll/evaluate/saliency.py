@@ -21,8 +21,23 @@ from keras_roll.options import RunOptions, fixed_budget
 __all__ = ["Saliency", "postprocess_saliency", "saliency", "stable_radius"]
 
 
+class LazyRadius:
+    """The `radius` of a result of gradient maps: `stable_radius` of its inputs, computed
+    on first access (fields `piecewise_linear`, `note`, `_model`, `_inputs`, `_radius`,
+    `_options` of the dataclass that mixes it in)."""
+
+    @property
+    def radius(self) -> dict:
+        if not self.piecewise_linear:
+            raise UnsupportedModelError(f"No certified radius for these maps: {self.note}.")
+        if self._radius is None:
+            self._radius = stable_radius(self._model, self._inputs, options=self._options,
+                                         verbose=False)
+        return self._radius
+
+
 @dataclasses.dataclass(repr=False)
-class Saliency:
+class Saliency(LazyRadius):
     """Saliency maps of a batch.
 
     Attributes:
@@ -56,15 +71,6 @@ class Saliency:
     _inputs: np.ndarray | None = dataclasses.field(default=None, repr=False)
     _radius: dict | None = dataclasses.field(default=None, repr=False)
     _options: RunOptions | None = dataclasses.field(default=None, repr=False)
-
-    @property
-    def radius(self) -> dict:
-        if not self.piecewise_linear:
-            raise UnsupportedModelError(f"No certified radius for these maps: {self.note}.")
-        if self._radius is None:
-            self._radius = stable_radius(self._model, self._inputs, options=self._options,
-                                         verbose=False)
-        return self._radius
 
     def __repr__(self) -> str:
         return (f"Saliency(n={self.maps.shape[0]}, map_shape={self.maps.shape[1:]}, "
@@ -117,13 +123,7 @@ def saliency(model, x, y=None, postprocess: bool = False, channel_axis="auto",
     """
     opts = RunOptions.of(options, **overrides)
     budget = fixed_budget(opts.memory_budget)
-    engine = gradient_engine(model)
-    x, y = read_inputs(x, y, engine.input_shape)
-    x = engine.check(x, "x")
-    n = x.shape[0]
-    logits = engine.logits(x, budget) if y is None else None
-    targets = resolve_targets(y, n, engine.num_logits(x.shape[1:]), engine.output_link, logits)
-    grad, logits = engine.weighted_gradients(x, targets.weights, budget)
+    engine, x, targets, grad, logits = target_gradients(model, x, y, budget)
     maps = postprocess_saliency(grad, channel_axis) if postprocess else grad
     return Saliency(maps=maps, gradient=grad, labels=targets.labels, logits=logits,
                     postprocessed=bool(postprocess), targets=targets.weights,
@@ -174,6 +174,20 @@ def postprocess_saliency(maps, channel_axis="auto", percentile: float = 99.0) ->
     scale = np.percentile(flat, percentile, axis=1) if flat.shape[1] else np.zeros(len(flat))
     scale = np.where(scale > 0, scale, 1.0).reshape(-1, *([1] * (g.ndim - 1)))
     return np.clip(g / scale, 0.0, 1.0)
+
+
+def target_gradients(model, x, y, budget):
+    """`(engine, x, targets, gradients, logits)`: the inputs read and checked, the
+    targets resolved (the predicted class for `y=None`) and the gradient of the
+    targets' weighted logits at `x`, in chunks of `budget` bytes."""
+    engine = gradient_engine(model)
+    x, y = read_inputs(x, y, engine.input_shape)
+    x = engine.check(x, "x")
+    logits = engine.logits(x, budget) if y is None else None
+    targets = resolve_targets(y, x.shape[0], engine.num_logits(x.shape[1:]),
+                              engine.output_link, logits)
+    grad, logits = engine.weighted_gradients(x, targets.weights, budget)
+    return engine, x, targets, grad, logits
 
 
 def stable_radius(model, x, norms=(2, np.inf), options: RunOptions | None = None,

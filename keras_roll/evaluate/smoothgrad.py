@@ -22,18 +22,15 @@ res.certified_fraction            # [B] P(||e||_2 < certified l2 radius)
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import weakref
 
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.errors import UnsupportedModelError
 from keras_roll.evaluate.gradients import check_count, same_pattern
-from keras_roll.evaluate.saliency import stable_radius
-from keras_roll.evaluate.tape_gradients import gradient_engine
-from keras_roll.evaluate.targets import check_scalar, read_inputs, resolve_targets
-from keras_roll.options import RunOptions, fixed_budget
+from keras_roll.evaluate.saliency import LazyRadius, target_gradients
+from keras_roll.evaluate.targets import check_scalar
+from keras_roll.options import RunOptions, check_seed, fixed_budget
 
 __all__ = ["SmoothGrad", "smoothgrad"]
 
@@ -41,7 +38,7 @@ _FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(repr=False)
-class SmoothGrad:
+class SmoothGrad(LazyRadius):
     """SmoothGrad and VarGrad maps of a batch.
 
     Attributes:
@@ -83,15 +80,6 @@ class SmoothGrad:
     def smoothgrad_sq(self) -> np.ndarray:
         """The mean squared gradient (captum's "smoothgrad_sq")."""
         return self.vargrad + self.smoothgrad ** 2
-
-    @property
-    def radius(self) -> dict:
-        if not self.piecewise_linear:
-            raise UnsupportedModelError(f"No certified radius for these maps: {self.note}.")
-        if self._radius is None:
-            self._radius = stable_radius(self._model, self._inputs, options=self._options,
-                                         verbose=False)
-        return self._radius
 
     @property
     def certified_fraction(self) -> np.ndarray:
@@ -156,16 +144,9 @@ def smoothgrad(model, x, y=None, noise: float = 0.15, samples: int = 50,
     budget = fixed_budget(opts.memory_budget)
     noise = check_scalar(noise, "noise", 0.0, low_open=False)
     samples = check_count(samples, "samples")
-    if seed is not None and (not isinstance(seed, numbers.Integral) or isinstance(seed, bool)
-                             or seed < 0):
-        raise ValueError(f"seed must be None or a non-negative integer, got {seed!r}.")
-    engine = gradient_engine(model)
-    x, y = read_inputs(x, y, engine.input_shape)
-    x = engine.check(x, "x")
+    check_seed(seed)
+    engine, x, targets, grad, _ = target_gradients(model, x, y, budget)
     n = x.shape[0]
-    logits = engine.logits(x, budget) if y is None else None
-    targets = resolve_targets(y, n, engine.num_logits(x.shape[1:]), engine.output_link, logits)
-    grad, _ = engine.weighted_gradients(x, targets.weights, budget)
     flat = x.reshape(n, -1).astype(np.float64)
     sigma = np.full(n, noise) if absolute_noise else noise * (flat.max(1) - flat.min(1))
     seq = np.random.SeedSequence(seed)

@@ -84,6 +84,22 @@ def resolve_targets(y, n: int, num_logits: int, output_link: str | None,
             f"y must have shape [B] = ({n},) (one integer label per example), or "
             f"[B, L] = ({n}, {num_logits}) one-hot / multi-hot targets, got shape {arr.shape}"
             f"{' (pass y.reshape(-1))' if arr.size == n else ''}.")
+    labels = class_labels(arr, num_logits, binary)
+    weights = np.zeros((n, num_logits))
+    if binary:
+        weights[:, 0] = np.where(labels == 1, 1.0, -1.0)
+    else:
+        weights[np.arange(n), labels] = 1.0
+    return Targets(weights, labels)
+
+
+def class_labels(arr: np.ndarray, num_logits: int, binary: bool) -> np.ndarray:
+    """`[B]` int64 class labels from a numeric `[B]` array `y`.
+
+    Raises:
+        ValueError: naming `y`, for non-integer values or classes out of range (0 / 1
+            for a model with one sigmoid output, else `[0, num_logits)`).
+    """
     if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
         raise ValueError(f"y must hold integer class labels, got values such as "
                          f"{arr[(~np.isfinite(arr)) | (arr != np.round(arr))][:3]}.")
@@ -95,12 +111,7 @@ def resolve_targets(y, n: int, num_logits: int, output_link: str | None,
                 else f"in [0, {num_logits}) for a model with {num_logits} logits")
         raise ValueError(f"y must be {what}; got {labels[bad][:5].tolist()} at positions "
                          f"{np.flatnonzero(bad)[:5].tolist()}.")
-    weights = np.zeros((n, num_logits))
-    if binary:
-        weights[:, 0] = np.where(labels == 1, 1.0, -1.0)
-    else:
-        weights[np.arange(n), labels] = 1.0
-    return Targets(weights, labels)
+    return labels
 
 
 def _hot_targets(weights: np.ndarray) -> Targets:
