@@ -99,9 +99,13 @@ def roll_step(model: keras.Model, lin, samples=None, share_axes=False,
               fewest_directions=True):
     """Cross-entropy + LAM * ROLL (exact by perturbation, or `samples` axes) + SGD, as
     `wrap(model).fit` computes it (`precompute_gradient=True`)."""
-    variables = model.trainable_variables
     config = RollConfig(C=C, samples=samples, share_axes=share_axes,
                         fewest_directions=fewest_directions)
+    return _config_step(lin, config, model.trainable_variables)
+
+
+def _config_step(lin, config: RollConfig, variables):
+    """One SGD step on cross-entropy + LAM * the ROLL loss of `config`."""
 
     def step(x, y):
         with tf.GradientTape() as tape:
@@ -195,16 +199,7 @@ def sequence_steps(units: int = 512, shape=(26, 12), batch: int = 32):
     spec = [tf.TensorSpec([batch, *shape]), tf.TensorSpec([batch], tf.int32)]
 
     def step_fn(valid_only):
-        config = RollConfig(C=C, skip_padded_steps=valid_only)
-
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                reg, logits = roll.loss_from_config(lin, x, config, return_logits=True,
-                                                    precompute_gradient=True)
-                loss = _ce(y, logits) + LAM * tf.reduce_mean(reg)
-            _sgd(tape, loss, variables)
-            return loss
-
+        step = _config_step(lin, RollConfig(C=C, skip_padded_steps=valid_only), variables)
         return tf.function(step, input_signature=spec, autograph=False)
 
     return {"exact ROLL, every input axis": step_fn(False),
