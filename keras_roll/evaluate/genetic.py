@@ -147,7 +147,9 @@ class _GroupSearch:
             owner = flat // per_example
             rows = [self.store.read(slot, e, slice(first_row + r[0], first_row + r[-1] + 1))
                     for e, r in _runs(owner, flat % per_example)]
-            cands = np.concatenate(rows).reshape(-1, *self.ex_shape)
+            # one run of rows in memory is a view: no copy
+            cands = (rows[0] if len(rows) == 1 else np.concatenate(rows)).reshape(
+                -1, *self.ex_shape)
             score[flat], flip[flat] = self.run.evaluate(cands, owner, self.ref, self.ex)
         return score.reshape(self.g, per_example), flip.reshape(self.g, per_example)
 
@@ -172,27 +174,45 @@ class _GroupSearch:
         self.flip = np.take_along_axis(self.flip, order, axis=1)
         nxt = 1 - self.cur
         for e in range(self.g):
-            for r0 in range(0, self.keep, self.block):
-                rows = self.store.read(self.cur, e, order[e, r0:r0 + self.block])
-                self.store.write(nxt, e, r0, rows)
             rng = self.streams[e]
             i = rng.integers(0, self.keep, size=self.children)
             j = rng.integers(0, self.keep, size=self.children)
             a = rng.uniform(*CROSSOVER, size=(self.children, 1)).astype(self.dtype)
-            for c0 in range(0, self.children, self.block):
-                sl = slice(c0, c0 + self.block)
-                other = self.store.read(nxt, e, j[sl])
-                kids = self.store.read(nxt, e, i[sl])
-                np.subtract(kids, other, out=kids)  # a c + (1 - a) c' = c' + a (c - c')
-                kids *= a[sl]
-                kids += other
-                np.clip(kids, self.low[e], self.high[e], out=kids)  # projection onto the box
-                self.store.write(nxt, e, self.keep + c0, kids)
+            if self.store.arrays is not None:
+                self._breed_in_memory(e, order[e], nxt, i, j, a)
+            else:
+                self._breed_in_chunks(e, order[e], nxt, i, j, a)
         k_score, k_flip = self._evaluate(nxt, self.keep, self.children)
         self.n_flip += k_flip.sum(axis=1)
         self.cur = nxt
         self.score = np.concatenate([self.score, k_score], axis=1)
         self.flip = np.concatenate([self.flip, k_flip], axis=1)
+
+    def _breed_in_memory(self, e, order, nxt, i, j, a):
+        """Survivors `order` of example `e` and their children, written to slot `nxt`
+        in place (whole arrays, no copies beyond the parents' rows)."""
+        new = self.store.arrays[nxt][e]
+        survivors, kids = new[:self.keep], new[self.keep:]
+        np.take(self.store.arrays[self.cur][e], order, axis=0, out=survivors)
+        other = survivors[j]
+        np.subtract(survivors[i], other, out=kids)  # a c + (1 - a) c' = c' + a (c - c')
+        kids *= a
+        kids += other
+        np.clip(kids, self.low[e], self.high[e], out=kids)  # projection onto the box
+
+    def _breed_in_chunks(self, e, order, nxt, i, j, a):
+        """`_breed_in_memory` on a file store, in chunks of rows: the same arithmetic."""
+        for r0 in range(0, self.keep, self.block):
+            self.store.write(nxt, e, r0, self.store.read(self.cur, e, order[r0:r0 + self.block]))
+        for c0 in range(0, self.children, self.block):
+            sl = slice(c0, c0 + self.block)
+            other = self.store.read(nxt, e, j[sl])
+            kids = self.store.read(nxt, e, i[sl])
+            np.subtract(kids, other, out=kids)
+            kids *= a[sl]
+            kids += other
+            np.clip(kids, self.low[e], self.high[e], out=kids)
+            self.store.write(nxt, e, self.keep + c0, kids)
 
     def result(self, generations):
         best = np.argmax(self.score, axis=1)  # the first of equal maxima
