@@ -120,6 +120,7 @@ def test_flatten_before_the_dense_layer_is_factored():
                  _loss_and_grads(model, x, C=0.5, fewest_directions=False))
 
 
+@pytest.mark.graph
 @pytest.mark.parametrize("gamma", [100.0, pytest.param(70.0, marks=pytest.mark.slow)])
 def test_chunked_and_training_steps_equal_one_chunk(gamma):
     """Several chunks of factor rows: recomputed in backprop (gamma < 100) or differentiated
@@ -256,6 +257,7 @@ def test_packed_loss_and_gradients_match_the_reference(sequences, activation):
             np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6 * scale)
 
 
+@pytest.mark.graph
 @pytest.mark.parametrize("gamma", [100.0, pytest.param(70.0, marks=pytest.mark.slow)])
 def test_packed_rows_in_chunks_and_in_a_training_graph(sequences, gamma):
     """Rows in several chunks, planned in the graph (the number of rows depends on the
@@ -284,6 +286,34 @@ def test_packed_rows_in_chunks_and_in_a_training_graph(sequences, gamma):
     np.testing.assert_allclose(loss.numpy(), ref[0].mean(), rtol=1e-6)
     for g, r in zip(grads, ref[1]):
         np.testing.assert_allclose(g.numpy(), r, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.graph
+def test_packed_rows_under_a_fixed_input_signature():
+    """A training graph with a fixed batch size and a model with a variable time axis:
+    the loops over chunks of packed rows keep their shapes, with the loss and gradients
+    of every axis."""
+    keras.utils.set_random_seed(0)
+    model = keras_roll.models.scornn_classifier((None, 3), units=4, classes=2)
+    x = np.zeros((3, 4, 3), np.float32)
+    x[:, :2] = np.random.default_rng(0).normal(size=(3, 2, 3))
+    variables = model.trainable_variables
+    lin = keras_roll.linearize(model)
+
+    def step(skip):
+        def run(xb):
+            with tf.GradientTape() as tape:
+                config = RollConfig(C=1.0, skip_padded_steps=skip)
+                loss = tf.reduce_mean(roll.loss_from_config(lin, xb, config,
+                                                            precompute_gradient=True))
+            return loss, tape.gradient(loss, variables)
+        return tf.function(run, input_signature=[tf.TensorSpec(x.shape)], autograph=False)
+
+    def arrays(loss, grads):
+        return loss.numpy(), [np.zeros(v.shape) if g is None else g.numpy()
+                              for g, v in zip(grads, variables)]
+
+    _assert_same(arrays(*step(True)(x)), arrays(*step(False)(x)), rtol=1e-5)
 
 
 def test_sequences_without_padding_and_an_all_padding_example():

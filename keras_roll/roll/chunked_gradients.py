@@ -84,7 +84,7 @@ def chunked_sum_squares(lin, estimator: Estimator, trace, n_shape, dtype, k, n):
         # Stopped copies: an eager tape must not record (and keep) the chunks.
         stopped = [tf.stop_gradient(t) for t in inputs]
         _, sq = tf.while_loop(lambda c, acc: c < n_t,
-                              lambda c, acc: (c + 1, acc + chunk_at(stopped, c)),
+                              lambda c, acc: (c + 1, _add(acc, chunk_at(stopped, c))),
                               (tf.constant(0), tf.zeros(shape_t, dtype)))
 
         def grad(dsq):
@@ -132,7 +132,7 @@ def chunked_weighted_sum(lin, estimator: Estimator, trace, weights, k, n):
                 total = tf.reduce_sum(q)
             gs = tape.gradient(total, [stopped[i] for i in diff],
                                unconnected_gradients=tf.UnconnectedGradients.ZERO)
-            return c + 1, acc + q, [a + tf.convert_to_tensor(g) for a, g in zip(grads, gs)]
+            return c + 1, _add(acc, q), [_add(a, g) for a, g in zip(grads, gs)]
 
         zeros = [tf.zeros_like(inputs[i]) for i in diff]
         batch = tf.shape(w)[0]
@@ -179,7 +179,7 @@ def _recompute_gradients(inputs, differentiable, n_t, chunk_and_upstream):
             s, upstream = chunk_and_upstream(inputs, c)
         gs = tape.gradient(s, [inputs[i] for i in diff], output_gradients=upstream,
                            unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        return c + 1, [a + tf.convert_to_tensor(g) for a, g in zip(acc, gs)]
+        return c + 1, [_add(a, g) for a, g in zip(acc, gs)]
 
     zeros = [tf.zeros_like(inputs[i]) for i in diff]
     _, out = tf.while_loop(lambda c, acc: c < n_t, body, (tf.constant(0), zeros))
@@ -187,6 +187,12 @@ def _recompute_gradients(inputs, differentiable, n_t, chunk_and_upstream):
     for i, g in zip(diff, out):
         grads[i] = g
     return grads
+
+
+def _add(acc, value):
+    """`acc + value` with the static shape of `acc`: a loop variable must keep its
+    shape, and a gradient's static shape may be less specific than its variable's."""
+    return tf.ensure_shape(acc + tf.convert_to_tensor(value), acc.shape)
 
 
 def gradient_may_flow(tensors) -> list[bool]:
