@@ -1,9 +1,10 @@
 # keras_roll developer tasks.
 #
 #   make venv       create .venv (if missing) and install keras_roll[cpu,test] in editable mode
-#   make test       the default test suite (skips tests marked `slow`), on TEST_WORKERS
-#                   processes (pytest-xdist, one test file per process at a time)
-#   make test-all   full test suite, likewise
+#   make test       the default test suite (skips tests marked `slow`; tf.functions run
+#                   eagerly except in tests marked `graph`, see tests/conftest.py), on
+#                   TEST_WORKERS processes (pytest-xdist, one test file per process at a time)
+#   make test-all   the full test suite, every tf.function compiled as users run them
 #   make lint       ruff
 #   make demo       python -m examples.demo
 #   make bench      benchmarks (certify throughput, ROLL step time, distortion search,
@@ -11,13 +12,13 @@
 #   make clean      remove build outputs and caches (keeps .venv; `make distclean` drops it)
 #
 # Variables: PYTHON (interpreter used to create the venv), VENV, EXTRAS, PYTEST_ARGS,
-# TEST_WORKERS (default 2; 0 runs the tests in this process).
+# TEST_WORKERS (default 3; 0 runs the tests in this process).
 
 PYTHON ?= python3
 VENV ?= .venv
 EXTRAS ?= cpu,test
 PYTEST_ARGS ?=
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -54,7 +55,7 @@ test: venv
 	$(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 test-all: venv
-	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+	KERAS_ROLL_TEST_GRAPH=1 $(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 lint: venv
 	$(PY) -m ruff check .

@@ -1,5 +1,18 @@
-"""Suite-wide pytest settings: `--cpu-durations=N` reports the N tests that used the
-most CPU time (their setup, call and teardown together).
+"""Suite-wide pytest settings.
+
+**Functions run eagerly unless a test is marked `graph`.** keras_roll compiles its
+passes with `tf.function`; on the tiny models of the suite, tracing a function costs
+several times more than running it (a float64 certificate of a small CNN: about 9 s
+traced, under 2 s eagerly), so the default suite runs `tf.function`s eagerly
+(`tf.config.run_functions_eagerly`): the same Python code and arithmetic, without
+the graphs. Tests whose subject is the compiled graph (retracing, input signatures,
+loops planned in the graph, training steps) or that run faster compiled carry
+`@pytest.mark.graph` (or a module-level `pytestmark`), and
+`KERAS_ROLL_TEST_GRAPH=1` (`make test-all`) compiles every function, as users run
+them.
+
+`--cpu-durations=N` reports the N tests that used the most CPU time (their setup,
+call and teardown together).
 
 Wall-clock durations (`--durations`) depend on whatever else runs on the machine;
 the CPU time of the test process (all its threads) does much less, so it is the
@@ -11,9 +24,11 @@ figure to compare when the machine is shared. Run it without pytest-xdist's `-n`
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
+import tensorflow as tf
 
 _CPU = pytest.StashKey[dict]()
 
@@ -25,6 +40,28 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.stash[_CPU] = {}
+
+
+def _compiled(node) -> bool:
+    """Whether `node` (a module or a test) runs its tf.functions as graphs."""
+    return os.environ.get("KERAS_ROLL_TEST_GRAPH", "0") not in ("", "0") or \
+        node.get_closest_marker("graph") is not None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_function_mode(request):
+    """The mode of a module's own fixtures (set up before any test's fixtures)."""
+    tf.config.run_functions_eagerly(not _compiled(request.node))
+    yield
+    tf.config.run_functions_eagerly(False)
+
+
+@pytest.fixture(autouse=True)
+def _function_mode(request):
+    previous = tf.config.functions_run_eagerly()
+    tf.config.run_functions_eagerly(not _compiled(request.node))
+    yield
+    tf.config.run_functions_eagerly(previous)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -172,6 +172,7 @@ def test_domain_clipping_is_honoured():
     assert isinstance(dom[0], np.ndarray) and dom[1] == 0.85
 
 
+@pytest.mark.graph
 def test_seed_reproduces_a_run_bit_for_bit(setup):
     model, _, x, y = setup
     kw = dict(eps=0.2, mode="max", population=64, generations=3, verbose=False)
@@ -352,6 +353,7 @@ def _whole_array_search(model, x, y, eps, population, generations, seed, memory_
     return dist, points
 
 
+@pytest.mark.graph
 @pytest.mark.parametrize("memory_budget", [None, 300])  # in memory; in a temporary file
 def test_chunked_populations_reproduce_the_whole_array_search_bit_for_bit(memory_budget,
                                                                           monkeypatch):

@@ -266,6 +266,7 @@ def test_precomputed_chunk_gradients_equal_the_single_chunk_gradient(config, mon
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6 * scale)
 
 
+@pytest.mark.graph
 def test_gradients_go_only_where_they_can_flow():
     model = _small_cnn()
     lin = keras_roll.linearize(model)

@@ -399,7 +399,7 @@ def test_fused_and_split_activations_agree():
 # --------------------------------------------------------------------------- bisection
 
 
-@pytest.mark.parametrize("which", ["mlp", "cnn"])
+@pytest.mark.parametrize("which", ["mlp", pytest.param("cnn", marks=pytest.mark.slow)])
 def test_bisection_agrees_with_analytic(which):
     rng = np.random.default_rng(11)
     if which == "mlp":

@@ -434,6 +434,12 @@ def test_resnet18_mixed_precision_has_a_float32_head(how):
     x = np.random.default_rng(0).uniform(0, 1, (2, 32, 32, 3)).astype("float32")
     out = model(x)
     assert out.dtype == tf.float32
-    if how == "argument":  # the twin of a float16 body (its guards: tests/test_soundness.py)
-        cert = keras_roll.certify(model, x, verbose=False, norms=(2,), rigor="float32")
-        assert cert.margins[2].shape == (2,) and np.all(cert.margins[2] >= 0)
+
+
+@pytest.mark.slow
+def test_resnet18_with_a_float16_body_is_certified():
+    """The twin of a float16 body certifies (its guards: tests/test_soundness.py)."""
+    model = resnet18(input_shape=(32, 32, 3), classes=5, dtype="mixed_float16")
+    x = np.random.default_rng(0).uniform(0, 1, (2, 32, 32, 3)).astype("float32")
+    cert = keras_roll.certify(model, x, verbose=False, norms=(2,), rigor="float32")
+    assert cert.margins[2].shape == (2,) and np.all(cert.margins[2] >= 0)

@@ -18,6 +18,8 @@ from keras_roll.robust.adversarial import lp_norm, predict_classes
 
 NORMS = (2, np.inf)
 
+pytestmark = pytest.mark.graph  # the methods' shared results: faster compiled
+
 
 def _blobs(n, seed):
     centres = np.random.default_rng(0).normal(0, 1.5, size=(3, 8))

@@ -288,7 +288,7 @@ def _sampled(model, x, copies, **kwargs):
     ("mlp", {"samples": 2}),
     ("mlp", {"samples": 3, "estimator": "gaussian"}),
     ("mlp", {"samples": 2, "estimator": "rademacher"}),
-    ("cnn", {"samples": 5}),
+    pytest.param("cnn", {"samples": 5}, marks=pytest.mark.slow),  # the mlp's twin
     ("cnn", {"samples": 3, "strata": "channel"}),
 ])
 def test_sampled_loss_is_unbiased(case, kwargs):
@@ -303,6 +303,7 @@ def test_sampled_loss_is_unbiased(case, kwargs):
     np.testing.assert_array_less(np.abs(mean - exact), 4 * se + 1e-6)
 
 
+@pytest.mark.graph
 @pytest.mark.parametrize("case,kwargs", [
     ("mlp", {"samples": 2}),
     ("cnn", {"samples": 3, "strata": "channel"}),
@@ -560,6 +561,7 @@ def test_chunked_loss_and_gradient_equal_single_chunk(kwargs):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6 * scale)
 
 
+@pytest.mark.graph
 def test_large_input_is_chunked_and_errors_point_to_samples():
     model = conv_net(299)
     x = _rng_x((2, 299, 299, 3))
@@ -873,6 +875,7 @@ def _train_toy(lam, x, y, epochs, callbacks=()):
 TOY_NEURONS = ["d0", "d1", "d2"]
 
 
+@pytest.mark.graph
 def test_roll_training_enlarges_margins_on_two_moons():
     x, y = moons(200, seed=0)
     plain, h0 = _train_toy(0.0, x, y, epochs=15)

@@ -272,6 +272,7 @@ def test_wrt_is_stored_in_the_config_and_survives_save_load(tmp_path):
         roll.roll_loss(model, x, wrt="norm", samples=3, seed=1).numpy(), rtol=1e-6)
 
 
+@pytest.mark.graph
 def test_wrt_under_tf_function_with_a_dynamic_batch():
     model = image_net("normalize")
     x = _x((3, 6, 6, 3))

@@ -202,6 +202,7 @@ class _Orthogonality(keras.callbacks.Callback):
             self.errors.append(orthogonality_error(self.layer.recurrent_matrix().numpy()))
 
 
+@pytest.mark.graph
 @pytest.mark.parametrize("lr", [1e-3, 0.1])
 def test_w_stays_orthogonal_through_amsgrad_training(lr):
     model = scornn_classifier((8, 4), units=16, classes=2, num_negative_ones=3,
