@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.keras_internals import call_layer
@@ -69,8 +70,33 @@ class Tangent:
         return Tangent(self.value * mask[:, None], shared=False)
 
 
+def static_dims(t: tf.Tensor, start: int):
+    """The static sizes of axes `start ..` of `t` as ints, or None if one is unknown.
+
+    Reshapes built from them need no shape arithmetic in the graph (or eagerly)."""
+    dims = t.shape[start:]
+    return dims.as_list() if dims.is_fully_defined() else None
+
+
+def _flat(t: tf.Tensor, lead: int):
+    """`t` reshaped to its first `lead` axes and the product of the others, from static
+    sizes (at most one unknown leading axis, and no empty trailing axis), else None."""
+    rest = static_dims(t, lead)
+    if rest is None:
+        return None
+    n = int(np.prod(rest))
+    head = [-1 if d is None else d for d in t.shape[:lead].as_list()]
+    if head.count(-1) > 1 or (n == 0 and -1 in head):
+        return None
+    return tf.reshape(t, [*head, n])
+
+
 def merge_batch(t: tf.Tensor) -> tf.Tensor:
     """`[B, K, *shape]` -> `[B * K, *shape]`."""
+    rest = static_dims(t, 2)
+    if rest is not None and int(np.prod(rest)) > 0:
+        b, k = t.shape[:2].as_list()
+        return tf.reshape(t, [b * k if b is not None and k is not None else -1, *rest])
     shape = tf.shape(t)
     return tf.reshape(t, tf.concat([[shape[0] * shape[1]], shape[2:]], axis=0))
 
@@ -83,12 +109,18 @@ def split_batch(t: tf.Tensor, batch_size) -> tf.Tensor:
 
 def flatten_directions(t: tf.Tensor) -> tf.Tensor:
     """`[B, K, *shape]` -> `[B, K, prod(shape)]` (well defined for an empty batch)."""
+    flat = _flat(t, 2)
+    if flat is not None:
+        return flat
     shape = tf.shape(t)
     return tf.reshape(t, tf.stack([shape[0], shape[1], tf.reduce_prod(shape[2:])]))
 
 
 def flatten_examples(t: tf.Tensor) -> tf.Tensor:
     """`[B, *shape]` -> `[B, prod(shape)]` (well defined for an empty batch)."""
+    flat = _flat(t, 1)
+    if flat is not None:
+        return flat
     shape = tf.shape(t)
     return tf.reshape(t, tf.stack([shape[0], tf.reduce_prod(shape[1:])]))
 

@@ -19,6 +19,7 @@ import dataclasses
 import enum
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.records import Record
@@ -30,6 +31,7 @@ from keras_roll.compile.rules.base import (
     flatten_examples,
     merge_batch,
     split_batch,
+    static_dims,
 )
 from keras_roll.compile.rules.registry import register_rule
 from keras_roll.errors import UnsupportedModelError
@@ -164,9 +166,13 @@ def _check_channels_last(layer):
 def _patches_2d(x, size, strides, padding):
     p = tf.image.extract_patches(x, sizes=[1, *size, 1], strides=[1, *strides, 1],
                                  rates=[1, 1, 1, 1], padding=padding.upper())
+    w = size[0] * size[1]
+    c = x.shape[-1]
+    dims = static_dims(p, 1)
+    if c is not None and dims is not None and int(np.prod(dims)) > 0:
+        return tf.reshape(p, [-1 if p.shape[0] is None else p.shape[0], *dims[:2], w, c])
     shape = tf.shape(p)
     c = tf.shape(x)[-1]
-    w = size[0] * size[1]
     return tf.reshape(p, tf.stack([shape[0], shape[1], shape[2], w, c]))
 
 
