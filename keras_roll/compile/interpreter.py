@@ -34,11 +34,12 @@ import dataclasses
 from typing import Any, NamedTuple
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.graph import Program, Step
 from keras_roll.compile.records import Record
-from keras_roll.compile.rules.base import Neurons, Op, Tangent
+from keras_roll.compile.rules.base import Neurons, Op, Tangent, static_dims
 
 __all__ = [
     "ForwardPass",
@@ -211,8 +212,15 @@ class PrimalTransform(Transform):
         self.batch = tf.maximum(tf.shape(x)[0], 1)
         self.steps: list[StepRecord] = []
         self.neurons: list[Neurons] = []
-        self.tangent_size = tf.constant(0, tf.int64)
+        self.static_size = 0  # tangent elements of outputs of static shape
+        self.dynamic_size = None  # the others, an int64 tensor
         self._records: list = []
+
+    @property
+    def tangent_size(self) -> tf.Tensor:
+        """Per-example, per-direction tangent elements of every op output (int64)."""
+        size = tf.constant(self.static_size, tf.int64)
+        return size if self.dynamic_size is None else size + self.dynamic_size
 
     def enter_step(self, step, inputs, record):
         self._records = []
@@ -224,7 +232,12 @@ class PrimalTransform(Transform):
         self._records.append(rec)
         if op.owns_neurons:
             self.neurons.append(op.neurons(rec))
-        self.tangent_size += tf.cast(tf.size(out) // self.batch, tf.int64)
+        per = static_dims(out, 1)
+        if per is not None:
+            self.static_size += int(np.prod(per))
+        else:
+            size = tf.cast(tf.size(out) // self.batch, tf.int64)
+            self.dynamic_size = size if self.dynamic_size is None else self.dynamic_size + size
         return out
 
     def leave_step(self, step, inputs, output, in_masks):
