@@ -7,9 +7,9 @@ traced, under 2 s eagerly), so the default suite runs `tf.function`s eagerly
 (`tf.config.run_functions_eagerly`): the same Python code and arithmetic, without
 the graphs. Tests whose subject is the compiled graph (retracing, input signatures,
 loops planned in the graph, training steps) or that run faster compiled carry
-`@pytest.mark.graph` (or a module-level `pytestmark`), and
-`KERAS_ROLL_TEST_GRAPH=1` (`make test-all`) compiles every function, as users run
-them.
+`@pytest.mark.graph` (or a module-level `pytestmark`); tests marked `slow` run
+compiled too, and `KERAS_ROLL_TEST_GRAPH=1` (`make test-all`) compiles every
+function, as users run them.
 
 `--cpu-durations=N` reports the N tests that used the most CPU time (their setup,
 call and teardown together).
@@ -44,8 +44,8 @@ def pytest_configure(config):
 
 def _compiled(node) -> bool:
     """Whether `node` (a module or a test) runs its tf.functions as graphs."""
-    return os.environ.get("KERAS_ROLL_TEST_GRAPH", "0") not in ("", "0") or \
-        node.get_closest_marker("graph") is not None
+    return os.environ.get("KERAS_ROLL_TEST_GRAPH", "0") not in ("", "0") or any(
+        node.get_closest_marker(m) is not None for m in ("graph", "slow"))
 
 
 @pytest.fixture(scope="module", autouse=True)
