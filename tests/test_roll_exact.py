@@ -80,6 +80,20 @@ def _assert_same(a, b, rtol=1e-6):
         np.testing.assert_allclose(u, v, rtol=10 * rtol, atol=rtol * scale)
 
 
+def _compiled_step(lin, config, shape):
+    """A compiled training step: `(mean ROLL loss, its gradients)` for inputs of `shape`
+    (None: a dynamic axis)."""
+    variables = lin.model.trainable_variables
+
+    def run(xb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(roll.loss_from_config(lin, xb, config,
+                                                        precompute_gradient=True))
+        return loss, tape.gradient(loss, variables)
+
+    return tf.function(run, input_signature=[tf.TensorSpec(shape)], autograph=False)
+
+
 @pytest.mark.parametrize("first, fused, wrt", [
     ((), False, None),
     (("norm",), True, None),
@@ -132,16 +146,9 @@ def test_chunked_and_training_steps_equal_one_chunk(gamma):
     assert plan.directions == H and plan.chunks == 1
     chunked = keras_roll.linearize(model, memory_budget=-(-H // 3) * plan.bytes_per_direction)
     assert roll.memory_plan(chunked, x).chunks == 3
-    variables = model.trainable_variables
 
     def step(lin, gamma):
-        def run(xb):
-            with tf.GradientTape() as tape:
-                config = RollConfig(C=0.5, gamma=gamma)
-                loss = tf.reduce_mean(roll.loss_from_config(lin, xb, config,
-                                                            precompute_gradient=True))
-            return loss, tape.gradient(loss, variables)
-        return tf.function(run, input_signature=[tf.TensorSpec([None, D])], autograph=False)
+        return _compiled_step(lin, RollConfig(C=0.5, gamma=gamma), [None, D])
 
     (la, ga), (lb, gb) = step(whole, gamma)(x), step(chunked, gamma)(x)
     np.testing.assert_allclose(lb.numpy(), la.numpy(), rtol=1e-6)
@@ -269,17 +276,10 @@ def test_packed_rows_in_chunks_and_in_a_training_graph(sequences, gamma):
     plan = roll.memory_plan(whole, x, skip_padded_steps=True)
     chunked = keras_roll.linearize(model, memory_budget=7 * plan.bytes_per_direction)
     assert roll.memory_plan(chunked, x, skip_padded_steps=True).chunks > 3
-    variables = model.trainable_variables
 
     def step(lin, gamma):
-        def run(xb):
-            with tf.GradientTape() as tape:
-                config = RollConfig(C=0.5, gamma=gamma, skip_padded_steps=True)
-                loss = tf.reduce_mean(roll.loss_from_config(lin, xb, config,
-                                                            precompute_gradient=True))
-            return loss, tape.gradient(loss, variables)
-        return tf.function(run, input_signature=[tf.TensorSpec([None, *x.shape[1:]])],
-                           autograph=False)
+        config = RollConfig(C=0.5, gamma=gamma, skip_padded_steps=True)
+        return _compiled_step(lin, config, [None, *x.shape[1:]])
 
     ref = _loss_and_grads(model, x, C=0.5, gamma=gamma, fewest_directions=False)
     loss, grads = step(chunked, gamma)(x)
@@ -301,13 +301,7 @@ def test_packed_rows_under_a_fixed_input_signature():
     lin = keras_roll.linearize(model)
 
     def step(skip):
-        def run(xb):
-            with tf.GradientTape() as tape:
-                config = RollConfig(C=1.0, skip_padded_steps=skip)
-                loss = tf.reduce_mean(roll.loss_from_config(lin, xb, config,
-                                                            precompute_gradient=True))
-            return loss, tape.gradient(loss, variables)
-        return tf.function(run, input_signature=[tf.TensorSpec(x.shape)], autograph=False)
+        return _compiled_step(lin, RollConfig(C=1.0, skip_padded_steps=skip), x.shape)
 
     def arrays(loss, grads):
         return loss.numpy(), [np.zeros(v.shape) if g is None else g.numpy()

@@ -135,7 +135,9 @@ class _GroupSearch:
         self.streams = [streams[e] for e in ex]
         self.store = PopulationStore(self.g, population, self.d, self.dtype, in_memory)
         self.cur = 0  # the slot of the current population
-        self.block = max(1, run.chunk)
+        self.block = max(1, run.chunk)  # rows per evaluation, as the whole-array search
+        # rows per breeding step: all of them in memory, evaluation chunks in a file
+        self.breed_block = population if in_memory else self.block
 
     def _evaluate(self, slot: int, first_row: int, per_example: int):
         """Evaluates rows `first_row ..` of every example in `slot`, example-major, in
@@ -178,40 +180,27 @@ class _GroupSearch:
             i = rng.integers(0, self.keep, size=self.children)
             j = rng.integers(0, self.keep, size=self.children)
             a = rng.uniform(*CROSSOVER, size=(self.children, 1)).astype(self.dtype)
-            if self.store.arrays is not None:
-                self._breed_in_memory(e, order[e], nxt, i, j, a)
-            else:
-                self._breed_in_chunks(e, order[e], nxt, i, j, a)
+            self._breed(e, order[e], nxt, i, j, a)
         k_score, k_flip = self._evaluate(nxt, self.keep, self.children)
         self.n_flip += k_flip.sum(axis=1)
         self.cur = nxt
         self.score = np.concatenate([self.score, k_score], axis=1)
         self.flip = np.concatenate([self.flip, k_flip], axis=1)
 
-    def _breed_in_memory(self, e, order, nxt, i, j, a):
-        """Survivors `order` of example `e` and their children, written to slot `nxt`
-        in place (whole arrays, no copies beyond the parents' rows)."""
-        new = self.store.arrays[nxt][e]
-        survivors, kids = new[:self.keep], new[self.keep:]
-        np.take(self.store.arrays[self.cur][e], order, axis=0, out=survivors)
-        other = survivors[j]
-        np.subtract(survivors[i], other, out=kids)  # a c + (1 - a) c' = c' + a (c - c')
-        kids *= a
-        kids += other
-        np.clip(kids, self.low[e], self.high[e], out=kids)  # projection onto the box
-
-    def _breed_in_chunks(self, e, order, nxt, i, j, a):
-        """`_breed_in_memory` on a file store, in chunks of rows: the same arithmetic."""
-        for r0 in range(0, self.keep, self.block):
-            self.store.write(nxt, e, r0, self.store.read(self.cur, e, order[r0:r0 + self.block]))
-        for c0 in range(0, self.children, self.block):
-            sl = slice(c0, c0 + self.block)
+    def _breed(self, e, order, nxt, i, j, a):
+        """Survivors `order` of example `e` and their children, written to slot `nxt` in
+        chunks of `breed_block` rows (elementwise: the chunking changes no number)."""
+        block = self.breed_block
+        for r0 in range(0, self.keep, block):
+            self.store.write(nxt, e, r0, self.store.read(self.cur, e, order[r0:r0 + block]))
+        for c0 in range(0, self.children, block):
+            sl = slice(c0, c0 + block)
             other = self.store.read(nxt, e, j[sl])
             kids = self.store.read(nxt, e, i[sl])
-            np.subtract(kids, other, out=kids)
+            np.subtract(kids, other, out=kids)  # a c + (1 - a) c' = c' + a (c - c')
             kids *= a[sl]
             kids += other
-            np.clip(kids, self.low[e], self.high[e], out=kids)
+            np.clip(kids, self.low[e], self.high[e], out=kids)  # projection onto the box
             self.store.write(nxt, e, self.keep + c0, kids)
 
     def result(self, generations):
