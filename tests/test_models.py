@@ -384,6 +384,7 @@ def test_resnet18_max_pool_stem_twin_matches_forward_mode_autodiff():
     _check_twin_against_forward_mode_autodiff(model)
 
 
+@pytest.mark.slow  # sampled ROLL on small CNNs: test_roll.py; this twin: the test above
 def test_resnet18_sampled_roll_loss_and_gradients(small_resnet):
     model = small_resnet
     x = np.random.default_rng(5).uniform(size=(2, 32, 32, 3)).astype(np.float32)

@@ -288,7 +288,7 @@ def test_packed_rows_in_chunks_and_in_a_training_graph(sequences, gamma):
         np.testing.assert_allclose(g.numpy(), r, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.graph
+@pytest.mark.slow  # ~18 s of tracing; packed rows in a training graph: the test above
 def test_packed_rows_under_a_fixed_input_signature():
     """A training graph with a fixed batch size and a model with a variable time axis:
     the loops over chunks of packed rows keep their shapes, with the loss and gradients
