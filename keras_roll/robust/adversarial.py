@@ -17,7 +17,10 @@ pt, dist = confirm(model, x, u, t, pred, p=2)       # NaN rows where no push wor
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
+import tensorflow as tf
 
 __all__ = ["FLIP_GAP", "PUSHES", "clearly_other", "confirm", "lp_norm", "model_outputs",
            "predict_classes"]
@@ -30,15 +33,29 @@ PUSHES = tuple(2.0**-k for k in (22, 20, 18, 16, 14, 12, 10, 8, 5, 2))
 # back to the old class.
 FLIP_GAP = 2.0**-20
 PREDICT_BATCH = 1024
+_PREDICT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _predict_fn(model):
+    """`model(x, training=False)` compiled once per model (any batch size): the
+    searches evaluate many small batches, where an eager call of a functional model
+    costs tens of milliseconds of Python."""
+    fn = _PREDICT.get(model)
+    if fn is None:
+        fn = tf.function(lambda x: model(x, training=False), reduce_retracing=True,
+                         autograph=False)
+        _PREDICT[model] = fn
+    return fn
 
 
 def model_outputs(model, x: np.ndarray) -> np.ndarray:
     """`[B, L]` float64: the Keras model's outputs, computed in its input dtype, in batches."""
     x = np.asarray(x)
     dtype = model.inputs[0].dtype if getattr(model, "inputs", None) else "float32"
+    fn = _predict_fn(model)
     out = []
     for i in range(0, x.shape[0], PREDICT_BATCH):
-        y = model(x[i:i + PREDICT_BATCH].astype(dtype), training=False)
+        y = fn(tf.constant(x[i:i + PREDICT_BATCH].astype(dtype)))
         out.append(np.asarray(y, np.float64).reshape(y.shape[0], -1))
     return np.concatenate(out) if out else np.zeros((0, 0))
 
