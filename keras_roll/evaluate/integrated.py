@@ -207,11 +207,12 @@ def riemann_points(steps: int, rule: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _riemann_fn(engine):
     """Compiled: the weighted sums `[m, D]` float64 of the gradients at the points
-    `base + t (x - base)` of `m` examples (all in the graph, one call per chunk)."""
+    `base + t (x - base)` of `m` examples, `size` points of each per gradient call,
+    the blocks looped over in the graph (one call per group of examples)."""
     fn = _RIEMANN.get(engine)
     if fn is None:
 
-        def riemann(x, base, t, w, weights):
+        def block(x, base, t, w, weights):
             m, k = tf.shape(x)[0], tf.shape(t)[0]
             rank = len(x.shape) - 1
             alpha = tf.reshape(tf.cast(t, x.dtype), [1, -1] + [1] * rank)
@@ -220,6 +221,19 @@ def _riemann_fn(engine):
             grad, _ = engine.objective_gradient(pts, tf.repeat(weights, k, axis=0))
             grad = tf.reshape(tf.cast(grad, tf.float64), tf.stack([m, k, -1]))
             return tf.einsum("mkd,k->md", grad, w)
+
+        def riemann(x, base, t, w, weights, size):
+            d = int(np.prod(x.shape[1:]))
+            steps = tf.shape(t)[0]
+
+            def body(i, acc):
+                sl = slice(i * size, tf.minimum((i + 1) * size, steps))
+                return i + 1, acc + block(x, base, t[sl], w[sl], weights)
+
+            acc = tf.zeros(tf.stack([tf.shape(x)[0], d]), tf.float64)
+            acc = tf.ensure_shape(acc, [None, d])
+            _, acc = tf.while_loop(lambda i, _: i * size < steps, body, (0, acc))
+            return acc
 
         fn = _RIEMANN[engine] = tf.function(riemann, reduce_retracing=True, autograph=False)
     return fn
@@ -232,22 +246,15 @@ def _riemann(engine, x, base, weights, steps, rule, budget, bar):
     fn = _riemann_fn(engine)
     weights = weights.astype(engine.dtype)
     total = np.zeros((n, int(np.prod(x.shape[1:]))))
-    if steps <= chunk:
-        group = max(1, chunk // steps)
-        for e0 in range(0, n, group):
-            sl = slice(e0, e0 + group)
-            total[sl] = fn(tf.constant(x[sl]), tf.constant(base[sl]), tf.constant(t),
-                           tf.constant(w), tf.constant(weights[sl])).numpy()
-            bar.update(x[sl].shape[0])
-    else:
-        blocks = -(-steps // chunk)
-        size = -(-steps // blocks)
-        for e in range(n):
-            sl = slice(e, e + 1)
-            for b0 in range(0, steps, size):
-                total[e] += fn(tf.constant(x[sl]), tf.constant(base[sl]),
-                               tf.constant(t[b0:b0 + size]), tf.constant(w[b0:b0 + size]),
-                               tf.constant(weights[sl])).numpy()[0]
-            bar.update(1)
+    if steps <= chunk:  # several examples per gradient call
+        group, size = max(1, chunk // steps), steps
+    else:  # one example per call, its points in balanced blocks
+        group, size = 1, -(-steps // -(-steps // chunk))
+    t, w, size = tf.constant(t), tf.constant(w), tf.constant(size)
+    for e0 in range(0, n, group):
+        sl = slice(e0, e0 + group)
+        total[sl] = fn(tf.constant(x[sl]), tf.constant(base[sl]), t, w,
+                       tf.constant(weights[sl]), size).numpy()
+        bar.update(x[sl].shape[0])
     diff = x.reshape(n, -1).astype(np.float64) - base.reshape(n, -1).astype(np.float64)
     return (diff * total).reshape(x.shape)
