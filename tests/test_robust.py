@@ -6,7 +6,9 @@ change its prediction, adversarial points do) and the methods against each other
 """
 
 import dataclasses
+import gc
 import warnings
+import weakref
 
 import keras
 import numpy as np
@@ -14,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
-from keras_roll.robust.adversarial import lp_norm, predict_classes
+from keras_roll.robust.adversarial import lp_norm, model_outputs, predict_classes
 
 NORMS = (2, np.inf)
 
@@ -241,3 +243,19 @@ def test_summary_counts_exact_among_correctly_classified(results):
     text = "\n".join(lines)
     assert "l2: exact 0% of the correctly classified" in text, text
     assert "misclassified inputs have radius 0" in text
+
+
+def test_model_outputs_are_the_models_and_its_cache_lets_the_model_go():
+    """Adversarial points are checked by the model compiled once per model; the compiled
+    function matches `model(x)` at any batch size and does not keep the model alive."""
+    keras.utils.set_random_seed(2)
+    inp = keras.Input((5,))
+    model = keras.Model(inp, keras.layers.Dense(3, activation="softmax")(
+        keras.layers.Dense(4, activation="relu")(inp)))
+    for n in (1, 7):
+        x = np.random.default_rng(n).normal(size=(n, 5)).astype(np.float32)
+        np.testing.assert_allclose(model_outputs(model, x), model(x).numpy(), rtol=1e-6)
+    ref = weakref.ref(model)
+    del model, inp
+    gc.collect()
+    assert ref() is None

@@ -42,7 +42,8 @@ def _predict_fn(model):
     costs tens of milliseconds of Python."""
     fn = _PREDICT.get(model)
     if fn is None:
-        fn = tf.function(lambda x: model(x, training=False), reduce_retracing=True,
+        ref = weakref.ref(model)  # the cache must not keep the model alive
+        fn = tf.function(lambda x: ref()(x, training=False), reduce_retracing=True,
                          autograph=False)
         _PREDICT[model] = fn
     return fn
