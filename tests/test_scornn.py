@@ -203,7 +203,7 @@ class _Orthogonality(keras.callbacks.Callback):
 
 
 @pytest.mark.graph
-@pytest.mark.parametrize("lr", [1e-3, 0.1])
+@pytest.mark.parametrize("lr", [pytest.param(1e-3, marks=pytest.mark.slow), 0.1])
 def test_w_stays_orthogonal_through_amsgrad_training(lr):
     model = scornn_classifier((8, 4), units=16, classes=2, num_negative_ones=3,
                               mask_value=None, seed=0)
