@@ -37,6 +37,7 @@ import tensorflow as tf
 from keras_roll import inputs
 from keras_roll.compile import streaming
 from keras_roll.compile.autotune import axis_budget
+from keras_roll.compile.caches import cached
 from keras_roll.compile.graph import Program, build_program
 from keras_roll.compile.interpreter import JVP, ForwardPass, Interpreter, Trace
 from keras_roll.compile.layout import NeuronLayout
@@ -117,17 +118,8 @@ def linearize(model: ModelOrTwin, memory_budget: int | str | None = "auto") -> L
     budget = fixed_budget(memory_budget)
     # One twin per (model, budget), kept on the model itself: repeated calls such as
     # certify(model, x) reuse its compiled functions instead of tracing them again.
-    cache = getattr(model, "_keras_roll_twins", None)
-    if cache is None:
-        cache = {}
-        try:  # bypass Keras attribute tracking: the twin is not part of the model
-            object.__setattr__(model, "_keras_roll_twins", cache)
-        except AttributeError:
-            pass
     key = "auto" if budget is None else budget
-    if key not in cache:
-        cache[key] = Linearized(model, memory_budget=memory_budget)
-    return cache[key]
+    return cached(model, ("twin", key), lambda: Linearized(model, memory_budget=memory_budget))
 
 
 def twin_budget(memory_budget) -> int:

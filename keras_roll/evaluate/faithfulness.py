@@ -31,11 +31,11 @@ f.curves["deletion"]             # [B, steps + 1] scores along the curve
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
 import numpy as np
 import tensorflow as tf
 
+from keras_roll.compile.caches import cached
 from keras_roll.compile.twin import Linearized, unwrap
 from keras_roll.evaluate.gradients import check_count
 from keras_roll.evaluate.tape_gradients import gradient_engine
@@ -51,7 +51,6 @@ __all__ = ["METRICS", "Faithfulness", "faithfulness"]
 
 METRICS = ("deletion", "insertion", "mufidelity")
 _BETTER = {"deletion": "lower", "insertion": "higher", "mufidelity": "higher"}
-_FORWARD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(repr=False)
@@ -238,11 +237,9 @@ class _Scorer:
         self.engine, self.budget = engine, budget
         self.model = model.model if isinstance(model, Linearized) else unwrap(model)
         self.use_logits = score == "logit"
-        self.fn = _FORWARD.get(self.model)
-        if self.fn is None:
-            keras_model = self.model
-            self.fn = _FORWARD[keras_model] = tf.function(lambda p: keras_model(p),
-                                                          reduce_retracing=True)
+        keras_model = self.model
+        self.fn = cached(keras_model, ("forward",), lambda: tf.function(
+            lambda p: keras_model(p), reduce_retracing=True))
 
     def __call__(self, points: np.ndarray, weights: np.ndarray) -> np.ndarray:
         if self.use_logits:

@@ -17,12 +17,12 @@ argument checks shared by `keras_roll.evaluate` and `keras_roll.evaluate.distort
 from __future__ import annotations
 
 import numbers
-import weakref
 from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
+from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_directions
 from keras_roll.compile.twin import Linearized, linearize
 from keras_roll.evaluate.targets import class_labels
@@ -57,8 +57,6 @@ BUDGET_FACTOR = 0.5
 SNAP = 1e-3
 
 _UNBOUNDED = 2**62  # "as many points as fit"
-
-_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class Reference(NamedTuple):
@@ -125,10 +123,7 @@ class LogitGradients:
     def of(cls, model) -> LogitGradients:
         """The (cached) engine of a Keras model or `Linearized`."""
         lin = model if isinstance(model, Linearized) else linearize(model)
-        engine = _ENGINES.get(lin)
-        if engine is None:
-            engine = _ENGINES[lin] = cls(lin)
-        return engine
+        return cached(lin, ("engine", cls), lambda: cls(lin))
 
     # ------------------------------------------------------------------ sizes
 

@@ -16,11 +16,11 @@ differentiable model. See docs/design.md, section "Exact integrated gradients".
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
 import numpy as np
 import tensorflow as tf
 
+from keras_roll.compile.caches import cached
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.evaluate.gradients import check_count
 from keras_roll.evaluate.path_walk import exact_walk
@@ -32,7 +32,6 @@ __all__ = ["RULES", "IntegratedGradients", "integrated_gradients", "riemann_poin
 
 DEFAULT_MAX_REGIONS = 100_000
 RULES = ("right", "left", "midpoint", "trapezoid")
-_RIEMANN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(repr=False)
@@ -209,34 +208,34 @@ def _riemann_fn(engine):
     """Compiled: the weighted sums `[m, D]` float64 of the gradients at the points
     `base + t (x - base)` of `m` examples, `size` points of each per gradient call,
     the blocks looped over in the graph (one call per group of examples)."""
-    fn = _RIEMANN.get(engine)
-    if fn is None:
+    return cached(engine, ("riemann",), lambda: _compile_riemann(engine))
 
-        def block(x, base, t, w, weights):
-            m, k = tf.shape(x)[0], tf.shape(t)[0]
-            rank = len(x.shape) - 1
-            alpha = tf.reshape(tf.cast(t, x.dtype), [1, -1] + [1] * rank)
-            pts = base[:, None] + alpha * (x - base)[:, None]
-            pts = tf.reshape(pts, tf.concat([[m * k], tf.shape(x)[1:]], 0))
-            grad, _ = engine.objective_gradient(pts, tf.repeat(weights, k, axis=0))
-            grad = tf.reshape(tf.cast(grad, tf.float64), tf.stack([m, k, -1]))
-            return tf.einsum("mkd,k->md", grad, w)
 
-        def riemann(x, base, t, w, weights, size):
-            d = int(np.prod(x.shape[1:]))
-            steps = tf.shape(t)[0]
+def _compile_riemann(engine):
+    def block(x, base, t, w, weights):
+        m, k = tf.shape(x)[0], tf.shape(t)[0]
+        rank = len(x.shape) - 1
+        alpha = tf.reshape(tf.cast(t, x.dtype), [1, -1] + [1] * rank)
+        pts = base[:, None] + alpha * (x - base)[:, None]
+        pts = tf.reshape(pts, tf.concat([[m * k], tf.shape(x)[1:]], 0))
+        grad, _ = engine.objective_gradient(pts, tf.repeat(weights, k, axis=0))
+        grad = tf.reshape(tf.cast(grad, tf.float64), tf.stack([m, k, -1]))
+        return tf.einsum("mkd,k->md", grad, w)
 
-            def body(i, acc):
-                sl = slice(i * size, tf.minimum((i + 1) * size, steps))
-                return i + 1, acc + block(x, base, t[sl], w[sl], weights)
+    def riemann(x, base, t, w, weights, size):
+        d = int(np.prod(x.shape[1:]))
+        steps = tf.shape(t)[0]
 
-            acc = tf.zeros(tf.stack([tf.shape(x)[0], d]), tf.float64)
-            acc = tf.ensure_shape(acc, [None, d])
-            _, acc = tf.while_loop(lambda i, _: i * size < steps, body, (0, acc))
-            return acc
+        def body(i, acc):
+            sl = slice(i * size, tf.minimum((i + 1) * size, steps))
+            return i + 1, acc + block(x, base, t[sl], w[sl], weights)
 
-        fn = _RIEMANN[engine] = tf.function(riemann, reduce_retracing=True, autograph=False)
-    return fn
+        acc = tf.zeros(tf.stack([tf.shape(x)[0], d]), tf.float64)
+        acc = tf.ensure_shape(acc, [None, d])
+        _, acc = tf.while_loop(lambda i, _: i * size < steps, body, (0, acc))
+        return acc
+
+    return tf.function(riemann, reduce_retracing=True, autograph=False)
 
 
 def _riemann(engine, x, base, weights, steps, rule, budget, bar):

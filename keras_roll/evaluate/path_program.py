@@ -27,11 +27,10 @@ grad_x = twin.pull_back(weighted_grad_u)   # [n, *input_shape]
 
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 import tensorflow as tf
 
+from keras_roll.compile.caches import cached
 from keras_roll.compile.interpreter import (
     PrimalTransform,
     TangentTransform,
@@ -42,7 +41,6 @@ from keras_roll.compile.rules import NO_RECORD, Activation, Tangent
 
 __all__ = ["HYPERPLANE_EPSILONS", "PathTwin", "first_crossings", "in_hyperplanes"]
 
-_TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _KEY_RANGE = 2**20  # pattern keys: integer weights below this, sums exact in float64
 HYPERPLANE_EPSILONS = 2**12  # within this many epsilons of the unit's scale: in the plane
 
@@ -129,10 +127,7 @@ class PathTwin:
 
     @classmethod
     def of(cls, engine) -> PathTwin:
-        twin = _TWINS.get(engine)
-        if twin is None:
-            twin = _TWINS[engine] = cls(engine)
-        return twin
+        return cached(engine, ("path_twin", cls), lambda: cls(engine))
 
     @property
     def hoists_first_unit(self) -> bool:

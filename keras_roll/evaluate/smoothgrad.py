@@ -22,11 +22,11 @@ res.certified_fraction            # [B] P(||e||_2 < certified l2 radius)
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
 import numpy as np
 import tensorflow as tf
 
+from keras_roll.compile.caches import cached
 from keras_roll.evaluate.gradients import check_count, same_pattern
 from keras_roll.evaluate.saliency import LazyRadius, target_gradients
 from keras_roll.evaluate.targets import check_scalar
@@ -34,7 +34,6 @@ from keras_roll.options import RunOptions, check_seed, fixed_budget
 
 __all__ = ["SmoothGrad", "smoothgrad"]
 
-_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(repr=False)
@@ -166,24 +165,25 @@ def smoothgrad(model, x, y=None, noise: float = 0.15, samples: int = 50,
 def _function(engine):
     """Compiled: per-example sums of the differences to the gradient at `x` and of
     their squares (float64), and how many points keep their example's pattern."""
-    fn = _FUNCTIONS.get(engine)
-    if fn is None:
-        linear = engine.piecewise_linear
+    return cached(engine, ("smoothgrad",), lambda: _compile_sums(engine))
 
-        def sums(points, weights, owner, groups, ref_grad, ref_piece, ref_valid):
-            if linear:
-                grad, _, neurons = engine.objective_gradient(points, weights, neurons=True)
-                same = tf.cast(same_pattern(neurons, owner, ref_piece, ref_valid), tf.float64)
-            else:
-                grad, _ = engine.objective_gradient(points, weights)
-                same = tf.zeros(tf.shape(owner), tf.float64)
-            g = tf.cast(tf.reshape(grad, tf.stack([tf.shape(points)[0], -1])), tf.float64)
-            g -= tf.gather(ref_grad, owner)  # shifted by the gradient at x: exact variances
-            seg = lambda v: tf.math.unsorted_segment_sum(v, owner, groups)  # noqa: E731
-            return seg(g), seg(g * g), seg(same)
 
-        fn = _FUNCTIONS[engine] = tf.function(sums, reduce_retracing=True, autograph=False)
-    return fn
+def _compile_sums(engine):
+    linear = engine.piecewise_linear
+
+    def sums(points, weights, owner, groups, ref_grad, ref_piece, ref_valid):
+        if linear:
+            grad, _, neurons = engine.objective_gradient(points, weights, neurons=True)
+            same = tf.cast(same_pattern(neurons, owner, ref_piece, ref_valid), tf.float64)
+        else:
+            grad, _ = engine.objective_gradient(points, weights)
+            same = tf.zeros(tf.shape(owner), tf.float64)
+        g = tf.cast(tf.reshape(grad, tf.stack([tf.shape(points)[0], -1])), tf.float64)
+        g -= tf.gather(ref_grad, owner)  # shifted by the gradient at x: exact variances
+        seg = lambda v: tf.math.unsorted_segment_sum(v, owner, groups)  # noqa: E731
+        return seg(g), seg(g * g), seg(same)
+
+    return tf.function(sums, reduce_retracing=True, autograph=False)
 
 
 def _noisy_gradients(engine, x, grad, weights, sigma, samples, streams, budget, bar):

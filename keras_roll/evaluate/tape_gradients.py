@@ -22,12 +22,11 @@ grad, logits = engine.weighted_gradients(x, weights)
 
 from __future__ import annotations
 
-import weakref
-
 import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_directions
 from keras_roll.compile.twin import Linearized, unwrap
 from keras_roll.errors import UnsupportedModelError
@@ -45,7 +44,6 @@ NOT_PIECEWISE_LINEAR = (
     "the Keras model, and no certified radius or exact integral exists for it")
 _DEFAULT_BUDGET = 2**28  # bytes of live tensors per compiled chunk
 _LINKS = ("softmax", "sigmoid")
-_TAPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def gradient_engine(model, need_linear: bool = False):
@@ -62,10 +60,7 @@ def gradient_engine(model, need_linear: bool = False):
         if need_linear or isinstance(model, Linearized):
             raise
     model = unwrap(model)
-    engine = _TAPES.get(model)
-    if engine is None:
-        engine = _TAPES[model] = TapeGradients(model)
-    return engine
+    return cached(model, ("engine", TapeGradients), lambda: TapeGradients(model))
 
 
 def _why_not_linear(model) -> str:

@@ -17,10 +17,10 @@ pt, dist = confirm(model, x, u, t, pred, p=2)       # NaN rows where no push wor
 
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 import tensorflow as tf
+
+from keras_roll.compile.caches import cached
 
 __all__ = ["FLIP_GAP", "PUSHES", "clearly_other", "confirm", "lp_norm", "model_outputs",
            "predict_classes"]
@@ -33,20 +33,14 @@ PUSHES = tuple(2.0**-k for k in (22, 20, 18, 16, 14, 12, 10, 8, 5, 2))
 # back to the old class.
 FLIP_GAP = 2.0**-20
 PREDICT_BATCH = 1024
-_PREDICT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _predict_fn(model):
     """`model(x, training=False)` compiled once per model (any batch size): the
     searches evaluate many small batches, where an eager call of a functional model
     costs tens of milliseconds of Python."""
-    fn = _PREDICT.get(model)
-    if fn is None:
-        ref = weakref.ref(model)  # the cache must not keep the model alive
-        fn = tf.function(lambda x: ref()(x, training=False), reduce_retracing=True,
-                         autograph=False)
-        _PREDICT[model] = fn
-    return fn
+    return cached(model, ("predict",), lambda: tf.function(
+        lambda x: model(x, training=False), reduce_retracing=True, autograph=False))
 
 
 def model_outputs(model, x: np.ndarray) -> np.ndarray:

@@ -22,7 +22,6 @@ terms.margins[0], terms.classes[0]         # m_j and the class j of every row
 from __future__ import annotations
 
 import functools
-import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -30,6 +29,7 @@ import tensorflow as tf
 
 from keras_roll.certification.bisection import steepest_directions
 from keras_roll.certification.margin_math import dual_norm, to_numpy
+from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.robust.adversarial import confirm
 from keras_roll.robust.backward import capture, compile_batched, op_graph, pull_back
@@ -121,14 +121,9 @@ def _terms_fn(twin, guard: bool, x, pred):
             tf.add_n(e1) if e1 else zero)
 
 
-_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _compiled(twin, guard: bool):
-    fns = _COMPILED.setdefault(twin, {})
-    if guard not in fns:
-        fns[guard] = compile_batched(functools.partial(_terms_fn, twin, guard), twin, "xy")
-    return fns[guard]
+    return cached(twin, ("decision_terms", guard), lambda: compile_batched(
+        functools.partial(_terms_fn, twin, guard), twin, "xy"))
 
 
 def decision_terms(twin, x, pred: np.ndarray, guard: bool,

@@ -35,11 +35,11 @@ certified = (lower > 0).all(axis=1)
 from __future__ import annotations
 
 import functools
-import weakref
 
 import numpy as np
 import tensorflow as tf
 
+from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.robust.backward import Values, capture, compile_batched, op_graph, pull_back
 from keras_roll.robust.float_error import OpRounding, abs_sum
@@ -196,9 +196,6 @@ def _bounds_fn(twin, p, relax: bool, guard: bool, budget: int, examples: int, x,
     return m0 + tf.maximum(low, margin_lower_bounds(graph, values, result, rows))
 
 
-_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def margin_bounds(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
                   relax: bool = True, guard: bool = True,
                   memory_budget: int | None = None) -> np.ndarray:
@@ -218,12 +215,11 @@ def margin_bounds(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
     x = np.asarray(x, np.float64)
     chunk = example_chunk(twin, x.shape[1:], budget)
     key = (p, bool(relax), bool(guard), budget, chunk)
-    fns = _COMPILED.setdefault(twin, {})
-    if key not in fns:
-        fns[key] = compile_batched(functools.partial(_bounds_fn, twin, *key), twin, "xye")
+    fn = cached(twin, ("relaxation", *key), lambda: compile_batched(
+        functools.partial(_bounds_fn, twin, *key), twin, "xye"))
     out = []
     for s in range(0, x.shape[0], chunk):
-        out.append(fns[key](tf.constant(x[s:s + chunk]),
+        out.append(fn(tf.constant(x[s:s + chunk]),
                             tf.constant(np.asarray(pred[s:s + chunk], np.int64)),
                             tf.constant(np.asarray(eps[s:s + chunk], np.float64))).numpy())
     return np.concatenate(out) if out else np.zeros((0, 0))

@@ -28,13 +28,13 @@ nb.upper, nb.adversarial              # NaN where the budget ran out
 from __future__ import annotations
 
 import functools
-import weakref
 
 import numpy as np
 import tensorflow as tf
 
 from keras_roll.certification.bisection import steepest_directions
 from keras_roll.certification.margin_math import directional_margins, dual_norm, to_numpy
+from keras_roll.compile.caches import cached
 from keras_roll.robust.adversarial import confirm, lp_norm, predict_classes
 from keras_roll.robust.backward import compile_batched
 from keras_roll.robust.region import NormBounds, decision_terms, margin_rows
@@ -60,15 +60,11 @@ def _probe(twin, x, d, pred):
     return t_exit[:, 0], margins, rates, others
 
 
-_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def line_probe(twin, x: np.ndarray, d: np.ndarray, pred: np.ndarray):
     """`(t_exit [b], margins [b, L-1], rates [b, L-1], classes [b, L-1])` along `x + t d`
     in the region of `x` (numpy; `t` in units of `d`)."""
-    fn = _COMPILED.get(twin)
-    if fn is None:
-        fn = _COMPILED[twin] = compile_batched(functools.partial(_probe, twin), twin, "xxy")
+    fn = cached(twin, ("line_probe",), lambda: compile_batched(
+        functools.partial(_probe, twin), twin, "xxy"))
     out = fn(tf.constant(x, twin.dtype), tf.constant(d, twin.dtype),
              tf.constant(np.asarray(pred, np.int64)))
     return tuple(to_numpy(o) for o in out)
