@@ -28,7 +28,6 @@ import os
 import time
 
 import pytest
-import tensorflow as tf
 
 _CPU = pytest.StashKey[dict]()
 
@@ -51,6 +50,8 @@ def _compiled(node) -> bool:
 @pytest.fixture(scope="module", autouse=True)
 def _module_function_mode(request):
     """The mode of a module's own fixtures (set up before any test's fixtures)."""
+    import tensorflow as tf  # here, not at the top: pytest-xdist's controller never needs it
+
     tf.config.run_functions_eagerly(not _compiled(request.node))
     yield
     tf.config.run_functions_eagerly(False)
@@ -58,6 +59,8 @@ def _module_function_mode(request):
 
 @pytest.fixture(autouse=True)
 def _function_mode(request):
+    import tensorflow as tf
+
     previous = tf.config.functions_run_eagerly()
     tf.config.run_functions_eagerly(not _compiled(request.node))
     yield
