@@ -39,14 +39,25 @@ def _model(activation):
     return keras.Model(inp, keras.layers.Dense(3)(h))
 
 
-@pytest.mark.parametrize("name", sorted(CALLS))
-def test_a_dropped_model_is_freed(name):
+def _freed_after(calls) -> bool:
     model = _model("relu")
-    CALLS[name](model)
+    for call in calls:
+        call(model)
     ref = weakref.ref(model)
     del model
     gc.collect()
-    assert ref() is None, f"{name} kept the model alive"
+    return ref() is None
+
+
+def test_a_dropped_model_is_freed_after_every_public_function():
+    assert _freed_after(CALLS.values()), (
+        "a function kept the model alive; `pytest -m slow -k dropped` names it")
+
+
+@pytest.mark.slow  # the same, one function at a time: says which one keeps the model
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_a_dropped_model_is_freed(name):
+    assert _freed_after([CALLS[name]]), f"{name} kept the model alive"
 
 
 def test_a_dropped_smooth_model_is_freed():
