@@ -40,7 +40,9 @@ def trained():
     x, y = _blobs(600, 0)
     model.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
     model.fit(x, y, epochs=15, batch_size=64, verbose=0)
-    xt, yt = _blobs(10, 1)
+    # Six inputs: one of them is adversarial only by a hair in the float32 model, which
+    # once flipped back in a batch of another size (a gap too thin for softmax outputs).
+    xt, yt = _blobs(6, 1)
     return model, xt, yt
 
 
@@ -204,12 +206,12 @@ def test_bad_arguments(trained):
 def test_result_api(results):
     rr = results["best"]
     assert rr.lower["l2"] is rr.lower[2] and rr.upper["linf"] is rr.upper[np.inf]
-    assert rr.norms == (2, np.inf) and rr.n == 10
+    assert rr.norms == (2, np.inf) and rr.n == 6
     lines = []
     rr.summary(print_fn=lines.append)
     text = "\n".join(lines)
     assert "l2 lower" in text and "linf upper / lower" in text and "exact" in text
-    assert "RobustRadius(n=10" in repr(rr)
+    assert "RobustRadius(n=6" in repr(rr)
     assert rr.certified_accuracy(0.0) == pytest.approx(np.mean(rr.correct))
     acc = [rr.certified_accuracy(e, np.inf) for e in (0.01, 0.1, 1.0)]
     assert acc == sorted(acc, reverse=True)
