@@ -40,7 +40,7 @@ from keras_roll.robust.adversarial import predict_classes
 from keras_roll.robust.backward import op_graph
 from keras_roll.robust.batches import iter_labelled_batches
 from keras_roll.robust.intervals import check_supported
-from keras_roll.robust.region import decision_terms, region_bounds
+from keras_roll.robust.region import decision_terms, link_gap, region_bounds
 from keras_roll.robust.relaxation import margin_bounds
 from keras_roll.robust.result import RobustRadius
 from keras_roll.robust.search import largest_certified
@@ -186,14 +186,20 @@ class _Run:
         terms = decision_terms(self.twin, x64, pred, guard=self.rigor.guarded,
                                memory_budget=self.budget)
         slack = 4.0 * (int(np.prod(x.shape[1:])) + 16) * unit_roundoff("float64")
+        gap = self._gap(terms)
         for p in self.norms:
             margin = np.nan_to_num(cert.margins[p], nan=0.0)
-            nb = region_bounds(self.model, x64, pred, terms, margin, p, slack)
+            nb = region_bounds(self.model, x64, pred, terms, margin, p, slack, gap)
             r = res[p]
             r["lower"][idx] = nb.lower
             r["lower_method"][idx] = np.where(nb.lower < margin, "decision", "region")
             _take_upper(r, idx, nb, "region")
         return np.asarray(cert.nonfinite, bool), terms
+
+    def _gap(self, terms) -> float:
+        """The logit margin the model's rounded output needs (`region.link_gap`)."""
+        return link_gap(self.model, self.lin.output_link, terms.margins.shape[1] + 1,
+                        self.rigor.guarded)
 
     def _walk(self, x64, pred, idx, todo, p, r):
         sub = np.flatnonzero(todo)
@@ -216,11 +222,18 @@ class _Run:
                                 memory_budget=self.budget)
             return np.min(low, axis=1)
 
+        gap = self._gap(terms)
+        if gap:  # certified where every margin exceeds what the rounded softmax needs
+            inner = values
+
+            def values(i, eps):
+                return inner(i, eps) - gap
+
         known = r["lower"][idx[sub]]
         # The affine map at x steers the search: its margins at `known` and its
         # nearest decision hyperplane (the first radius tried).
         m, gq = terms.margins[sub], to_numpy(dual_norm(terms.gradients[sub], p))
-        at_known = np.min(m - gq * known[:, None], axis=1)
+        at_known = np.min(m - gq * known[:, None], axis=1) - gap
         with np.errstate(divide="ignore", invalid="ignore"):
             guess = np.min(np.where(gq > 0, m / gq, np.inf), axis=1)
         lo = largest_certified(values, known, r["upper"][idx[sub]], guess,

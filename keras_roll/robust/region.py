@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -35,13 +36,18 @@ from keras_roll.robust.adversarial import confirm
 from keras_roll.robust.backward import capture, compile_batched, op_graph, pull_back
 from keras_roll.robust.float_error import OpRounding, abs_sum
 from keras_roll.rounding import rules
-from keras_roll.rounding.precision import evaluation_precision
+from keras_roll.rounding.precision import evaluation_precision, unit_roundoff
 
-__all__ = ["DecisionTerms", "NormBounds", "decision_terms", "margin_rows", "region_bounds"]
+__all__ = ["DecisionTerms", "NormBounds", "decision_terms", "link_gap", "margin_rows",
+           "region_bounds"]
 
 # The guard's first-order terms doubled for second-order ones (the inputs an op
 # rounds already carry errors), as `keras_roll.certification.margins.rounding_errors` does.
 SECOND_ORDER = 2.0
+# Roundings of a softmax output beyond the number of classes (the subtraction of the
+# largest logit, exp, the division), with a factor of 2 to spare (see `link_gap`).
+SOFTMAX_ROUNDINGS = 8
+LINK_SAFETY = 2.0
 
 
 class DecisionTerms(NamedTuple):
@@ -157,22 +163,41 @@ def decision_terms(twin, x, pred: np.ndarray, guard: bool,
     return DecisionTerms(*(np.concatenate(p, axis=0) for p in zip(*parts)))
 
 
-def hyperplane_distances(terms: DecisionTerms, p, slack: float = 0.0):
+def link_gap(model, output_link, classes: int, guarded: bool) -> float:
+    """The logit margin `f_y - f_j` below which the model's rounded output may not keep
+    class `y` ahead (0 for logits, or without a rounding guard).
+
+    A folded softmax computes `p_k = exp(z_k - max z) / sum` with a relative error
+    `gamma <= (L + 4) u` in its output dtype (one rounding per term of the sum, the
+    subtraction, exp, the division); `p_y > p_j` survives it wherever `z_y - z_j >
+    2 gamma / (1 - gamma)`. Without this term, logits within a few units in the last
+    place of each other tie in the softmax and argmax keeps the lower class index.
+    """
+    if not guarded or output_link != "softmax":
+        return 0.0
+    outputs = getattr(model, "outputs", None)
+    dtype = keras.backend.standardize_dtype(outputs[0].dtype) if outputs else "float32"
+    u = unit_roundoff(dtype if dtype in ("float16", "bfloat16", "float64") else "float32")
+    return LINK_SAFETY * 2.0 * (classes + SOFTMAX_ROUNDINGS) * u
+
+
+def hyperplane_distances(terms: DecisionTerms, p, slack: float = 0.0, gap: float = 0.0):
     """`(guarded [B, L-1], exact [B, L-1], dual norms [B, L-1])` distances to every
     decision hyperplane of the affine map (guarded: within which the model's
-    evaluation keeps `f_y > f_j`)."""
+    evaluation keeps `f_y > f_j + gap`, `gap` from `link_gap`)."""
     gq = to_numpy(dual_norm(terms.gradients, p))
     m = terms.margins
     with np.errstate(divide="ignore", invalid="ignore"):
         exact = np.where(gq > 0, np.maximum(m, 0.0) / gq, np.inf)
-        num = np.maximum(m - SECOND_ORDER * terms.err_at_x, 0.0)
+        num = np.maximum(m - SECOND_ORDER * terms.err_at_x - gap, 0.0)
         den = gq * (1.0 + slack) + SECOND_ORDER * terms.err_per_radius
         guarded = np.where(den > 0, num / den, np.inf)
     return guarded, exact, gq
 
 
 def region_bounds(model, x: np.ndarray, pred: np.ndarray, terms: DecisionTerms,
-                  region_margin: np.ndarray, p, slack: float = 0.0) -> NormBounds:
+                  region_margin: np.ndarray, p, slack: float = 0.0,
+                  gap: float = 0.0) -> NormBounds:
     """Method 1 for one norm: exact inside the region, else the region margin.
 
     Args:
@@ -183,6 +208,7 @@ def region_bounds(model, x: np.ndarray, pred: np.ndarray, terms: DecisionTerms,
         region_margin: `[B]` the certified lp margins (`certify`, same rigor).
         p: the norm.
         slack: relative error bound of the computed dual norms.
+        gap: the logit margin the model's output needs (`link_gap`).
 
     Returns:
         `NormBounds`: `lower = min(region margin, guarded hyperplane distance)`;
@@ -191,7 +217,7 @@ def region_bounds(model, x: np.ndarray, pred: np.ndarray, terms: DecisionTerms,
         the exact minimal perturbation).
     """
     b = x.shape[0]
-    guarded, exact, _ = hyperplane_distances(terms, p, slack)
+    guarded, exact, _ = hyperplane_distances(terms, p, slack, gap)
     if guarded.shape[1] == 0:  # one class: nothing to change
         inf = np.full(b, np.inf)
         return NormBounds(inf, np.full(b, np.nan), np.full(x.shape, np.nan),
