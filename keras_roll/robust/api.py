@@ -217,17 +217,12 @@ class _Run:
         guard = self.rigor.guarded
         xs, ps = x64[sub], pred[sub]
 
+        gap = self._gap(terms)  # certified where every margin exceeds it
+
         def values(i, eps):
             low = margin_bounds(self.twin, xs[i], ps[i], eps, p, relax=relax, guard=guard,
                                 memory_budget=self.budget)
-            return np.min(low, axis=1)
-
-        gap = self._gap(terms)
-        if gap:  # certified where every margin exceeds what the rounded softmax needs
-            inner = values
-
-            def values(i, eps):
-                return inner(i, eps) - gap
+            return np.min(low, axis=1) - gap
 
         known = r["lower"][idx[sub]]
         # The affine map at x steers the search: its margins at `known` and its
