@@ -28,7 +28,7 @@ CALLS = {
                                                       verbose=False),
     "gradient_distortion": lambda m: keras_roll.gradient_distortion(
         m, X[:1], eps=0.05, mode="expected", samples=2, seed=0, verbose=False),
-    "robust_radius": lambda m: keras_roll.robust_radius(m, X, verbose=False),
+    "robust_radius": lambda m: keras_roll.robust_radius(m, X, norms=(2,), verbose=False),
 }
 
 
