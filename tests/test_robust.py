@@ -282,3 +282,17 @@ def test_softmax_ties_of_tiny_logits_never_flip_a_certified_ball():
     pts = x[:, None].astype(np.float64) + 0.999 * rr.lower[2][:, None, None] * d[None]
     got = predict_classes(model, pts.reshape(-1, 4).astype(np.float32)).reshape(200, 100)
     assert np.all(got == rr.predicted[:, None])
+
+
+def test_sigmoid_outputs_warn_that_their_saturation_is_not_guarded():
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((4,))
+    h = keras.layers.Dense(8, activation="relu")(inp)
+    model = keras.Model(inp, keras.layers.Dense(3, activation="sigmoid")(h))
+    x = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
+    with pytest.warns(UserWarning, match="ends in a sigmoid.*drop the final sigmoid"):
+        keras_roll.robust_radius(model, x, norms=(2,), method="region", verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # unguarded: exact arithmetic, nothing to warn of
+        keras_roll.robust_radius(model, x, norms=(2,), method="region", rigor="float32",
+                                 verbose=False)

@@ -79,6 +79,18 @@ def _check_classifier(lin) -> int:
     return int(shape[0])
 
 
+def _warn_saturating_link(lin, rigor) -> None:
+    """Warns where the guard cannot cover the output's rounding: several sigmoids."""
+    if rigor.guarded and lin.output_link == "sigmoid":
+        warnings.warn(
+            f"Model '{lin.model.name}' ends in a sigmoid: its prediction is the argmax of "
+            f"sigmoid outputs, which round to 1.0 (and tie, argmax then keeping the lower "
+            f"class) once a logit exceeds about 17 in float32. The lower bounds guard the "
+            f"logits' rounding, not that saturation. For bounds that hold as Keras "
+            f"evaluates the model, drop the final sigmoid (logits) or use a softmax.",
+            stacklevel=3)
+
+
 def _relaxation_available(twin, method) -> bool:
     """Whether the relaxation covers the model; 'best' falls back to method 1 if not."""
     if method not in ("best", "relaxation", "interval"):
@@ -333,6 +345,7 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     _check_arguments(method, max_regions, bisect_tol, exact_rtol)
     lin = linearize(model)
     _check_classifier(lin)
+    _warn_saturating_link(lin, run_options.rigor)
     search = SearchOptions(int(max_regions), float(bisect_tol), float(exact_rtol))
     run = _Run(lin, norms, method, run_options, search)
     total = stream_length(x) if is_stream(x) else int(np.shape(x)[0])
