@@ -35,7 +35,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.caches import cached
+from keras_roll.compile.caches import compiled_call
 from keras_roll.compile.twin import Linearized, unwrap
 from keras_roll.evaluate.gradients import check_count
 from keras_roll.evaluate.tape_gradients import gradient_engine
@@ -237,9 +237,7 @@ class _Scorer:
         self.engine, self.budget = engine, budget
         self.model = model.model if isinstance(model, Linearized) else unwrap(model)
         self.use_logits = score == "logit"
-        keras_model = self.model
-        self.fn = cached(keras_model, ("forward",), lambda: tf.function(
-            lambda p: keras_model(p), reduce_retracing=True))
+        self.fn = compiled_call(self.model)
 
     def __call__(self, points: np.ndarray, weights: np.ndarray) -> np.ndarray:
         if self.use_logits:

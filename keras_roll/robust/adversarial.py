@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.caches import cached
+from keras_roll.compile.caches import compiled_call
 
 __all__ = ["FLIP_GAP", "PUSHES", "clearly_other", "confirm", "lp_norm", "model_outputs",
            "predict_classes"]
@@ -37,19 +37,11 @@ FLIP_GAP = 2.0**-16
 PREDICT_BATCH = 1024
 
 
-def _predict_fn(model):
-    """`model(x, training=False)` compiled once per model (any batch size): the
-    searches evaluate many small batches, where an eager call of a functional model
-    costs tens of milliseconds of Python."""
-    return cached(model, ("predict",), lambda: tf.function(
-        lambda x: model(x, training=False), reduce_retracing=True, autograph=False))
-
-
 def model_outputs(model, x: np.ndarray) -> np.ndarray:
     """`[B, L]` float64: the Keras model's outputs, computed in its input dtype, in batches."""
     x = np.asarray(x)
     dtype = model.inputs[0].dtype if getattr(model, "inputs", None) else "float32"
-    fn = _predict_fn(model)
+    fn = compiled_call(model)
     out = []
     for i in range(0, x.shape[0], PREDICT_BATCH):
         y = fn(tf.constant(x[i:i + PREDICT_BATCH].astype(dtype)))

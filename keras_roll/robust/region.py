@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -176,8 +175,7 @@ def link_gap(model, output_link, classes: int, guarded: bool) -> float:
     if not guarded or output_link != "softmax":
         return 0.0
     outputs = getattr(model, "outputs", None)
-    dtype = keras.backend.standardize_dtype(outputs[0].dtype) if outputs else "float32"
-    u = unit_roundoff(dtype if dtype in ("float16", "bfloat16", "float64") else "float32")
+    u = unit_roundoff(outputs[0].dtype if outputs else "float32")
     return LINK_SAFETY * 2.0 * (classes + SOFTMAX_ROUNDINGS) * u
 
 
