@@ -1,11 +1,15 @@
 """The twin's Jacobians against independent tf.GradientTape references."""
 
+import inspect
+import os
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import keras_roll
+from keras_roll.testing import tape_jacobian
 from tests import model_zoo as zoo
 
 ACTIVATION_LAYERS = (keras.layers.ReLU, keras.layers.LeakyReLU, keras.layers.PReLU)
@@ -13,14 +17,12 @@ ACTIVATION_LAYERS = (keras.layers.ReLU, keras.layers.LeakyReLU, keras.layers.PRe
 
 def _tape_jacobian(fn, x):
     """[B, n, D] Jacobian of fn(x) (flattened per example) by back-propagation."""
-    xt = tf.convert_to_tensor(x)
-    with tf.GradientTape(persistent=True) as tape:
-        tape.watch(xt)
-        outs = fn(xt)
-    b, d = x.shape[0], int(np.prod(x.shape[1:]))
-    jacs = [tf.reshape(tape.batch_jacobian(o, xt), (b, -1, d)).numpy() for o in outs]
-    values = [tf.reshape(o, (b, -1)).numpy() for o in outs]
-    return values, jacs
+    x = np.asarray(x)
+    sizes = [int(np.prod(o.shape[1:])) for o in fn(tf.constant(x[:1]))]
+    values, jac = tape_jacobian(fn, x)
+    ends = np.cumsum([0] + sizes)
+    return ([values[:, a:b] for a, b in zip(ends[:-1], ends[1:])],
+            [jac[:, a:b] for a, b in zip(ends[:-1], ends[1:])])
 
 
 def _rows(lin, x, name):
@@ -287,3 +289,35 @@ def test_one_hot_directions_through_flatten_gather_rows_and_stay_exact():
     dense = lin.tangent_from_trace(fwd.trace, v, False).neurons.numpy()
     np.testing.assert_allclose(got, dense, rtol=1e-6)
     np.testing.assert_allclose(got[0, 2], 0.0)
+
+
+@pytest.mark.graph
+def test_passes_traced_in_a_user_tf_function_skip_autograph():
+    """`Linearized.primal` / `tangent_from_trace` inside a tf.function with autograph on
+    run as written (autograph would rewrite the interpreter and every rule, seconds
+    per first trace): the interpreter is called from twin.py, not from converted code."""
+    from unittest import mock
+
+    from keras_roll.compile.interpreter import Interpreter
+
+    lin = keras_roll.linearize(zoo.mlp(seed=0))
+    callers = []
+
+    def recorder(method):
+        def wrapped(self, *args, **kwargs):
+            callers.append(inspect.currentframe().f_back.f_code.co_filename)
+            return method(self, *args, **kwargs)
+        return wrapped
+
+    with mock.patch.object(Interpreter, "primal", recorder(Interpreter.primal)), \
+            mock.patch.object(Interpreter, "tangent", recorder(Interpreter.tangent)):
+        @tf.function  # autograph on, as users write it
+        def step(x):
+            fwd = lin.primal(x)
+            return lin.tangent_from_trace(fwd.trace, x[:, None], shared=False).neurons
+
+        x = np.random.default_rng(0).normal(size=(2, lin.input_shape[0])).astype("float32")
+        got = step(tf.constant(x)).numpy()
+    assert [os.path.basename(f) for f in callers] == ["twin.py", "twin.py"]
+    np.testing.assert_allclose(got[:, 0], np.einsum("bnd,bd->bn", lin.jacobian(x), x),
+                               rtol=1e-4, atol=1e-5)

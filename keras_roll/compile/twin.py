@@ -220,7 +220,11 @@ class Linearized(NeuronQueries, ProgramQueries):
         return self._layouts[shape]
 
     # ------------------------------------------------------------------ passes (any graph)
+    # Traced inside users' tf.functions: `do_not_convert` spares them autograph's
+    # conversion of the interpreter and every rule (seconds on the first trace; the
+    # passes have no Python control flow on tensors to convert).
 
+    @tf.autograph.experimental.do_not_convert
     def primal(self, x: tf.Tensor) -> ForwardPass:
         """The forward pass on a checked tensor, in the caller's graph (not compiled).
 
@@ -229,6 +233,7 @@ class Linearized(NeuronQueries, ProgramQueries):
         """
         return self.interpreter.primal(x)
 
+    @tf.autograph.experimental.do_not_convert
     def tangent_from_trace(self, trace: Trace, v, shared: bool, concat: bool = True,
                            axes=None, start: int = 0, dtype: str | None = None) -> JVP:
         """Derivatives along `v` with the pattern of `trace` frozen (not compiled).
@@ -257,6 +262,7 @@ class Linearized(NeuronQueries, ProgramQueries):
         return self.interpreter.tangent(trace, v, shared, concat=concat, axes=axes, start=start,
                                         dtype=dtype)
 
+    @tf.autograph.experimental.do_not_convert
     def axes_tangent(self, trace: Trace, start, k: int, example_shape, reduce=None,
                      per_neuron: bool = False, entry: int = 0, dtype: str | None = None):
         """Derivatives along input axes `start .. start + k - 1` (not compiled).
