@@ -1,12 +1,13 @@
-"""Test a linearization rule against `tf.GradientTape`: `check_rule`.
+"""Test a linearization rule against `tf.GradientTape`: `check_rule`, `tape_jacobian`.
 
 In the manner of Keras' `run_layer_test`: one call builds a small model around a
 layer (or takes a model), linearizes it and compares the twin with references
 that do not use the twin's tangent rules:
 
 * the twin's output equals the Keras model's (`model(x, training=False)`);
-* the output Jacobian equals `tf.GradientTape.batch_jacobian` of the model's
-  logits (before a folded softmax / sigmoid);
+* the output Jacobian equals the tape's (`tape_jacobian`: `tf.GradientTape`,
+  one reverse pass per block of outputs) of the model's logits (before a folded
+  softmax / sigmoid);
 * the neuron Jacobians of the tangent pass equal the tape's Jacobian of the
   neurons' values computed by the forward pass (reverse mode through the primal
   rules against forward mode through the tangent rules);
@@ -34,7 +35,7 @@ import tensorflow as tf
 from keras_roll.certification.margins import rounding_errors
 from keras_roll.compile.twin import Linearized, linearize
 
-__all__ = ["RuleCheck", "check_rule"]
+__all__ = ["RuleCheck", "check_rule", "tape_jacobian"]
 
 _VISIBLE_ACTIVATIONS = (keras.layers.ReLU, keras.layers.LeakyReLU, keras.layers.PReLU,
                         keras.layers.Activation)
@@ -177,18 +178,54 @@ def _relative(actual, expected) -> float:
     return float(np.max(np.abs(np.asarray(actual) - expected), initial=0.0)) / scale
 
 
-def _tape_jacobian(fn, x):
-    """`(values [B, n], Jacobian [B, n, D])` of the flattened `fn(x)` by back-propagation.
+def tape_jacobian(fn, x, rows_per_pass: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+    """Values and input Jacobians of `fn(x)` by back-propagation (`tf.GradientTape`).
 
-    `fn` may return several tensors; they are flattened and concatenated."""
-    xt = tf.convert_to_tensor(x)
-    with tf.GradientTape(persistent=True) as tape:
-        tape.watch(xt)
-        outs = tf.nest.flatten(fn(xt))
-        flat = tf.concat([tf.reshape(o, (x.shape[0], -1)) for o in outs], axis=1)
-    # A loop of reverse passes is cheaper than vectorizing them for a few outputs.
-    jac = tape.batch_jacobian(flat, xt, experimental_use_pfor=flat.shape[1] > 8)
-    return flat.numpy(), tf.reshape(jac, (x.shape[0], flat.shape[1], -1)).numpy()
+    The reference of `check_rule`, independent of the twin. Row `j` of every
+    example's Jacobian is the gradient of output `j`: the batch is tiled, copy `i`
+    differentiates output `j0 + i`, and one reverse pass gives a block of rows
+    (`rows_per_pass` rows of the tiled batch at most). On small models this is
+    much cheaper than `tape.batch_jacobian`, which loops or traces a vectorized
+    graph per call; `fn` must treat the examples of a batch independently, as a
+    model in inference does.
+
+    Args:
+        fn: `fn(x) -> tensor or nested tensors` `[B, ...]` each; they are
+            flattened per example and concatenated.
+        x: `[B, *input_shape]` numpy array.
+        rows_per_pass: the largest tiled batch of one reverse pass.
+
+    Returns:
+        `(values [B, n], jacobian [B, n, D])` numpy, `D` the flattened input size.
+
+    Example:
+
+    ```python
+    values, jac = tape_jacobian(lambda t: model(t, training=False), x)
+    ```
+    """
+
+    def flat(t):
+        outs = tf.nest.flatten(fn(t))
+        return tf.concat([tf.reshape(o, (t.shape[0], -1)) for o in outs], axis=1)
+
+    x = np.asarray(x)
+    b, d = x.shape[0], int(np.prod(x.shape[1:]))
+    values = flat(tf.constant(x)).numpy()
+    n = values.shape[1]
+    jac = np.zeros((b, n, d), values.dtype)
+    per = max(1, rows_per_pass // max(b, 1))
+    for j0 in range(0, n, per):
+        k = min(per, n - j0)
+        xt = tf.constant(np.tile(x, (k,) + (1,) * (x.ndim - 1)))  # copy i: rows i*b .. i*b+b-1
+        with tf.GradientTape() as tape:
+            tape.watch(xt)
+            out = tf.reshape(flat(xt)[:, j0:j0 + k], (k, b, k))
+            total = tf.reduce_sum(tf.linalg.diag_part(tf.transpose(out, (1, 0, 2))))
+        grad = tape.gradient(total, xt)
+        grad = np.zeros((k * b, d), values.dtype) if grad is None else grad.numpy()
+        jac[:, j0:j0 + k] = grad.reshape(k, b, d).transpose(1, 0, 2)
+    return values, jac
 
 
 def _logits_tensor(model: keras.Model, lin: Linearized):
@@ -210,7 +247,7 @@ def _float32_errors(model, x, lin) -> dict[str, float]:
     # then the neurons of the twin's forward pass.
     cut = keras.Model(model.inputs[0], [_logits_tensor(model, lin)]
                       + [layer.input for layer in visible])
-    values, ref = _tape_jacobian(
+    values, ref = tape_jacobian(
         lambda t: [cut(t, training=False), lin.primal(t).neurons.z], x)
     sizes = [int(np.prod(t.shape[1:])) for t in cut.outputs]
     ends = np.cumsum(sizes)
@@ -228,7 +265,7 @@ def _float32_errors(model, x, lin) -> dict[str, float]:
 def _float64_errors(model, x, lin) -> dict[str, float]:
     twin = lin.at_dtype("float64")
     out = model(x, training=False).numpy().astype(np.float64)
-    _, ref = _tape_jacobian(lambda t: twin.primal(t).neurons.z, x.astype(np.float64))
+    _, ref = tape_jacobian(lambda t: twin.primal(t).neurons.z, x.astype(np.float64))
     logits = twin.forward(x).logits
     return {
         "float64 output": _relative(twin.apply_output_link(logits).numpy().reshape(out.shape),
@@ -308,7 +345,7 @@ def _first_deviating_layer(model, x, rtol) -> str | None:
             continue  # a shared layer, or a cut keras_roll refuses
         if lin.output_link is not None:
             continue
-        _, ref = _tape_jacobian(lambda t, m=cut: m(t, training=False), x)
+        _, ref = tape_jacobian(lambda t, m=cut: m(t, training=False), x)
         if not _relative(lin.output_jacobian(x), ref) <= rtol:
             return f"'{layer.name}' ({type(layer).__name__})"
     return None

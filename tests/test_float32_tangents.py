@@ -19,7 +19,6 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_roll
 from keras_roll.certification import guarded_norms as gnorms
@@ -27,6 +26,7 @@ from keras_roll.certification.gradient_norms import iter_gradient_norms
 from keras_roll.certification.margin_math import margins_from_norms, neuron_arrays
 from keras_roll.rounding.guard import guard_for
 from keras_roll.rounding.tangent_error import exact_norms, tangent_norms
+from keras_roll.testing import tape_jacobian
 
 NORMS = (1, 2, np.inf)
 
@@ -84,11 +84,7 @@ def case_of(name):
 def tape_norms(lin64, x):
     """`(l2, linf, l1)` `[B, N]` of every neuron's gradient: tf.GradientTape through the
     float64 twin's primal pass."""
-    xt = tf.constant(x, tf.float64)
-    with tf.GradientTape() as tape:
-        tape.watch(xt)
-        z = lin64.primal(xt).neurons.z
-    jac = tape.batch_jacobian(z, xt).numpy().reshape(len(x), z.shape[1], -1)
+    _, jac = tape_jacobian(lambda t: lin64.primal(t).neurons.z, np.asarray(x, np.float64))
     a = np.abs(jac)
     return np.sqrt((a * a).sum(-1)), a.max(-1), a.sum(-1)
 

@@ -6,9 +6,9 @@ and the bisection search on the real network."""
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_roll
+from keras_roll import testing
 from keras_roll.certification.margin_math import (
     directional_margins,
     dual_norm,
@@ -79,15 +79,8 @@ def preactivation_model(model, names):
 
 def tape_jacobian(sub, x):
     """Pre-activations [B, N] and their input Jacobian [B, N, D] by tf.GradientTape."""
-    x = tf.convert_to_tensor(x)
-    with tf.GradientTape(persistent=True) as tape:
-        tape.watch(x)
-        outs = sub(x)
-        outs = outs if isinstance(outs, (list, tuple)) else [outs]
-        flat = [tf.reshape(o, (o.shape[0], -1)) for o in outs]
-    jac = [tf.reshape(tape.batch_jacobian(f, x), (x.shape[0], f.shape[1], -1)) for f in flat]
-    return (np.concatenate([f.numpy() for f in flat], 1).astype(np.float64),
-            np.concatenate([j.numpy() for j in jac], 1).astype(np.float64))
+    values, jac = testing.tape_jacobian(lambda t: sub(t, training=False), np.asarray(x))
+    return values.astype(np.float64), jac.astype(np.float64)
 
 
 def brute_margins(z, jac, p, valid=None):

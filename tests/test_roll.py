@@ -25,6 +25,7 @@ from keras_roll.roll.callbacks import MarginMonitor
 from keras_roll.roll.config import RollConfig
 from keras_roll.roll.estimators import estimator_for
 from keras_roll.roll.regularizer import evaluating
+from keras_roll.testing import tape_jacobian
 from tests import model_zoo as zoo
 
 # --------------------------------------------------------------------------- models
@@ -59,16 +60,11 @@ def toy_mlp(seed=0, width=32, depth=3):
 def _jacobian(model, outputs, x):
     """Flattened values `[B, n]` and input Jacobians `[B, n, D]` of `outputs`."""
     sub = keras.Model(model.inputs, outputs)
-    xt = tf.constant(x)
-    with tf.GradientTape(persistent=True) as tape:
-        tape.watch(xt)
-        zs = sub(xt)
-        if not isinstance(zs, (list, tuple)):
-            zs = [zs]
-        flat = [tf.reshape(z, [z.shape[0], -1]) for z in zs]
-    b = x.shape[0]
-    jacs = [tf.reshape(tape.batch_jacobian(f, xt), [b, f.shape[1], -1]) for f in flat]
-    return [f.numpy() for f in flat], [j.numpy() for j in jacs]
+    sizes = [int(np.prod(o.shape[1:])) for o in tf.nest.flatten(sub.outputs)]
+    values, jac = tape_jacobian(lambda t: sub(t, training=False), x)
+    ends = np.cumsum([0] + sizes)
+    return ([values[:, a:b] for a, b in zip(ends[:-1], ends[1:])],
+            [jac[:, a:b] for a, b in zip(ends[:-1], ends[1:])])
 
 
 class Group:
@@ -170,15 +166,10 @@ def rnn_reference(model, x, leaky=False):
 
 
 def rnn_groups(model, x, leaky=False):
-    xt = tf.constant(x)
-    with tf.GradientTape() as tape:
-        tape.watch(xt)
-        z, _, mask = rnn_reference(model, xt, leaky)
-        flat = tf.reshape(z, [x.shape[0], -1])
-    jac = tf.reshape(tape.batch_jacobian(flat, xt), [x.shape[0], flat.shape[1], -1]).numpy()
-    units = z.shape[-1]
-    valid = np.repeat(mask.numpy(), units, axis=1)
-    return [Group(np.abs(flat.numpy()), jac, valid)]
+    z, _, mask = rnn_reference(model, tf.constant(x), leaky)
+    flat, jac = tape_jacobian(lambda t: rnn_reference(model, t, leaky)[0], x)
+    valid = np.repeat(mask.numpy(), z.shape[-1], axis=1)
+    return [Group(np.abs(flat), jac, valid)]
 
 
 def _rng_x(shape, seed=0):

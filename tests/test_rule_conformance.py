@@ -18,11 +18,12 @@ import functools
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_roll
 from keras_roll.compile import keras_internals
 from keras_roll.compile.rules import registered_classes, unregister_rule
-from keras_roll.testing import check_rule
+from keras_roll.testing import check_rule, tape_jacobian
 from tests.model_zoo import randomize_batch_norm
 
 L = keras.layers
@@ -307,3 +308,25 @@ def test_check_rule_refuses_what_it_cannot_check():
         check_rule(np.zeros(3), input_shape=(3,))
     with pytest.raises(keras_roll.UnsupportedModelError):
         check_rule(L.Dense(2, activation="tanh"), input_shape=(3,))
+
+
+@pytest.mark.parametrize("rows_per_pass", [2048, 40])
+def test_tape_jacobian_equals_the_tapes_batch_jacobian(rows_per_pass):
+    """`tape_jacobian` (tiled reverse passes) against `tape.batch_jacobian`, for two
+    outputs of a small CNN, in one block of rows and in blocks of one output."""
+    model, x = conv2d_model()
+    cut = keras.Model(model.inputs[0], [model.get_layer("conv").output, model.output])
+
+    def fn(t):
+        return cut(t, training=False)
+
+    values, jac = tape_jacobian(fn, x, rows_per_pass=rows_per_pass)
+    xt = tf.constant(x)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(xt)
+        outs = [tf.reshape(o, (x.shape[0], -1)) for o in fn(xt)]
+    want = np.concatenate([tape.batch_jacobian(o, xt).numpy().reshape(x.shape[0], o.shape[1], -1)
+                           for o in outs], axis=1)
+    np.testing.assert_allclose(values, np.concatenate([o.numpy() for o in outs], 1), rtol=1e-6)
+    assert jac.shape == want.shape and np.abs(want).max() > 0
+    np.testing.assert_allclose(jac, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())

@@ -22,6 +22,7 @@ import keras_roll
 from keras_roll.layers import CayleyInitializer, ScoRNN
 from keras_roll.models.rnn import scornn_classifier
 from keras_roll.roll import loss as roll
+from keras_roll.testing import tape_jacobian as tiled_tape_jacobian
 from tests import model_zoo as zoo
 
 LEAKY = keras.activations.leaky_relu
@@ -75,14 +76,10 @@ def recurrence(layer, x, w, leaky=True):
 def preactivation_jacobian(layer, x, w, leaky=True):
     """Flattened pre-activations `[B, T*U]`, their input Jacobian `[B, T*U, D]` and
     the validity of every neuron (unpadded steps), by tf.GradientTape."""
-    xt = tf.constant(x)
-    with tf.GradientTape() as tape:
-        tape.watch(xt)
-        z, _, mask = recurrence(layer, xt, w, leaky)
-        flat = tf.reshape(z, [x.shape[0], -1])
-    jac = tf.reshape(tape.batch_jacobian(flat, xt), [x.shape[0], flat.shape[1], -1])
+    _, _, mask = recurrence(layer, tf.constant(x), w, leaky)
+    flat, jac = tiled_tape_jacobian(lambda t: recurrence(layer, t, w, leaky)[0], x)
     valid = np.repeat(mask.numpy(), layer.units, axis=1)
-    return flat.numpy(), jac.numpy(), valid
+    return flat, jac, valid
 
 
 def eq9(z, jac, valid, C, gamma):
@@ -105,12 +102,7 @@ def assert_close(actual, expected, rtol=1e-5):
 
 
 def tape_jacobian(fn, x):
-    xt = tf.constant(x)
-    with tf.GradientTape() as tape:
-        tape.watch(xt)
-        out = tf.reshape(fn(xt), [x.shape[0], -1])
-    return out.numpy(), tf.reshape(tape.batch_jacobian(out, xt),
-                                   [x.shape[0], out.shape[1], -1]).numpy()
+    return tiled_tape_jacobian(fn, x)
 
 
 # --------------------------------------------------------------------------- models

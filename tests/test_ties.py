@@ -11,9 +11,9 @@ reference here is the tape, not those rules.
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_roll
+from keras_roll.testing import tape_jacobian
 
 L = 3  # logits
 
@@ -29,12 +29,7 @@ def _model(pool, shape, seed=0):
 
 def _tape_jacobian(model, x) -> np.ndarray:
     """`[B, L, D]` per-example input Jacobians of the logits, by tf.GradientTape."""
-    xt = tf.constant(x)
-    with tf.GradientTape() as tape:
-        tape.watch(xt)
-        y = model(xt)
-    jac = tape.batch_jacobian(y, xt).numpy()
-    return jac.reshape(x.shape[0], L, -1)
+    return tape_jacobian(lambda t: model(t, training=False), x)[1].reshape(x.shape[0], L, -1)
 
 
 def _tied_images():
