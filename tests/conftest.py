@@ -20,6 +20,11 @@ figure to compare when the machine is shared. Run it without pytest-xdist's `-n`
 (the workers' times do not reach the report).
 
     python -m pytest -q -m "not slow" --cpu-durations=30
+
+**The longest files run first.** pytest-xdist (`make test`, `--dist loadfile`) hands
+whole files to its workers in collection order; a long file handed out last would
+run alone at the end. `LONGEST_FIRST` (the files with the most CPU time, longest
+first) are collected before the others, in alphabetical order.
 """
 
 from __future__ import annotations
@@ -31,6 +36,12 @@ import pytest
 
 _CPU = pytest.StashKey[dict]()
 
+LONGEST_FIRST = ("test_roll.py", "test_rule_conformance.py", "test_errors.py",
+                 "test_robust.py", "test_roll_exact.py", "test_models.py", "test_scornn.py",
+                 "test_twin.py", "test_fast_paths.py", "test_soundness.py", "test_distribute.py",
+                 "test_margins.py", "test_examples.py", "test_caltech256_example.py",
+                 "test_robust_exact.py", "test_distortion.py")
+
 
 def pytest_addoption(parser):
     parser.addoption("--cpu-durations", type=int, default=None, metavar="N",
@@ -39,6 +50,11 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.stash[_CPU] = {}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: keeps the rest
 
 
 def _compiled(node) -> bool:

@@ -347,6 +347,7 @@ def test_bounds_bracket_the_milp_optimum(name, rigor, p):
     assert np.all(alone.lower[p] > 0)
 
 
+@pytest.mark.graph  # faster compiled
 @pytest.mark.parametrize("seed,alpha", [(3, 0.0), pytest.param(4, 0.2, marks=pytest.mark.slow)])
 def test_two_dimensional_nets_against_brute_force(seed, alpha):
     model = _mlp((16, 16), alpha, 2, 3, seed)

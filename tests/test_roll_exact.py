@@ -111,6 +111,7 @@ def test_factored_loss_and_gradients_equal_the_input_axes(first, fused, wrt):
         _assert_same(new, old)
 
 
+@pytest.mark.graph  # faster compiled
 def test_factored_loss_and_gradients_match_the_tape_reference():
     model = mlp()
     x = _x()
