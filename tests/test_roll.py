@@ -287,7 +287,7 @@ def test_sampled_loss_is_unbiased(case, kwargs):
     model = build()
     x = case_inputs(case, shape)
     exact = reference_loss(groups_fn(model, x), C=1.0, gamma=100.0)
-    draws = _sampled(model, x, 600, seed=11, **kwargs)
+    draws = _sampled(model, x, 300 if case == "cnn" else 600, seed=11, **kwargs)
     mean = draws.mean(0)
     se = draws.std(0, ddof=1) / np.sqrt(draws.shape[0])
     assert np.all(se > 0), "the estimate should vary between draws"
@@ -524,13 +524,15 @@ def conv_net(size, seed=0):
     {"samples": 5, "strata": "channel", "seed": 4},
 ])
 def test_chunked_loss_and_gradient_equal_single_chunk(kwargs):
-    model = conv_net(12)
-    x = _rng_x((3, 12, 12, 3))
+    model = conv_net(9)
+    x = _rng_x((3, 9, 9, 3))
     plan_kwargs = {k: v for k, v in kwargs.items() if k not in ("gamma", "seed")}
-    small = keras_roll.linearize(model, memory_budget=60_000)
+    whole = roll.memory_plan(model, x, **plan_kwargs)
+    assert whole.chunks == 1
+    budget = -(-whole.directions // 3) * whole.bytes_per_direction  # three chunks
+    small = keras_roll.linearize(model, memory_budget=budget)
     plan = roll.memory_plan(small, x, **plan_kwargs)
-    assert plan.chunks > 1 and plan.per_chunk * plan.bytes_per_direction <= 60_000
-    assert roll.memory_plan(model, x, **plan_kwargs).chunks == 1
+    assert plan.chunks == 3 and plan.per_chunk * plan.bytes_per_direction <= budget
 
     def loss_and_grads(fn):
         with tf.GradientTape() as tape:  # outside the tf.function, if any
@@ -542,7 +544,7 @@ def test_chunked_loss_and_gradient_equal_single_chunk(kwargs):
 
     want, want_g = loss_and_grads(lambda t: roll.roll_loss(model, t, **kwargs))
     dynamic = tf.function(lambda t: roll.roll_loss(small, t, **kwargs),
-                          input_signature=[tf.TensorSpec([None, 12, 12, 3])])
+                          input_signature=[tf.TensorSpec([None, 9, 9, 3])])
     for fn in (lambda t: roll.roll_loss(small, t, **kwargs), dynamic):
         got, got_g = loss_and_grads(fn)
         np.testing.assert_allclose(got, want, rtol=1e-5)
