@@ -106,8 +106,9 @@ class TapeGradients:
         self.output_link, self._logits = _logit_function(model)
         self.lin.output_link = self.output_link
         self.note = NOT_PIECEWISE_LINEAR.format(reason=_why_not_linear(model))
-        self._grad_fn = tf.function(self.objective_gradient, reduce_retracing=True)
-        self._logits_fn = tf.function(self._logits, reduce_retracing=True)
+        self._grad_fn = tf.function(self.objective_gradient, reduce_retracing=True,
+                                    autograph=False)
+        self._logits_fn = tf.function(self._logits, reduce_retracing=True, autograph=False)
         self._sizes: dict = {}
 
     def check(self, x, name: str = "x") -> np.ndarray:
