@@ -12,13 +12,13 @@
 #   make clean      remove build outputs and caches (keeps .venv; `make distclean` drops it)
 #
 # Variables: PYTHON (interpreter used to create the venv), VENV, EXTRAS, PYTEST_ARGS,
-# TEST_WORKERS (default: the number of CPUs; 0 runs the tests in this process).
+# TEST_WORKERS (default 2, one per core of a 2-core machine; 0 runs the tests in this process).
 
 PYTHON ?= python3
 VENV ?= .venv
 EXTRAS ?= cpu,test
 PYTEST_ARGS ?=
-TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+TEST_WORKERS ?= 2
 
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -48,8 +48,9 @@ $(STAMP): setup.py
 	fi
 
 # Test files are spread over TEST_WORKERS processes whole (--dist loadfile), so each
-# module-scoped fixture is built once. One worker per CPU: more workers than cores
-# only add switching (on 2 cores, 3 workers took 10 % longer than 2).
+# module-scoped fixture is built once. One worker per core: more workers than cores
+# only add switching (on 2 cores, 3 workers took 10 % longer than 2); each worker
+# imports TensorFlow (about 1 GB), so raise it by hand on larger machines.
 XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile,)
 
 test: venv
