@@ -501,7 +501,8 @@ def test_mnist_sweep_draws_figure2(idx_folder, tmp_path):
     assert sorted((r["lam"], r["gamma"]) for r in runs["rows"][1:]) == [
         (0.5, 100), (2, 50), (2, 100)]
     assert all(r["estimator"] == "3 axes" for r in runs["rows"][1:])
-    assert sorted(p.name for p in result.figures) == ["figure2_gamma.png", "figure2_lam.png"]
+    assert sorted(p.name for p in result.figures) == [  # and the faithfulness curves
+        "faithfulness.png", "figure2_gamma.png", "figure2_lam.png"]
     assert all(_is_png(p) for p in result.figures)
 
 
