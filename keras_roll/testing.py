@@ -178,7 +178,7 @@ def _relative(actual, expected) -> float:
     return float(np.max(np.abs(np.asarray(actual) - expected), initial=0.0)) / scale
 
 
-def tape_jacobian(fn, x, rows_per_pass: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+def tape_jacobian(fn, x, rows_per_pass: int = 2048, per_output: bool = False):
     """Values and input Jacobians of `fn(x)` by back-propagation (`tf.GradientTape`).
 
     The reference of `check_rule`, independent of the twin. Row `j` of every
@@ -194,9 +194,13 @@ def tape_jacobian(fn, x, rows_per_pass: int = 2048) -> tuple[np.ndarray, np.ndar
             flattened per example and concatenated.
         x: `[B, *input_shape]` numpy array.
         rows_per_pass: the largest tiled batch of one reverse pass.
+        per_output: return one block per tensor of `fn(x)` instead of their
+            concatenation.
 
     Returns:
-        `(values [B, n], jacobian [B, n, D])` numpy, `D` the flattened input size.
+        `(values [B, n], jacobian [B, n, D])` numpy, `D` the flattened input size;
+        with `per_output=True`, `(values, jacobians)` lists, one `[B, n_i]` and one
+        `[B, n_i, D]` per tensor of `fn(x)`.
 
     Example:
 
@@ -206,12 +210,13 @@ def tape_jacobian(fn, x, rows_per_pass: int = 2048) -> tuple[np.ndarray, np.ndar
     """
 
     def flat(t):
-        outs = tf.nest.flatten(fn(t))
-        return tf.concat([tf.reshape(o, (t.shape[0], -1)) for o in outs], axis=1)
+        outs = [tf.reshape(o, (t.shape[0], -1)) for o in tf.nest.flatten(fn(t))]
+        return tf.concat(outs, axis=1), [int(o.shape[1]) for o in outs]
 
     x = np.asarray(x)
     b, d = x.shape[0], int(np.prod(x.shape[1:]))
-    values = flat(tf.constant(x)).numpy()
+    values, sizes = flat(tf.constant(x))
+    values = values.numpy()
     n = values.shape[1]
     jac = np.zeros((b, n, d), values.dtype)
     per = max(1, rows_per_pass // max(b, 1))
@@ -220,12 +225,16 @@ def tape_jacobian(fn, x, rows_per_pass: int = 2048) -> tuple[np.ndarray, np.ndar
         xt = tf.constant(np.tile(x, (k,) + (1,) * (x.ndim - 1)))  # copy i: rows i*b .. i*b+b-1
         with tf.GradientTape() as tape:
             tape.watch(xt)
-            out = tf.reshape(flat(xt)[:, j0:j0 + k], (k, b, k))
+            out = tf.reshape(flat(xt)[0][:, j0:j0 + k], (k, b, k))
             total = tf.reduce_sum(tf.linalg.diag_part(tf.transpose(out, (1, 0, 2))))
         grad = tape.gradient(total, xt)
         grad = np.zeros((k * b, d), values.dtype) if grad is None else grad.numpy()
         jac[:, j0:j0 + k] = grad.reshape(k, b, d).transpose(1, 0, 2)
-    return values, jac
+    if not per_output:
+        return values, jac
+    ends = np.cumsum([0] + sizes)
+    return ([values[:, a:e] for a, e in zip(ends[:-1], ends[1:])],
+            [jac[:, a:e] for a, e in zip(ends[:-1], ends[1:])])
 
 
 def _logits_tensor(model: keras.Model, lin: Linearized):
@@ -247,18 +256,17 @@ def _float32_errors(model, x, lin) -> dict[str, float]:
     # then the neurons of the twin's forward pass.
     cut = keras.Model(model.inputs[0], [_logits_tensor(model, lin)]
                       + [layer.input for layer in visible])
-    values, ref = tape_jacobian(
-        lambda t: [cut(t, training=False), lin.primal(t).neurons.z], x)
-    sizes = [int(np.prod(t.shape[1:])) for t in cut.outputs]
-    ends = np.cumsum(sizes)
-    errors["output jacobian"] = _relative(lin.output_jacobian(x), ref[:, :ends[0]])
+    values, refs = tape_jacobian(
+        lambda t: [*tf.nest.flatten(cut(t, training=False)), lin.primal(t).neurons.z], x,
+        per_output=True)
+    errors["output jacobian"] = _relative(lin.output_jacobian(x), refs[0])
     jac = lin.jacobian(x)
-    errors["neuron jacobians"] = _relative(jac, ref[:, ends[-1]:])
+    errors["neuron jacobians"] = _relative(jac, refs[-1])
     z = fwd.neurons.z.numpy()
-    for layer, start, end in zip(visible, ends[:-1], ends[1:]):
+    for layer, value, ref in zip(visible, values[1:-1], refs[1:-1]):
         rows = layout.rows(layer.name)
-        errors[f"'{layer.name}' pre-activations"] = _relative(z[:, rows], values[:, start:end])
-        errors[f"'{layer.name}' jacobian"] = _relative(jac[:, rows], ref[:, start:end])
+        errors[f"'{layer.name}' pre-activations"] = _relative(z[:, rows], value)
+        errors[f"'{layer.name}' jacobian"] = _relative(jac[:, rows], ref)
     return errors
 
 

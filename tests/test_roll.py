@@ -60,11 +60,7 @@ def toy_mlp(seed=0, width=32, depth=3):
 def _jacobian(model, outputs, x):
     """Flattened values `[B, n]` and input Jacobians `[B, n, D]` of `outputs`."""
     sub = keras.Model(model.inputs, outputs)
-    sizes = [int(np.prod(o.shape[1:])) for o in tf.nest.flatten(sub.outputs)]
-    values, jac = tape_jacobian(lambda t: sub(t, training=False), x)
-    ends = np.cumsum([0] + sizes)
-    return ([values[:, a:b] for a, b in zip(ends[:-1], ends[1:])],
-            [jac[:, a:b] for a, b in zip(ends[:-1], ends[1:])])
+    return tape_jacobian(lambda t: sub(t, training=False), x, per_output=True)
 
 
 class Group:

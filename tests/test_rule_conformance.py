@@ -313,7 +313,8 @@ def test_check_rule_refuses_what_it_cannot_check():
 @pytest.mark.parametrize("rows_per_pass", [2048, 40])
 def test_tape_jacobian_equals_the_tapes_batch_jacobian(rows_per_pass):
     """`tape_jacobian` (tiled reverse passes) against `tape.batch_jacobian`, for two
-    outputs of a small CNN, in one block of rows and in blocks of one output."""
+    outputs of a small CNN, in one block of rows and in blocks of 13 outputs (3
+    examples, 40 rows), concatenated and per output."""
     model, x = conv2d_model()
     cut = keras.Model(model.inputs[0], [model.get_layer("conv").output, model.output])
 
@@ -330,3 +331,7 @@ def test_tape_jacobian_equals_the_tapes_batch_jacobian(rows_per_pass):
     np.testing.assert_allclose(values, np.concatenate([o.numpy() for o in outs], 1), rtol=1e-6)
     assert jac.shape == want.shape and np.abs(want).max() > 0
     np.testing.assert_allclose(jac, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+    blocks, jacs = tape_jacobian(fn, x, rows_per_pass=rows_per_pass, per_output=True)
+    assert [b.shape[1] for b in blocks] == [o.shape[1] for o in outs]
+    np.testing.assert_array_equal(np.concatenate(blocks, 1), values)
+    np.testing.assert_array_equal(np.concatenate(jacs, 1), jac)

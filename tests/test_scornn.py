@@ -22,7 +22,7 @@ import keras_roll
 from keras_roll.layers import CayleyInitializer, ScoRNN
 from keras_roll.models.rnn import scornn_classifier
 from keras_roll.roll import loss as roll
-from keras_roll.testing import tape_jacobian as tiled_tape_jacobian
+from keras_roll.testing import tape_jacobian
 from tests import model_zoo as zoo
 
 LEAKY = keras.activations.leaky_relu
@@ -77,7 +77,7 @@ def preactivation_jacobian(layer, x, w, leaky=True):
     """Flattened pre-activations `[B, T*U]`, their input Jacobian `[B, T*U, D]` and
     the validity of every neuron (unpadded steps), by tf.GradientTape."""
     _, _, mask = recurrence(layer, tf.constant(x), w, leaky)
-    flat, jac = tiled_tape_jacobian(lambda t: recurrence(layer, t, w, leaky)[0], x)
+    flat, jac = tape_jacobian(lambda t: recurrence(layer, t, w, leaky)[0], x)
     valid = np.repeat(mask.numpy(), layer.units, axis=1)
     return flat, jac, valid
 
@@ -99,10 +99,6 @@ def eq9(z, jac, valid, C, gamma):
 def assert_close(actual, expected, rtol=1e-5):
     scale = max(np.abs(expected).max(), 1e-12)
     np.testing.assert_allclose(actual, expected, rtol=0, atol=rtol * scale)
-
-
-def tape_jacobian(fn, x):
-    return tiled_tape_jacobian(fn, x)
 
 
 # --------------------------------------------------------------------------- models

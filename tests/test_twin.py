@@ -16,13 +16,9 @@ ACTIVATION_LAYERS = (keras.layers.ReLU, keras.layers.LeakyReLU, keras.layers.PRe
 
 
 def _tape_jacobian(fn, x):
-    """[B, n, D] Jacobian of fn(x) (flattened per example) by back-propagation."""
-    x = np.asarray(x)
-    sizes = [int(np.prod(o.shape[1:])) for o in fn(tf.constant(x[:1]))]
-    values, jac = tape_jacobian(fn, x)
-    ends = np.cumsum([0] + sizes)
-    return ([values[:, a:b] for a, b in zip(ends[:-1], ends[1:])],
-            [jac[:, a:b] for a, b in zip(ends[:-1], ends[1:])])
+    """Values `[B, n_i]` and Jacobians `[B, n_i, D]` of each tensor of fn(x) by
+    back-propagation."""
+    return tape_jacobian(fn, np.asarray(x), per_output=True)
 
 
 def _rows(lin, x, name):
