@@ -194,11 +194,16 @@ def _with_bias(layer, linear, kernels, bias, bias_shape=None, rows=None, one_hot
         b = _cast(bias(), like)
         return tf.reshape(b, bias_shape) if bias_shape else b
 
+    channels_first = getattr(layer, "data_format", None) == "channels_first"
+
     def forward(inputs, mask):
         out = linear(inputs[0], weights(inputs[0]))
-        if bias is not None:
-            out = out + bias_value(out)
-        return out
+        if bias is None:
+            return out
+        b = _cast(bias(), out)
+        if b.shape.rank == 1 and out.shape.rank >= 2:  # as Keras adds it: fuses on CPU
+            return tf.nn.bias_add(out, b, data_format="NC..." if channels_first else "N...C")
+        return out + bias_value(out)
 
     def scaled(xs, scale):  # one kernel whose last axis is the output channel
         ks = weights(xs[0])

@@ -13,8 +13,8 @@ rules is in docs/design.md, section "Rules".
 from __future__ import annotations
 
 import keras
-import numpy as np
 import tensorflow as tf
+from keras import ops
 
 from keras_roll.compile.keras_internals import normalization_statistics
 from keras_roll.compile.rules.base import Linear
@@ -84,10 +84,12 @@ def _batch_norm_rule(layer):
 
 
 def rescaling_parts(layer, x):
-    """`(scale, offset)` of a `Rescaling` layer, `x * scale + offset`, in `x`'s dtype
-    (Keras casts them to its compute dtype)."""
-    scale = tf.constant(np.asarray(layer.scale, np.float64), x.dtype)
-    offset = tf.constant(np.asarray(layer.offset, np.float64), x.dtype)
+    """`(scale, offset)` of a `Rescaling` layer, `x * scale + offset`, in `x`'s dtype,
+    cast as Keras casts them (a Python float goes through float32 first, so a
+    float64 model's offset of -0.1 is -0.10000000149...: the twin computes the
+    function Keras computes)."""
+    scale = tf.cast(ops.cast(layer.scale, x.dtype), x.dtype)
+    offset = tf.cast(ops.cast(layer.offset, x.dtype), x.dtype)
     if scale.shape.rank and keras.config.image_data_format() == "channels_first":
         scale = tf.reshape(scale, list(scale.shape) + [1] * (3 - scale.shape.rank))
     return scale, offset
