@@ -192,3 +192,26 @@ def test_exact_walk_and_radius_refuse_smooth_models():
         integrated_gradients(model, x, 0)
     with pytest.raises(keras_roll.UnsupportedModelError, match="smooth_tanh"):
         keras_roll.stable_radius(model, x)
+
+
+def test_riemann_sums_behind_a_convolution_prefix_equal_a_tape_sum():
+    """Rescaling, a convolution and BatchNormalization before the first ReLU: the sum
+    runs from the prefix's output and goes back through its transpose; the same
+    sum as the tape's at the points themselves."""
+    keras.utils.set_random_seed(4)
+    inp = keras.Input((5, 5, 2), dtype="float64")
+    h = keras.layers.Rescaling(2.0, offset=-0.5, dtype="float64")(inp)
+    h = keras.layers.Conv2D(4, 3, dtype="float64", bias_initializer="random_normal")(h)
+    h = keras.layers.BatchNormalization(dtype="float64", beta_initializer="random_normal")(h)
+    h = keras.layers.ReLU(dtype="float64")(h)
+    h = keras.layers.Flatten(dtype="float64")(h)
+    model = keras.Model(inp, keras.layers.Dense(3, dtype="float64")(h))
+    assert keras_roll.linearize(model).affine_prefix is not None
+    x = np.random.default_rng(5).uniform(0, 1, (3, 5, 5, 2))
+    y = np.array([2, 0, 1])
+    base = np.random.default_rng(6).uniform(0, 1, (3, 5, 5, 2))
+    ig = integrated_gradients(model, x, y, baseline=base, steps=9, rule="trapezoid",
+                              verbose=False)
+    t, w = riemann_points(9, "trapezoid")
+    want = sum(wi * _tape(model, base + ti * (x - base), np.eye(3)[y]) for ti, wi in zip(t, w))
+    np.testing.assert_allclose(ig.attributions, (x - base) * want, rtol=1e-10, atol=1e-13)

@@ -317,3 +317,56 @@ def test_passes_traced_in_a_user_tf_function_skip_autograph():
     assert [os.path.basename(f) for f in callers] == ["twin.py", "twin.py"]
     np.testing.assert_allclose(got[:, 0], np.einsum("bnd,bd->bn", lin.jacobian(x), x),
                                rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------- affine prefix
+
+
+def _prefix_cnn():
+    keras.utils.set_random_seed(3)
+    inp = keras.Input((6, 6, 2), dtype="float64")
+    h = keras.layers.Rescaling(0.5, offset=-0.1, dtype="float64")(inp)
+    h = keras.layers.Conv2D(3, 3, dtype="float64", bias_initializer="random_normal")(h)
+    h = keras.layers.BatchNormalization(dtype="float64")(h)
+    h = keras.layers.ReLU(dtype="float64")(h)
+    h = keras.layers.MaxPooling2D(dtype="float64")(h)
+    h = keras.layers.Flatten(dtype="float64")(h)
+    return keras.Model(inp, keras.layers.Dense(4, dtype="float64")(h))
+
+
+def test_affine_prefix_ends_at_the_first_op_with_a_pattern():
+    model = _prefix_cnn()
+    model.layers[3].set_weights([w + 0.3 for w in model.layers[3].get_weights()])  # BN
+    lin = keras_roll.linearize(model)
+    prefix = lin.affine_prefix
+    # Rescaling, the convolution, BatchNormalization; the ReLU layer has a pattern.
+    assert [op.layer for op in prefix.ops] == model.layers[1:4]
+    assert (prefix.start, prefix.start_op) == (3, 0)
+    x = np.random.default_rng(0).normal(size=(5, 6, 6, 2))
+    u = prefix.apply(x, "float64")
+    cut = keras.Model(model.inputs, model.layers[3].output)
+    np.testing.assert_allclose(u, cut(x, training=False), rtol=1e-12, atol=1e-12)
+    entered = lin.interpreter.primal(u, start=prefix.start, start_op=prefix.start_op)
+    np.testing.assert_allclose(entered.logits, lin.forward(x).logits, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(entered.logits, model(x), rtol=1e-12, atol=1e-12)
+    # The transpose is the adjoint of the linear part: <A^T g, v> = <g, A v>.
+    g = np.random.default_rng(1).normal(size=u.shape)
+    v = np.random.default_rng(2).normal(size=x.shape)
+    linear_v = cut(v, training=False) - cut(np.zeros_like(v), training=False)
+    lhs = np.sum(prefix.transpose(tf.constant(g), x).numpy() * v)
+    np.testing.assert_allclose(lhs, np.sum(g * linear_v), rtol=1e-10)
+
+
+def test_affine_prefix_inside_a_step_and_where_there_is_none():
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((5,))
+    dense = keras.layers.Dense(4, activation="relu")
+    out = keras.layers.Dense(2)(dense(inp))
+    prefix = keras_roll.linearize(keras.Model(inp, out)).affine_prefix
+    assert [op.layer for op in prefix.ops] == [dense] and (prefix.start, prefix.start_op) == (0, 1)
+    # The input read twice (a residual from it), or an activation first: no prefix.
+    h = keras.layers.Dense(5)(inp)
+    res = keras.Model(inp, keras.layers.Dense(2)(keras.layers.ReLU()(keras.layers.Add()([inp, h]))))
+    assert keras_roll.linearize(res).affine_prefix is None
+    first = keras.Model(inp, keras.layers.Dense(2)(keras.layers.ReLU()(inp)))
+    assert keras_roll.linearize(first).affine_prefix is None

@@ -346,12 +346,21 @@ class Interpreter:
         self.dtype = dtype
         self.folds = batch_norm_folds(program)
 
-    def primal(self, x, dtype: str | None = None) -> ForwardPass:
-        """The forward pass on `x` (cast to `dtype`, default the interpreter's)."""
+    def primal(self, x, dtype: str | None = None, start: int = 0,
+               start_op: int = 0) -> ForwardPass:
+        """The forward pass on `x` (cast to `dtype`, default the interpreter's).
+
+        With `start` / `start_op` (see `propagate`), `x` is the output of the
+        ops before them, e.g. of an affine prefix (`keras_roll.compile.prefix`),
+        which must not set Keras masks; the trace then holds only the steps run
+        (enough for the logits and neurons, not for a tangent pass).
+        """
         dtype = dtype or self.dtype
         x = tf.cast(x, dtype)
         transform = PrimalTransform(self.program, x, dtype)
-        logits = propagate(self.program, transform, x)
+        if start:
+            transform.masks[self.program.steps[start - 1].output] = None
+        logits = propagate(self.program, transform, x, start=start, start_op=start_op)
         return ForwardPass(logits, concat_neurons(transform.neurons, x),
                            Trace(x, tuple(transform.steps)), transform.tangent_size)
 

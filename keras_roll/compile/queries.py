@@ -22,6 +22,7 @@ import tensorflow as tf
 from keras_roll.compile.graph import Program
 from keras_roll.compile.interpreter import ForwardPass
 from keras_roll.compile.layout import NeuronLayout
+from keras_roll.compile.prefix import AffinePrefix, affine_prefix
 
 __all__ = ["NeuronQueries", "ProgramQueries"]
 
@@ -47,6 +48,11 @@ class ProgramQueries:
         noise: `Op.training_dependent`), so the twin's forward pass is also the
         training-mode forward pass."""
         return not any(op.training_dependent for step in self.program.steps for op in step.ops)
+
+    @property
+    def affine_prefix(self) -> AffinePrefix | None:
+        """The affine ops the program starts with (`keras_roll.compile.prefix`), or None."""
+        return affine_prefix(self.program)
 
     @property
     def output_link(self) -> str | None:

@@ -225,13 +225,16 @@ class Linearized(NeuronQueries, ProgramQueries):
     # passes have no Python control flow on tensors to convert).
 
     @tf.autograph.experimental.do_not_convert
-    def primal(self, x: tf.Tensor) -> ForwardPass:
+    def primal(self, x: tf.Tensor, entry=None) -> ForwardPass:
         """The forward pass on a checked tensor, in the caller's graph (not compiled).
 
         Use it inside training steps and custom gradients; `forward` is the
-        validated, compiled entry point.
+        validated, compiled entry point. With `entry` (the twin's `affine_prefix`),
+        `x` is the prefix's output and the pass starts after it.
         """
-        return self.interpreter.primal(x)
+        if entry is None:
+            return self.interpreter.primal(x)
+        return self.interpreter.primal(x, start=entry.start, start_op=entry.start_op)
 
     @tf.autograph.experimental.do_not_convert
     def tangent_from_trace(self, trace: Trace, v, shared: bool, concat: bool = True,

@@ -100,6 +100,7 @@ class LogitGradients:
 
     piecewise_linear = True
     note = None
+    affine_prefix = None  # set from the twin (`keras_roll.compile.prefix`)
 
     def __init__(self, lin: Linearized):
         self.lin = lin
@@ -114,6 +115,7 @@ class LogitGradients:
         self._dist_fn = tf.function(self._dist_impl, reduce_retracing=True, autograph=False)
         self._same_fn = tf.function(self._same_impl, reduce_retracing=True, autograph=False)
         self._sizes: dict = {}
+        self.affine_prefix = lin.affine_prefix
         # The twin's forward pass traced into the caller's graph (`Linearized.primal`)
         # lets TensorFlow prune the records a gradient does not need; a nested
         # compiled `forward` would compute and keep them all for the backward pass.
@@ -182,13 +184,15 @@ class LogitGradients:
             return grad, logits, fwd.neurons, fwd.trace
         return grad, logits, fwd.neurons
 
-    def objective_gradient(self, x, weights, neurons: bool = False):
+    def objective_gradient(self, x, weights, neurons: bool = False, entry=None):
         """Traceable: `(grad, logits [n, L])` of `sum(logits * weights)` (`weights [n, L]`:
         a one-hot row selects one logit, a multi-hot row sums several), and the
-        points' `Neurons` with `neurons=True`."""
+        points' `Neurons` with `neurons=True`. With `entry` (the twin's
+        `affine_prefix`), `x` are points of the prefix's output and `grad` is
+        with respect to them."""
         with tf.GradientTape() as tape:
             tape.watch(x)
-            fwd = self._primal(x)
+            fwd = self._primal(x) if entry is None else self.lin.primal(x, entry)
             logits = tf.reshape(fwd.logits, tf.stack([tf.shape(x)[0], -1]))
             total = tf.reduce_sum(logits * tf.cast(weights, logits.dtype))
         grad = tape.gradient(total, x)

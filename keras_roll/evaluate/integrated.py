@@ -212,27 +212,42 @@ def _riemann_fn(engine):
 
 
 def _compile_riemann(engine):
+    # Behind an affine prefix (a first Dense / convolution layer) the points stay on
+    # a segment in the prefix's output `u`: the prefix runs on the two end points,
+    # the gradients are taken at `u` and summed there, and the sum goes back to the
+    # input through the prefix's transpose once (`keras_roll.compile.prefix`).
+    prefix = engine.affine_prefix
+
     def block(x, base, t, w, weights):
         m, k = tf.shape(x)[0], tf.shape(t)[0]
         rank = len(x.shape) - 1
         alpha = tf.reshape(tf.cast(t, x.dtype), [1, -1] + [1] * rank)
         pts = base[:, None] + alpha * (x - base)[:, None]
         pts = tf.reshape(pts, tf.concat([[m * k], tf.shape(x)[1:]], 0))
-        grad, _ = engine.objective_gradient(pts, tf.repeat(weights, k, axis=0))
+        weights = tf.repeat(weights, k, axis=0)
+        if prefix is None:
+            grad, _ = engine.objective_gradient(pts, weights)
+        else:
+            grad, _ = engine.objective_gradient(pts, weights, entry=prefix)
         grad = tf.reshape(tf.cast(grad, tf.float64), tf.stack([m, k, -1]))
         return tf.einsum("mkd,k->md", grad, w)
 
     def riemann(x, base, t, w, weights, size):
-        d = int(np.prod(x.shape[1:]))
+        ends = (x, base)
+        if prefix is not None:
+            ends = tuple(prefix.apply(e, engine.dtype) for e in ends)
+        d = int(np.prod(ends[0].shape[1:]))
         steps = tf.shape(t)[0]
 
         def body(i, acc):
             sl = slice(i * size, tf.minimum((i + 1) * size, steps))
-            return i + 1, acc + block(x, base, t[sl], w[sl], weights)
+            return i + 1, acc + block(*ends, t[sl], w[sl], weights)
 
         acc = tf.zeros(tf.stack([tf.shape(x)[0], d]), tf.float64)
         acc = tf.ensure_shape(acc, [None, d])
         _, acc = tf.while_loop(lambda i, _: i * size < steps, body, (0, acc))
+        if prefix is not None:
+            acc = tf.reshape(prefix.transpose(acc, x), tf.stack([tf.shape(x)[0], -1]))
         return acc
 
     return tf.function(riemann, reduce_retracing=True, autograph=False)

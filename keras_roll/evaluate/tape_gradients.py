@@ -89,9 +89,11 @@ class TapeGradients:
     Attributes:
         piecewise_linear: False: no radius and no exact walk for this model.
         note: why, in words.
+        affine_prefix: None (the Riemann sums' shortcut needs the twin).
     """
 
     piecewise_linear = False
+    affine_prefix = None
 
     def __init__(self, model: keras.Model):
         if len(model.inputs) != 1 or len(model.outputs) != 1:

@@ -45,6 +45,8 @@ class LayerCall(Op):
     subtracted, which turns any affine layer into its linear part.
     """
 
+    affine = True
+
     def __init__(self, layer, bias_free=True, name=None):
         super().__init__(layer, name)
         self.bias_free = bias_free
@@ -158,6 +160,8 @@ def _avg_pool3d(layer, x):
 
 class Identity(Op):
     """The identity (Dropout and noise layers at inference)."""
+
+    affine = True
 
     def forward(self, inputs, mask):
         return inputs[0], NO_RECORD

@@ -182,10 +182,14 @@ class Op:
         training_dependent: whether the layer computes something else in
             training mode (BatchNormalization, dropout and noise layers); the
             twin always linearizes the inference-mode function.
+        affine: whether the op is an affine map of its inputs everywhere, with
+            no pattern (`Linear`, reshapes, the identity): a straight path stays
+            straight through it (`keras_roll.compile.prefix`).
     """
 
     needs_mask = False
     owns_neurons = False
+    affine = False
 
     def __init__(self, layer, name: str | None = None, training_dependent: bool = False):
         self.layer = layer
@@ -281,6 +285,8 @@ class Linear(Op):
         return keras_roll.compile.rules.Linear(layer, lambda xs: xs[0] * layer.factor)
     ```
     """
+
+    affine = True
 
     def __init__(self, layer, linear, forward=None, name=None, rows=None,
                  training_dependent=False, one_hot=None, scaled=None, channel_scale=None,
