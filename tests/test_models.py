@@ -118,6 +118,28 @@ def test_resnet18_shapes_and_parameter_count():
     assert imagenet.get_layer("layer4_1_relu2").output.shape[1:] == (7, 7, 512)
 
 
+def _conv_kernels(seed):
+    keras.utils.set_random_seed(seed)
+    model = resnet18((8, 8, 3), classes=2)
+    return {layer.name: layer.kernel.numpy() for layer in model.layers
+            if isinstance(layer, keras.layers.Conv2D)}
+
+
+def test_resnet18_initialisation_follows_the_global_seed():
+    """keras.utils.set_random_seed fixes the convolutions' initial kernels (a rerun in
+    another process starts from the same weights), another seed changes them, and two
+    convolutions of one shape start from different kernels."""
+    first, again, other = _conv_kernels(0), _conv_kernels(0), _conv_kernels(1)
+    assert sorted(first) == sorted(again) == sorted(other) and len(first) == 20
+    for name in first:
+        np.testing.assert_array_equal(first[name], again[name], err_msg=name)
+        assert not np.allclose(first[name], other[name]), name
+    assert first["layer1_0_conv1"].shape == first["layer1_0_conv2"].shape
+    assert not np.allclose(first["layer1_0_conv1"], first["layer1_0_conv2"])
+    # torchvision's kaiming_normal_(mode="fan_out", relu): std sqrt(2 / (3 * 3 * 512)).
+    assert np.std(first["layer4_1_conv2"]) == pytest.approx(np.sqrt(2 / (9 * 512)), rel=0.01)
+
+
 def _normalized(model, value=0.5):
     x = np.full((1, 8, 8, 3), value, np.float32)
     return model.get_layer("normalize")(x).numpy()[0, 0, 0]

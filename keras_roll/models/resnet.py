@@ -38,8 +38,12 @@ BN_MOMENTUM = 0.9  # = 1 - torchvision's momentum 0.1
 STAGES = ((64, 1), (128, 2), (256, 2), (512, 2))  # (filters, first stride) of layer1..4
 BLOCKS_PER_STAGE = 2
 
-# torchvision initialises convolutions with kaiming_normal_(mode="fan_out", relu).
-_CONV_INIT = keras.initializers.VarianceScaling(2.0, "fan_out", "untruncated_normal")
+
+def _conv_init():
+    """torchvision's kaiming_normal_(mode="fan_out", relu), a new initializer per
+    convolution: its seed is drawn when the layer is made, so it follows
+    `keras.utils.set_random_seed`, and no two convolutions share their draws."""
+    return keras.initializers.VarianceScaling(2.0, "fan_out", "untruncated_normal")
 
 
 def resnet18(
@@ -178,7 +182,7 @@ class _Layers:
             x = keras.layers.ZeroPadding2D(pad, dtype=self.dtype, name=f"{name}_pad")(x)
         return keras.layers.Conv2D(
             filters, kernel, strides=stride, padding="valid", use_bias=False,
-            kernel_initializer=_CONV_INIT, dtype=self.dtype, name=name,
+            kernel_initializer=_conv_init(), dtype=self.dtype, name=name,
         )(x)
 
     def bn(self, x, name):
