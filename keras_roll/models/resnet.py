@@ -67,7 +67,8 @@ def resnet18(
             ``True`` or ``"imagenet"``: mean ``(0.485, 0.456, 0.406)``, std
             ``(0.229, 0.224, 0.225)``; ``"paper"``: the same mean with the single
             std 0.225; a ``(mean, std)`` pair; ``False`` / ``None``: no layer.
-        weights: ``None`` (random, torchvision's initialisation) or the path of a
+        weights: ``None`` (random, torchvision's initialisation; fixed by
+            ``keras.utils.set_random_seed`` before the call) or the path of a
             torchvision ``resnet18`` state dict saved as ``.npz`` (see
             ``load_torchvision_resnet18``; ``fc`` is loaded only when its shape fits
             ``classes``).
