@@ -28,11 +28,14 @@ step(x, y)   # one SGD update, returns the loss
 
 from __future__ import annotations
 
+from unittest import mock
+
 import keras
 import numpy as np
 import tensorflow as tf
 
 import keras_roll
+from keras_roll.compile.rules import recurrent
 from keras_roll.compile.twin import DEFAULT_MEMORY_BUDGET
 from keras_roll.roll import loss as roll
 from keras_roll.roll.config import RollConfig
@@ -190,17 +193,25 @@ def vowels_batch(batch: int = 32, bucketed: bool = False, seed: int = 0):
 
 def sequence_steps(units: int = 512, shape=(26, 12), batch: int = 32):
     """`{name: compiled step}`: exact ROLL on the scoRNN(units) classifier along every
-    input axis (the default) and along the valid axes only (`skip_padded_steps=True`,
-    `PackedAxes`), for `[batch, *shape]`."""
-    keras.utils.set_random_seed(0)
-    model = keras_roll.models.scornn_classifier(units=units)
-    lin = keras_roll.linearize(model)
-    variables = model.trainable_variables
+    input axis (the default), the same with the recurrence run over every step for
+    every chunk of directions (the step before the loop started at a chunk's first
+    step), and along the valid axes only (`skip_padded_steps=True`, `PackedAxes`),
+    for `[batch, *shape]`. Each variant has its own model (same weights), so that
+    `memory_budget="auto"` tunes each."""
     spec = [tf.TensorSpec([batch, *shape]), tf.TensorSpec([batch], tf.int32)]
 
     def step_fn(valid_only):
-        step = _config_step(lin, RollConfig(C=C, skip_padded_steps=valid_only), variables)
+        keras.utils.set_random_seed(0)
+        model = keras_roll.models.scornn_classifier(units=units)
+        lin = keras_roll.linearize(model)
+        step = _config_step(lin, RollConfig(C=C, skip_padded_steps=valid_only),
+                            model.trainable_variables)
         return tf.function(step, input_signature=spec, autograph=False)
 
+    every_step = step_fn(False)
+    with mock.patch.object(recurrent, "first_nonzero_step",
+                           lambda t: tf.constant(0, tf.int64)):
+        every_step.get_concrete_function()  # traced (and tuned) with the loop from step 0
     return {"exact ROLL, every input axis": step_fn(False),
+            "exact ROLL, every axis and step (before)": every_step,
             "exact ROLL, valid axes only": step_fn(True)}

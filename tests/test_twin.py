@@ -182,6 +182,35 @@ def test_simple_rnn_with_masked_variable_length_input(activation, sequences):
     _assert_close(np.where(valid, fwd.neurons.z.numpy(), 0), np.where(valid, z, 0))
 
 
+@pytest.mark.parametrize("backwards", [False, True])
+def test_rnn_directions_along_late_steps_start_the_loop_late(backwards):
+    """The recurrence skips the steps before the first nonzero input tangent (its
+    state tangent is zero there): directions along late steps only, padded steps
+    only (zero after the Masking layer) and no direction at all, against tape
+    Jacobians of the Keras model (the hand-written recurrence for the neurons)."""
+    model = zoo.rnn("relu")
+    if backwards:
+        inp = keras.Input((5, 3))
+        h = keras.layers.SimpleRNN(6, activation="relu", go_backwards=True, name="rnn")(
+            keras.layers.Masking(0.0)(inp))
+        model = keras.Model(inp, keras.layers.Dense(2, name="logits")(h))
+    x, lengths = zoo.padded_sequences()
+    lin = keras_roll.linearize(model)
+    eye = np.eye(15, dtype="float32").reshape(15, 5, 3)
+    late, padded = eye[9:], eye[12:]  # steps 3-4; step 4 is padding in all but two
+    x_short = np.where(np.arange(5)[None, :, None] < 4, x, 0.0)  # every step 4 padded
+    for xs, v in ((x, late), (x_short, padded), (x, np.zeros_like(late))):
+        (_, ref) = _tape_jacobian(lambda t: [model(t)], xs)
+        want = np.einsum("bld,kd->bkl", ref[0], v.reshape(len(v), -1))
+        _assert_close(lin.jvp(xs, v).logits.numpy(), want)
+    if not backwards:  # every neuron, against the hand-written recurrence
+        _, (zj, _) = _tape_jacobian(_rnn_reference(model, x, False), x)
+        valid = lin.forward(x).neurons.valid.numpy()
+        got = lin.jvp(x, late).neurons.numpy()
+        want = np.einsum("bnd,kd->bkn", zj, late.reshape(len(late), -1))
+        _assert_close(np.where(valid[:, None], got, 0), np.where(valid[:, None], want, 0))
+
+
 def test_fused_and_split_activations_give_the_same_jacobian():
     x = np.random.default_rng(5).normal(size=(4, 6)).astype("float32")
     fused = keras_roll.linearize(zoo.mlp(fused=True, seed=7)).jacobian(x)

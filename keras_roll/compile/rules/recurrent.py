@@ -158,7 +158,14 @@ class SimpleRNNOp(Op):
             return (s_t * dz,), (dz,)
 
         keep = self.time_major(record.mask)
-        (dhs,), (dzs,) = self.recurrence(step, [tw, slope], (dh0,), (dh0,), keep)
+        # The state's tangent starts at zero, so it stays exactly zero until the first
+        # step whose input tangent is not: the loop starts there. Exact ROLL's chunks
+        # of one-hot directions along later steps (and along padded steps, which the
+        # Masking layer zeroes) skip the steps before them: about half the work.
+        first = first_nonzero_step(tw)
+        (dhs,), (dzs,) = self.recurrence(step, [tw[first:], slope[first:]], (dh0,), (dh0,),
+                                         keep[first:])
+        dhs, dzs = (_zeros_before(t, first) for t in (dhs, dzs))
         return Tangent(self.outputs(dhs, keep)), self.neuron_sequence(dzs)
 
     def neurons(self, record):
@@ -209,6 +216,20 @@ def simple_rnn_op(layer, hint: str = "Build it with activation='relu' (or leaky_
             f"piecewise linear; it uses '{act}'. {hint}"
         )
     return SimpleRNNOp(layer, acts[0])
+
+
+def first_nonzero_step(t):
+    """The first index of the leading (time) axis of `t` where `t` is not all zero
+    (the last index when it is zero everywhere: a loop runs at least one step)."""
+    nonzero = tf.reduce_any(tf.not_equal(t, 0), axis=list(range(1, len(t.shape))))
+    last = tf.maximum(tf.shape(t, out_type=tf.int64)[0] - 1, 0)
+    return tf.where(tf.reduce_any(nonzero), tf.argmax(nonzero), last)
+
+
+def _zeros_before(t, first):
+    """`t` `[T - first, ...]` with `first` zero steps put back in front."""
+    zeros = tf.zeros(tf.concat([[first], tf.shape(t, out_type=tf.int64)[1:]], 0), t.dtype)
+    return tf.concat([zeros, t], 0)
 
 
 @register_rule(keras.layers.SimpleRNN)
