@@ -161,8 +161,11 @@ class SimpleRNNOp(Op):
         # The state's tangent starts at zero, so it stays exactly zero until the first
         # step whose input tangent is not: the loop starts there. Exact ROLL's chunks
         # of one-hot directions along later steps (and along padded steps, which the
-        # Masking layer zeroes) skip the steps before them: about half the work.
-        first = first_nonzero_step(tw)
+        # Masking layer zeroes) skip the steps before them: about half the work. The
+        # step is found on the input tangents `[(B,) K, T, F]`, not on the wider `tw`.
+        v = tangents[0].value
+        time = v.shape.rank - 2
+        first = first_nonzero_step(self.in_processing_order(v, axis=time), axis=time)
         (dhs,), (dzs,) = self.recurrence(step, [tw[first:], slope[first:]], (dh0,), (dh0,),
                                          keep[first:])
         dhs, dzs = (_zeros_before(t, first) for t in (dhs, dzs))
@@ -218,11 +221,12 @@ def simple_rnn_op(layer, hint: str = "Build it with activation='relu' (or leaky_
     return SimpleRNNOp(layer, acts[0])
 
 
-def first_nonzero_step(t):
-    """The first index of the leading (time) axis of `t` where `t` is not all zero
+def first_nonzero_step(t, axis: int = 0):
+    """The first index along the (time) `axis` of `t` where `t` is not all zero
     (the last index when it is zero everywhere: a loop runs at least one step)."""
-    nonzero = tf.reduce_any(tf.not_equal(t, 0), axis=list(range(1, len(t.shape))))
-    last = tf.maximum(tf.shape(t, out_type=tf.int64)[0] - 1, 0)
+    others = [a for a in range(t.shape.rank) if a != axis]
+    nonzero = tf.reduce_any(tf.not_equal(t, 0), axis=others)
+    last = tf.maximum(tf.shape(t, out_type=tf.int64)[axis] - 1, 0)
     return tf.where(tf.reduce_any(nonzero), tf.argmax(nonzero), last)
 
 
