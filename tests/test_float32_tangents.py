@@ -7,6 +7,8 @@
   a CNN with BatchNormalization folded into a convolution, max pooling and an
   average-pooled residual branch; and it is tight enough on shallow networks.
 * `exact_norms` (reverse mode through the tangent map) equals the tape too.
+* The input norms of an op after a ReLU, taken from the ReLU's neuron norms times
+  its 0/1 slopes, equal a direct reduction of that op's input tangents.
 * The default certificate equals the float64 pass of every neuron (radii to
   float64 rounding plus the guard's growth term from upper norm brackets,
   binding neurons exactly), including zero radii decided without gradients,
@@ -19,11 +21,15 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_roll
 from keras_roll.certification import guarded_norms as gnorms
 from keras_roll.certification.gradient_norms import iter_gradient_norms
 from keras_roll.certification.margin_math import margins_from_norms, neuron_arrays
+from keras_roll.compile.interpreter import propagate
+from keras_roll.compile.rules.base import Tangent
+from keras_roll.rounding import tangent_error
 from keras_roll.rounding.guard import guard_for
 from keras_roll.rounding.tangent_error import exact_norms, tangent_norms
 from keras_roll.testing import tape_jacobian
@@ -118,6 +124,37 @@ def test_exact_norms_equal_the_tape():
             r = rows[e][rows[e] >= 0]
             np.testing.assert_allclose(g[e, :r.size], want[e, r], rtol=1e-12, atol=1e-300)
             assert np.all(g[e, r.size:] == 0)
+
+
+class _DirectNorms(tangent_error.NormsTransform):
+    """Reduces every op input itself (no norms carried over from a ReLU)."""
+
+    def _norms(self, t):
+        return tangent_error._reduce(t)
+
+
+@pytest.mark.parametrize("case", ["cnn", "mlp"])
+def test_norms_after_a_relu_equal_a_direct_reduction(case):
+    model, x = case_of(case)
+    lin64 = keras_roll.linearize(model).at_dtype("float64")
+    trace = lin64.forward(x).trace
+    trace32 = tf.nest.map_structure(
+        lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, trace)
+    d = int(np.prod(x.shape[1:]))
+    dirs = tf.reshape(tf.eye(d, dtype=tf.float32), (d, *x.shape[1:]))
+    got = []
+    for cls in (tangent_error.NormsTransform, _DirectNorms):
+        transform = cls(lin64.interpreter.folds)
+        propagate(lin64.program, transform, Tangent(dirs, True), trace32)
+        got.append((transform.input_norms, transform.neuron_norms))
+    assert any(getattr(op, "binary_slopes", False)
+               for step in lin64.program.steps for op in step.ops)
+    shared, direct = (tf.nest.flatten(g) for g in got)
+    assert [a is None for a in shared] == [b is None for b in direct]
+    assert sum(a is not None for a in shared) > 0
+    for a, b in zip(shared, direct):
+        if a is not None:
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
 def float64_pass(model, x):

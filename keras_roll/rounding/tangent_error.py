@@ -103,9 +103,10 @@ class TangentNorms(NamedTuple):
 
 def _reduce(t: Tangent):
     """`(sum |t|, sum t^2, max |t|)` over the directions: `[B or 1, *shape]` each."""
-    a = tf.abs(t.value)
+    v = t.value
     axis = 0 if t.shared else 1
-    out = (tf.reduce_sum(a, axis), tf.reduce_sum(a * a, axis), tf.reduce_max(a, axis))
+    out = (tf.reduce_sum(tf.abs(v), axis), tf.reduce_sum(tf.square(v), axis),
+           tf.maximum(tf.reduce_max(v, axis), -tf.reduce_min(v, axis)))
     return tuple(o[None] for o in out) if t.shared else out
 
 
@@ -116,11 +117,23 @@ def _example_view(t: Tangent):
 
 class NormsTransform(TangentTransform):
     """The float32 tangent pass that also reduces the input tangents of every op that
-    rounds to their norms over the directions (`P_q`, see the module docstring)."""
+    rounds to their norms over the directions (`P_q`, see the module docstring), and
+    the neuron tangents to theirs.
+
+    An activation whose frozen slopes are all 0 or 1 (ReLU) multiplies its input
+    tangent exactly, so the norms of its output are its neurons' norms times the
+    slopes: the next op's `P_q` costs no second pass over the tangents.
+    """
 
     def __init__(self, folds):
         super().__init__(folds)
         self.input_norms: list = []
+        self.neuron_norms: list = []
+        self._known: dict = {}  # id(tangent value) -> (value, its norms)
+
+    def _norms(self, t: Tangent):
+        known = self._known.get(id(t.value))
+        return _reduce(t) if known is None else known[1]
 
     def apply(self, op, inputs, mask, record):
         rule = rules.rounding_rule(op)
@@ -129,8 +142,17 @@ class NormsTransform(TangentTransform):
             raise UnsupportedTangentBound(
                 f"Layer '{op.name}' ({type(op).__name__}) rounds inside its tangent pass.")
         need = (n or rule.neuron_tangent_roundings(op)) and id(self._step) not in self._folded
-        self.input_norms.append([_reduce(t) for t in inputs] if need else None)
-        return super().apply(op, inputs, mask, record)
+        self.input_norms.append([self._norms(t) for t in inputs] if need else None)
+        count = len(self.neuron_tangents)
+        out = super().apply(op, inputs, mask, record)
+        if len(self.neuron_tangents) > count:
+            norms = _reduce(Tangent(self.neuron_tangents[-1]))  # [B, K, n] -> [B, n]
+            self.neuron_norms.append(norms)
+            if getattr(op, "binary_slopes", False):
+                slope = record.slope  # [B, *shape], 0 or 1
+                self._known[id(out.value)] = (out.value, tuple(
+                    slope * tf.reshape(r, tf.shape(slope)) for r in norms))
+        return out
 
 
 def _chunk(program, folds, trace, start, k, example_shape):
@@ -141,11 +163,10 @@ def _chunk(program, folds, trace, start, k, example_shape):
     dirs = tf.reshape(tf.one_hot(axes, d, dtype=tf.float32), tf.concat([[k], example_shape], 0))
     transform = NormsTransform(folds)
     propagate(program, transform, Tangent(dirs, True, axes=tf.where(axes < d, axes, -1)), trace)
-    blocks = transform.neuron_tangents
-    if not blocks:
+    if not transform.neuron_norms:
         empty = tf.zeros(tf.stack([tf.shape(trace.input)[0], 0]), tf.float32)
         return (empty, empty, empty), transform.input_norms
-    parts = [_reduce(Tangent(b)) for b in blocks]  # [B, K, n] -> [B, n]
+    parts = transform.neuron_norms
     return tuple(tf.concat(p, axis=-1) for p in zip(*parts)), transform.input_norms
 
 

@@ -83,6 +83,9 @@ class Activation(Op):
         self.slopes = tuple(slopes)
         self._plain_relu = self.breakpoints == (0.0,) and all(
             isinstance(s, (int, float)) for s in self.slopes) and self.slopes == (0.0, 1.0)
+        # every frozen slope is 0 or 1: the tangent's product by it is exact
+        self.binary_slopes = all(isinstance(s, (int, float)) and s in (0.0, 1.0)
+                                 for s in self.slopes)
 
     def slope(self, z):
         """The frozen slope of every unit: the slope of the piece `z` is on."""
