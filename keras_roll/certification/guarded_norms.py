@@ -49,6 +49,7 @@ from keras_roll.rounding.tangent_error import (
     Norms,
     UnsupportedTangentBound,
     exact_norms,
+    tangent_budget,
     tangent_norms,
 )
 
@@ -70,7 +71,8 @@ def guarded_norms(twin, x, batch_size, memory_budget, rigor):
         twin: the twin of the rigor (`guard_for(rigor).twin(lin)`).
         x: `[B, *input_shape]` checked inputs.
         batch_size: examples per slice (default from the memory budget).
-        memory_budget: bytes of tangents per chunk (default the twin's).
+        memory_budget: bytes of tangents per chunk (default the twin's, or under
+            "auto" the float32 pass's timed choice, `tangent_budget`).
         rigor: the `Rigor`.
     """
     guard = guard_for(rigor)
@@ -82,6 +84,7 @@ def guarded_norms(twin, x, batch_size, memory_budget, rigor):
             yield sl, fwd, gn, guard.errors(twin, fwd, l1=gn.l1, memory_budget=budget)
         return
     x = twin.check_input(x, keep_float=True)
+    budget = int(memory_budget or tangent_budget(twin, x, batch_size))
     layout = twin.layout(x.shape[1:])
     plan = plan_chunks(int(x.shape[0]), layout.input_size, layout.tangent_bytes(4), budget,
                        batch_size)

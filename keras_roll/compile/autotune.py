@@ -7,7 +7,8 @@ budget given, `axis_budget` picks the chunk size of the axis stream
 under each candidate budget of `keras_roll.compile.chunking.auto_candidates`,
 per example and direction; the fastest is kept for the model, the twin's dtype,
 the per-example shape and the reduction (`remembered_budget`). A stream shorter
-than `MIN_CHUNKS` chunks is not worth a probe and keeps the twin's budget.
+than `MIN_CHUNKS` chunks is not worth a probe: it keeps the twin's budget, and
+the choice is left to the first stream long enough to time.
 docs/design.md, "Chunk sizes by measurement".
 
 Example:
@@ -31,7 +32,7 @@ from keras_roll.compile.chunking import (
     remembered_budget,
 )
 
-__all__ = ["MIN_CHUNKS", "axis_budget"]
+__all__ = ["MIN_CHUNKS", "axis_budget", "probed_budget"]
 
 MIN_CHUNKS = 32  # fewer chunks than this (under the smallest candidate): no probe
 
@@ -56,9 +57,17 @@ def axis_budget(lin, x, batch_size=None, reduce=None, per_neuron=False) -> int:
 
     name = getattr(reduce, "__qualname__", repr(reduce))
     key = ("axes", lin.dtype, tuple(x.shape[1:]), batch_size, name, bool(per_neuron))
-    return remembered_budget(lin.model, key, lambda: choose_budget(
-        auto_candidates(plan_for), _chunk_seconds(lin, x, reduce, per_neuron),
-        min_chunks=MIN_CHUNKS))
+    return remembered_budget(lin.model, key, lambda: probed_budget(
+        auto_candidates(plan_for), _chunk_seconds(lin, x, reduce, per_neuron)),
+        default=lin.memory_budget)
+
+
+def probed_budget(plans, seconds) -> int | None:
+    """`choose_budget` of `plans` by `seconds`, or None (no probe) when none of them
+    cuts the work into `MIN_CHUNKS` chunks: too short a stream to time, or to gain."""
+    if max(p.chunks for p in plans.values()) < MIN_CHUNKS:
+        return None
+    return choose_budget(plans, seconds, min_chunks=MIN_CHUNKS)
 
 
 def _chunk_seconds(lin, x, reduce, per_neuron):

@@ -257,11 +257,15 @@ def choose_budget(plans: dict[int, ChunkPlan], seconds: Callable[[int, ChunkPlan
 _CHOICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def remembered_budget(owner, key, choose: Callable[[], int]) -> int:
+def remembered_budget(owner, key, choose: Callable[[], int | None],
+                      default: int | None = None) -> int:
     """`choose()` the first time `owner` (a model) meets `key`, the same budget after.
 
     The choices of "auto" are kept per model (weakly: they go with it) and per
-    key, e.g. the kind of work, the dtype and the per-example shape.
+    key, e.g. the kind of work, the dtype and the per-example shape. A `choose`
+    that returns None made no measurement (the work was too short to time):
+    `default` is used and nothing is remembered, so that a first small call does
+    not fix the budget of the larger ones after it.
 
     Example:
 
@@ -271,5 +275,8 @@ def remembered_budget(owner, key, choose: Callable[[], int]) -> int:
     """
     choices = _CHOICES.setdefault(owner, {})
     if key not in choices:
-        choices[key] = int(choose())
+        choice = choose()
+        if choice is None:
+            return int(default)
+        choices[key] = int(choice)
     return choices[key]

@@ -41,19 +41,22 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 import weakref
 from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.chunking import plan_chunks
+from keras_roll.compile.autotune import probed_budget
+from keras_roll.compile.chunking import auto_candidates, plan_chunks, remembered_budget
 from keras_roll.compile.interpreter import Interpreter, TangentTransform, Transform, propagate
 from keras_roll.compile.rules.base import Tangent, flatten_directions, flatten_examples
 from keras_roll.rounding import rules
 from keras_roll.rounding.precision import gamma, underflow_unit, unit_roundoff
 
-__all__ = ["Norms", "TangentNorms", "UnsupportedTangentBound", "exact_norms", "tangent_norms"]
+__all__ = ["Norms", "TangentNorms", "UnsupportedTangentBound", "exact_norms", "tangent_budget",
+           "tangent_norms"]
 
 U32 = unit_roundoff("float32")
 ETA32 = underflow_unit("float32")
@@ -307,8 +310,7 @@ def tangent_norms(twin, fwd, memory_budget: int | None = None) -> TangentNorms:
     b = int(trace.input.shape[0])
     per = twin.layout(shape).tangent_bytes(4)
     plan = plan_chunks(1, d, per * b, int(memory_budget or twin.memory_budget))
-    trace32 = tf.nest.map_structure(
-        lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, trace)
+    trace32 = tf.nest.map_structure(_to_float32, trace)
     neurons, inputs = None, None
     k_max = 0
     for start in plan.direction_starts():
@@ -323,6 +325,56 @@ def tangent_norms(twin, fwd, memory_budget: int | None = None) -> TangentNorms:
             inputs = [None if a is None else [_accumulate(x, t) for x, t in zip(a, n)]
                       for a, n in zip(inputs, norms)]
     return _bounds(fns, trace, neurons, inputs, d, plan.per_chunk, b)
+
+
+def _to_float32(t):
+    return tf.cast(t, tf.float32) if t.dtype.is_floating else t
+
+
+def tangent_budget(twin, x, batch_size: int | None = None) -> int:
+    """The chunk budget of the float32 pass of `x`: the twin's, or under
+    `memory_budget="auto"` the fastest candidate of a timed probe of one chunk
+    (`keras_roll.compile.autotune`), remembered per model and per-example shape.
+
+    Args:
+        twin: the float64 `Linearized`.
+        x: `[B, *input_shape]` checked inputs.
+        batch_size: the caller's examples per slice, or None.
+    """
+    if not getattr(twin, "auto_budget", False) or int(x.shape[0]) == 0:
+        return twin.memory_budget
+    shape = tuple(int(s) for s in x.shape[1:])
+    layout = twin.layout(shape)
+    per = layout.tangent_bytes(4)
+
+    def plan_for(budget):
+        return plan_chunks(int(x.shape[0]), layout.input_size, per, budget, batch_size)
+
+    return remembered_budget(twin.model, ("float32 tangents", shape, batch_size), lambda: (
+        probed_budget(auto_candidates(plan_for), _chunk_seconds(twin, x, per))),
+        default=twin.memory_budget)
+
+
+def _chunk_seconds(twin, x, per):
+    """`seconds(budget, plan)`: the float32 pass of one chunk of `plan` on the first
+    examples of `x`, per example and direction (as `tangent_norms` cuts it)."""
+    fns = _compiled(twin)
+    shape = tf.constant(x.shape[1:], tf.int32)
+    d = int(np.prod(x.shape[1:]))
+    traces = {}
+
+    def seconds(budget, plan):
+        b = min(plan.examples_per_chunk, int(x.shape[0]))
+        if b not in traces:
+            trace = twin.compiled.primal(tf.cast(x[:b], twin.dtype)).trace
+            traces[b] = tf.nest.map_structure(_to_float32, trace)
+        k = plan_chunks(1, d, per * b, budget).per_chunk
+        start = time.perf_counter()
+        out = fns.chunk(traces[b], tf.constant(0, tf.int32), k, shape)
+        _ = [t.numpy() for t in tf.nest.flatten(out) if t is not None]
+        return (time.perf_counter() - start) / (b * k)
+
+    return seconds
 
 
 def _bounds(fns, trace, neurons, inputs, d: int, k: int, b: int) -> TangentNorms:

@@ -1,0 +1,66 @@
+"""`memory_budget="auto"` for certificates: the chunk size picked by a timed probe.
+
+References: a certificate under every candidate budget equals the certificate
+under one fixed budget (the chunking must not change it); the probe runs once per
+model and shape, and only on a stream long enough to time, so that a first small
+call does not fix the budget of the larger calls after it.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+import keras_roll
+from keras_roll.certification import guarded_norms as gnorms
+from keras_roll.compile import autotune, chunking
+
+NORMS = (2, np.inf)
+
+
+def _mlp(seed=0):
+    keras.utils.set_random_seed(seed)
+    inp = keras.Input((24,))
+    h = keras.layers.Dense(16, activation="relu")(inp)
+    h = keras.layers.Dense(16, activation="relu")(h)
+    return keras.Model(inp, keras.layers.Dense(3)(h))
+
+
+@pytest.fixture
+def probes(monkeypatch):
+    """Candidates of a few KB and a low chunk threshold, so that a tiny model has
+    several plans to time; returns the candidate lists of the probes run."""
+    monkeypatch.setattr(chunking, "AUTO_BUDGETS", (2**12, 2**14, 2**16))
+    monkeypatch.setattr(chunking, "AUTO_CAP", 2**20)
+    monkeypatch.setattr(autotune, "MIN_CHUNKS", 8)
+    monkeypatch.setattr(gnorms, "MIN_AXES", 0)  # the float32 pass on 24 axes
+    calls = []
+    choose = autotune.choose_budget
+
+    def counting(plans, seconds, **kwargs):
+        calls.append(sorted(plans))
+        return choose(plans, seconds, **kwargs)
+
+    monkeypatch.setattr(autotune, "choose_budget", counting)
+    return calls
+
+
+@pytest.mark.parametrize("rigor", ["float32", "float64"])
+def test_a_short_first_call_leaves_the_choice_to_a_longer_one(probes, rigor):
+    model = _mlp()
+    lin = keras_roll.linearize(model)
+    x = np.random.default_rng(0).uniform(-1, 1, (40, 24)).astype("float32")
+    fixed = keras_roll.certify(keras_roll.linearize(model, memory_budget=2**30), x,
+                               norms=NORMS, rigor=rigor, verbose=0)
+    keras_roll.certify(lin, x[:1], norms=NORMS, rigor=rigor, verbose=0)
+    assert probes == []  # one example, a few chunks: nothing timed
+    assert not chunking._CHOICES.get(model)  # and nothing remembered
+    got = keras_roll.certify(lin, x, norms=NORMS, rigor=rigor, verbose=0)
+    assert len(probes) == 1 and len(probes[0]) > 1
+    assert set(chunking._CHOICES[model].values()) <= set(probes[0])
+    keras_roll.certify(lin, x, norms=NORMS, rigor=rigor, verbose=0)
+    assert len(probes) == 1  # remembered for the model and shape
+    for p in NORMS:
+        np.testing.assert_array_equal(got.binding_index[p], fixed.binding_index[p])
+        np.testing.assert_allclose(got.margins[p], fixed.margins[p], rtol=1e-12, atol=0)
