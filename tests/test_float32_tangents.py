@@ -7,6 +7,8 @@
   a CNN with BatchNormalization folded into a convolution, max pooling and an
   average-pooled residual branch; and it is tight enough on shallow networks.
 * `exact_norms` (reverse mode through the tangent map) equals the tape too.
+* Certificates without an l1 norm skip the float32 pass's `max |g|` and still
+  equal the float64 pass.
 * The input norms of an op after a ReLU, taken from the ReLU's neuron norms times
   its 0/1 slopes, equal a direct reduction of that op's input tangents.
 * The default certificate equals the float64 pass of every neuron (radii to
@@ -173,8 +175,8 @@ def float64_pass(model, x):
     return {p: (np.concatenate(e), np.concatenate(j)) for p, (e, j) in out.items()}
 
 
-def assert_same_certificate(cert, ref):
-    for p in NORMS:
+def assert_same_certificate(cert, ref, norms=NORMS):
+    for p in norms:
         eps, j = ref[p]
         np.testing.assert_array_equal(cert.binding_index[p], j)
         np.testing.assert_array_equal(cert.margins[p] == 0, eps == 0)
@@ -188,6 +190,22 @@ def test_default_certificate_equals_the_float64_pass(case):
     model, x = case_of(case)
     cert = keras_roll.certify(model, x, verbose=False)
     assert_same_certificate(cert, float64_pass(model, x))
+
+
+def test_certificates_without_l1_skip_the_max_norm(monkeypatch):
+    """l2 and l_inf certificates need no `max |g|` (the dual norm of l1 balls): the
+    float32 pass skips it, and the margins are still those of the float64 pass."""
+    model, x = case_of("mlp")
+    calls = []
+
+    def spy(twin, fwd, budget=None, with_max=True):
+        calls.append(with_max)
+        return tangent_norms(twin, fwd, budget, with_max)
+
+    monkeypatch.setattr(gnorms, "tangent_norms", spy)
+    cert = keras_roll.certify(model, x, norms=(2, np.inf), verbose=False)
+    assert calls and not any(calls)
+    assert_same_certificate(cert, float64_pass(model, x), norms=(2, np.inf))
 
 
 def test_zero_radii_are_decided_without_gradients(monkeypatch):
@@ -204,8 +222,8 @@ def test_zero_radii_are_decided_without_gradients(monkeypatch):
     bias.assign(b.astype("float32"))
     seen = []
     monkeypatch.setattr(gnorms, "tangent_norms",
-                        lambda twin, fwd, budget: seen.append(int(fwd.trace.input.shape[0]))
-                        or tangent_norms(twin, fwd, budget))
+                        lambda twin, fwd, *args: seen.append(int(fwd.trace.input.shape[0]))
+                        or tangent_norms(twin, fwd, *args))
     try:
         cert = keras_roll.certify(model, x, verbose=False)
         ref = float64_pass(model, x)

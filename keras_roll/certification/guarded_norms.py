@@ -36,6 +36,7 @@ for sl, fwd, gn, err in guarded_norms(twin, x, None, budget, Rigor.FLOAT64):
 
 from __future__ import annotations
 
+import math
 import weakref
 
 import numpy as np
@@ -44,6 +45,7 @@ import tensorflow as tf
 from keras_roll.certification.gradient_norms import GradNorms, iter_gradient_norms
 from keras_roll.certification.margin_math import neuron_arrays
 from keras_roll.compile.chunking import plan_chunks
+from keras_roll.options import parse_norm
 from keras_roll.rounding.guard import Float64Guard, RoundingErrors, guard_for
 from keras_roll.rounding.tangent_error import (
     Norms,
@@ -61,11 +63,14 @@ ZERO_PROBES = 4  # neurons within the guard tried per example for a nonzero grad
 _FLOAT64_ONLY: weakref.WeakSet = weakref.WeakSet()  # twins whose tangents cannot be bounded
 
 
-def guarded_norms(twin, x, batch_size, memory_budget, rigor):
+def guarded_norms(twin, x, batch_size, memory_budget, rigor, norms=(1, 2, math.inf)):
     """Yields `(example_slice, forward_pass, GradNorms, RoundingErrors or None)`.
 
     Under `Rigor.FLOAT64` as in the module docstring; under the other rigors
-    the float64 (or float32, unguarded) pass of every neuron.
+    the float64 (or float32, unguarded) pass of every neuron. Without l1 among
+    `norms`, the float32 pass skips `max_k |g_jk|` (its dual norm) and
+    `GradNorms.linf` holds it only where it is exact (candidates, zero radii),
+    +inf elsewhere.
 
     Args:
         twin: the twin of the rigor (`guard_for(rigor).twin(lin)`).
@@ -74,6 +79,7 @@ def guarded_norms(twin, x, batch_size, memory_budget, rigor):
         memory_budget: bytes of tangents per chunk (default the twin's, or under
             "auto" the float32 pass's timed choice, `tangent_budget`).
         rigor: the `Rigor`.
+        norms: the lp norms the caller's margins use.
     """
     guard = guard_for(rigor)
     budget = int(memory_budget or twin.memory_budget)
@@ -84,22 +90,24 @@ def guarded_norms(twin, x, batch_size, memory_budget, rigor):
             yield sl, fwd, gn, guard.errors(twin, fwd, l1=gn.l1, memory_budget=budget)
         return
     x = twin.check_input(x, keep_float=True)
-    budget = int(memory_budget or tangent_budget(twin, x, batch_size))
+    with_max = 1 in tuple(parse_norm(p) for p in norms)
+    budget = int(memory_budget or tangent_budget(twin, x, batch_size, with_max))
     layout = twin.layout(x.shape[1:])
     plan = plan_chunks(int(x.shape[0]), layout.input_size, layout.tangent_bytes(4), budget,
                        batch_size)
     for sl in plan.example_slices():
         fwd = twin.compiled.primal(tf.cast(x[sl], twin.dtype))
         try:
-            gn, err = _slice(guard, twin, x[sl], fwd, budget)
+            gn, err = _slice(guard, twin, x[sl], fwd, budget, with_max)
         except UnsupportedTangentBound:
             _FLOAT64_ONLY.add(twin)
-            yield from guarded_norms(twin, x[sl.start:], batch_size, memory_budget, rigor)
+            yield from guarded_norms(twin, x[sl.start:], batch_size, memory_budget, rigor,
+                                     norms)
             return
         yield sl, fwd, gn, err
 
 
-def _slice(guard, twin, xs, fwd, budget):
+def _slice(guard, twin, xs, fwd, budget, with_max):
     """`(GradNorms, RoundingErrors)` of one example slice (steps 1-4 of the module
     docstring)."""
     below, above, valid, _ = neuron_arrays(fwd)
@@ -114,7 +122,7 @@ def _slice(guard, twin, xs, fwd, budget):
     if rest.size:
         fwd_rest = fwd if rest.size == b else twin.compiled.primal(
             tf.cast(tf.gather(xs, rest), twin.dtype))
-        tn = tangent_norms(twin, fwd_rest, budget)
+        tn = tangent_norms(twin, fwd_rest, budget, with_max)
         l1[rest] = tn.upper.l1
     err = guard.errors(twin, fwd, l1=np.where(np.isfinite(l1), l1, np.inf),
                        memory_budget=budget, at_x=at_x)
@@ -171,6 +179,8 @@ def _decide(twin, fwd, tn, dist, valid, err: RoundingErrors, rest, norms: Norms,
     upper, lower = tn.upper, tn.lower
     cand = np.zeros(dist.shape, bool)
     for hi, lo in zip(upper, lower):  # l2, linf, l1: the dual norms of l2, l1, l_inf
+        if hi is None:  # not computed: no margin uses it
+            continue
         worst = _ratios(dist, valid, hi, e_alt, f_alt, slack)  # smallest possible ratio
         best = _ratios(dist, valid, lo, e_alt, f_alt, slack)  # largest possible ratio
         cand |= valid & (worst <= best.min(axis=1, keepdims=True))
@@ -178,7 +188,7 @@ def _decide(twin, fwd, tn, dist, valid, err: RoundingErrors, rest, norms: Norms,
     limit = min(MAX_CANDIDATES, max(1, dist.shape[1]))
     full = ~tn.finite | (counts > limit)
     for out, hi in zip(norms, upper):
-        out[rest] = hi
+        out[rest] = np.inf if hi is None else hi
     c = int(counts[~full].max(initial=0))
     if c:
         rows = np.full((rest.size, c), -1, np.int64)

@@ -300,7 +300,7 @@ def _certify_batch(run: _Run, x, directions, bar) -> Certificate:
         bar.update(b_total)
     elif run.method is Method.ANALYTIC:
         for gs in errors_and_norms(twin, x, run.options.batch_size, run.stream_budget,
-                                   run.options.rigor):
+                                   run.options.rigor, run.norms):
             sl = gs.examples
             res = _analytic_slice(run, x[sl], None if dirs is None else dirs[sl], gs)
             valid = gs.forward.neurons.valid.numpy()
@@ -325,7 +325,7 @@ def _analytic_slice(run: _Run, xb, dirs_b, gs: GuardedSlice) -> SliceMargins:
     for p in run.norms:
         m = margins_from_norms(dist, gs.norms.dual(p), valid, *terms)
         margins[p] = Margin(to_numpy(m.eps), to_numpy(m.index))
-    zeros = exact_zeros(dist, gs.norms.linf, valid)
+    zeros = exact_zeros(dist, gs.norms.l1, valid)
     along = None
     if dirs_b is not None:
         along = _directional_analytic(run.twin, xb, gs.forward, dirs_b, run.budget, gs.errors)
@@ -398,7 +398,8 @@ def lp_margins(model: ModelOrTwin, x, p: Norm = 2, options: RunOptions | None = 
         outs.append(out)
         if not int(xb.shape[0]) or not twin.num_neurons(xb.shape[1:]):
             continue
-        for sl, fwd, gn, err in errors_and_norms(twin, xb, opts.batch_size, budget, opts.rigor):
+        for sl, fwd, gn, err in errors_and_norms(twin, xb, opts.batch_size, budget, opts.rigor,
+                                                 (p,)):
             below, above, valid, _ = neuron_arrays(fwd)
             terms = () if err is None else err.terms()
             eps, _ = margins_from_norms(np.minimum(below, above), gn.dual(p), valid, *terms)

@@ -17,6 +17,7 @@ for sl, fwd, gn, err in errors_and_norms(twin, x, None, 2**26, Rigor.FLOAT64):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -64,7 +65,7 @@ def rounding_errors(twin, fwd, rigor: Rigor = Rigor.FLOAT64, l1=None,
 
 
 def errors_and_norms(twin, x, batch_size: int | None, budget: int | None,
-                     rigor: Rigor) -> Iterator[GuardedSlice]:
+                     rigor: Rigor, norms=(1, 2, math.inf)) -> Iterator[GuardedSlice]:
     """`GuardedSlice`s of `x`: the streamed gradient norms, and the rounding errors
     of `rigor`'s guard in the same slices (None under "float32"). Under the
     default guard a norm is exact (float64) where it can decide a margin and a
@@ -77,5 +78,5 @@ def errors_and_norms(twin, x, batch_size: int | None, budget: int | None,
         ...
     ```
     """
-    for sl, fwd, gn, err in guarded_norms(twin, x, batch_size, budget, rigor):
+    for sl, fwd, gn, err in guarded_norms(twin, x, batch_size, budget, rigor, norms):
         yield GuardedSlice(sl, fwd, gn, err)

@@ -193,8 +193,8 @@ class _Run:
     def _region(self, x, x64, pred, idx, res):
         """Method 1; returns `(nonfinite, DecisionTerms)`."""
         cert = certify(self.lin, x, norms=self.norms, rigor=self.rigor,
-                       batch_size=self.run.batch_size, memory_budget=self.budget,
-                       verbose=False)
+                       batch_size=self.run.batch_size, memory_budget=self.run.memory_budget,
+                       verbose=False)  # None / "auto": certify times its chunks
         terms = decision_terms(self.twin, x64, pred, guard=self.rigor.guarded,
                                memory_budget=self.budget)
         slack = 4.0 * (int(np.prod(x.shape[1:])) + 16) * unit_roundoff("float64")

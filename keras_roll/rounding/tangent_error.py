@@ -79,7 +79,8 @@ class TangentNorms(NamedTuple):
     """Gradient norms of a float32 tangent pass and rigorous bounds on their error.
 
     Attributes:
-        norms: the computed norms (float32 tangents, sums accumulated in float64).
+        norms: the computed norms (float32 tangents, sums accumulated in float64);
+            `linf` is None when the pass was asked not to compute it.
         error: bounds on `|norms - exact norms|`, norm by norm: the tangent
             pass's own rounding and the reduction's.
         finite: `[b]` bool, False where the float32 pass overflowed (the norms
@@ -92,24 +93,26 @@ class TangentNorms(NamedTuple):
 
     @property
     def upper(self) -> Norms:
-        """Rigorous upper bounds on the exact norms."""
-        return Norms(*(n + e for n, e in zip(self.norms, self.error)))
+        """Rigorous upper bounds on the exact norms (None where not computed)."""
+        return Norms(*(None if n is None else n + e for n, e in zip(self.norms, self.error)))
 
     @property
     def lower(self) -> Norms:
-        """Rigorous lower bounds on the exact norms."""
-        return Norms(*(np.maximum(n - e, 0.0) for n, e in zip(self.norms, self.error)))
+        """Rigorous lower bounds on the exact norms (None where not computed)."""
+        return Norms(*(None if n is None else np.maximum(n - e, 0.0)
+                       for n, e in zip(self.norms, self.error)))
 
 
 # --------------------------------------------------------------------------- the float32 pass
 
 
-def _reduce(t: Tangent):
-    """`(sum |t|, sum t^2, max |t|)` over the directions: `[B or 1, *shape]` each."""
+def _reduce(t: Tangent, with_max: bool = True):
+    """`(sum |t|, sum t^2[, max |t|])` over the directions: `[B or 1, *shape]` each."""
     v = t.value
     axis = 0 if t.shared else 1
-    out = (tf.reduce_sum(tf.abs(v), axis), tf.reduce_sum(tf.square(v), axis),
-           tf.maximum(tf.reduce_max(v, axis), -tf.reduce_min(v, axis)))
+    out = (tf.reduce_sum(tf.abs(v), axis), tf.reduce_sum(tf.square(v), axis))
+    if with_max:
+        out += (tf.maximum(tf.reduce_max(v, axis), -tf.reduce_min(v, axis)),)
     return tuple(o[None] for o in out) if t.shared else out
 
 
@@ -126,17 +129,22 @@ class NormsTransform(TangentTransform):
     An activation whose frozen slopes are all 0 or 1 (ReLU) multiplies its input
     tangent exactly, so the norms of its output are its neurons' norms times the
     slopes: the next op's `P_q` costs no second pass over the tangents.
+
+    Args:
+        folds: the interpreter's `folds`.
+        with_max: whether to reduce to `max |t|` too (the dual norm of l1 balls).
     """
 
-    def __init__(self, folds):
+    def __init__(self, folds, with_max: bool = True):
         super().__init__(folds)
+        self.with_max = with_max
         self.input_norms: list = []
         self.neuron_norms: list = []
         self._known: dict = {}  # id(tangent value) -> (value, its norms)
 
     def _norms(self, t: Tangent):
         known = self._known.get(id(t.value))
-        return _reduce(t) if known is None else known[1]
+        return _reduce(t, self.with_max) if known is None else known[1]
 
     def apply(self, op, inputs, mask, record):
         rule = rules.rounding_rule(op)
@@ -149,7 +157,7 @@ class NormsTransform(TangentTransform):
         count = len(self.neuron_tangents)
         out = super().apply(op, inputs, mask, record)
         if len(self.neuron_tangents) > count:
-            norms = _reduce(Tangent(self.neuron_tangents[-1]))  # [B, K, n] -> [B, n]
+            norms = _reduce(Tangent(self.neuron_tangents[-1]), self.with_max)  # -> [B, n]
             self.neuron_norms.append(norms)
             if getattr(op, "binary_slopes", False):
                 slope = record.slope  # [B, *shape], 0 or 1
@@ -158,17 +166,17 @@ class NormsTransform(TangentTransform):
         return out
 
 
-def _chunk(program, folds, trace, start, k, example_shape):
-    """One chunk of input axes in float32: `((sum |g|, sum g^2, max |g|) [b, N], input
+def _chunk(program, folds, trace, start, k, example_shape, with_max):
+    """One chunk of input axes in float32: `((sum |g|, sum g^2[, max |g|]) [b, N], input
     norms per op)`; `trace` has float32 records."""
     d = tf.reduce_prod(example_shape)
     axes = start + tf.range(k)
     dirs = tf.reshape(tf.one_hot(axes, d, dtype=tf.float32), tf.concat([[k], example_shape], 0))
-    transform = NormsTransform(folds)
+    transform = NormsTransform(folds, with_max)
     propagate(program, transform, Tangent(dirs, True, axes=tf.where(axes < d, axes, -1)), trace)
     if not transform.neuron_norms:
         empty = tf.zeros(tf.stack([tf.shape(trace.input)[0], 0]), tf.float32)
-        return (empty, empty, empty), transform.input_norms
+        return (empty,) * (3 if with_max else 2), transform.input_norms
     parts = transform.neuron_norms
     return tuple(tf.concat(p, axis=-1) for p in zip(*parts)), transform.input_norms
 
@@ -274,14 +282,16 @@ def _compiled(twin) -> _Compiled:
 
 
 def _accumulate(acc, part):
-    """Adds one chunk's (sum, sum of squares, max) triples into `acc` (numpy float64)."""
+    """Adds one chunk's (sum, sum of squares[, max]) into `acc` (numpy float64)."""
     part = [np.asarray(t, np.float64) for t in part]
     if acc is None:
         return part
-    return [acc[0] + part[0], acc[1] + part[1], np.maximum(acc[2], part[2])]
+    return [acc[0] + part[0], acc[1] + part[1], *(np.maximum(a, t)
+                                                  for a, t in zip(acc[2:], part[2:]))]
 
 
-def tangent_norms(twin, fwd, memory_budget: int | None = None) -> TangentNorms:
+def tangent_norms(twin, fwd, memory_budget: int | None = None,
+                  with_max: bool = True) -> TangentNorms:
     """Gradient norms of every neuron of `fwd`'s examples from a float32 tangent pass
     with the pattern of `fwd`, and rigorous bounds on their error (module docstring).
 
@@ -289,6 +299,8 @@ def tangent_norms(twin, fwd, memory_budget: int | None = None) -> TangentNorms:
         twin: the float64 `Linearized` that made `fwd`.
         fwd: its `ForwardPass` on one slice of examples.
         memory_budget: bytes of float32 tangents per chunk (default the twin's).
+        with_max: whether to compute `max_k |g_jk|` (the dual norm of l1 balls);
+            without it the pass skips two reductions per tangent and an error pass.
 
     Returns:
         A `TangentNorms`.
@@ -312,12 +324,9 @@ def tangent_norms(twin, fwd, memory_budget: int | None = None) -> TangentNorms:
     plan = plan_chunks(1, d, per * b, int(memory_budget or twin.memory_budget))
     trace32 = tf.nest.map_structure(_to_float32, trace)
     neurons, inputs = None, None
-    k_max = 0
     for start in plan.direction_starts():
-        k = min(plan.per_chunk, d - start)
-        k_max = max(k_max, k)
         out, norms = fns.chunk(trace32, tf.constant(start, tf.int32), plan.per_chunk,
-                               tf.constant(shape, tf.int32))
+                               tf.constant(shape, tf.int32), bool(with_max))
         neurons = _accumulate(neurons, out)
         if inputs is None:
             inputs = [None if n is None else [_accumulate(None, t) for t in n] for n in norms]
@@ -331,7 +340,7 @@ def _to_float32(t):
     return tf.cast(t, tf.float32) if t.dtype.is_floating else t
 
 
-def tangent_budget(twin, x, batch_size: int | None = None) -> int:
+def tangent_budget(twin, x, batch_size: int | None = None, with_max: bool = True) -> int:
     """The chunk budget of the float32 pass of `x`: the twin's, or under
     `memory_budget="auto"` the fastest candidate of a timed probe of one chunk
     (`keras_roll.compile.autotune`), remembered per model and per-example shape.
@@ -340,6 +349,7 @@ def tangent_budget(twin, x, batch_size: int | None = None) -> int:
         twin: the float64 `Linearized`.
         x: `[B, *input_shape]` checked inputs.
         batch_size: the caller's examples per slice, or None.
+        with_max: as in `tangent_norms`.
     """
     if not getattr(twin, "auto_budget", False) or int(x.shape[0]) == 0:
         return twin.memory_budget
@@ -350,12 +360,13 @@ def tangent_budget(twin, x, batch_size: int | None = None) -> int:
     def plan_for(budget):
         return plan_chunks(int(x.shape[0]), layout.input_size, per, budget, batch_size)
 
-    return remembered_budget(twin.model, ("float32 tangents", shape, batch_size), lambda: (
-        probed_budget(auto_candidates(plan_for), _chunk_seconds(twin, x, per))),
+    key = ("float32 tangents", shape, batch_size, bool(with_max))
+    return remembered_budget(twin.model, key, lambda: (
+        probed_budget(auto_candidates(plan_for), _chunk_seconds(twin, x, per, with_max))),
         default=twin.memory_budget)
 
 
-def _chunk_seconds(twin, x, per):
+def _chunk_seconds(twin, x, per, with_max):
     """`seconds(budget, plan)`: the float32 pass of one chunk of `plan` on the first
     examples of `x`, per example and direction (as `tangent_norms` cuts it)."""
     fns = _compiled(twin)
@@ -370,7 +381,7 @@ def _chunk_seconds(twin, x, per):
             traces[b] = tf.nest.map_structure(_to_float32, trace)
         k = plan_chunks(1, d, per * b, budget).per_chunk
         start = time.perf_counter()
-        out = fns.chunk(traces[b], tf.constant(0, tf.int32), k, shape)
+        out = fns.chunk(traces[b], tf.constant(0, tf.int32), k, shape, with_max)
         _ = [t.numpy() for t in tf.nest.flatten(out) if t is not None]
         return (time.perf_counter() - start) / (b * k)
 
@@ -385,19 +396,19 @@ def _bounds(fns, trace, neurons, inputs, d: int, k: int, b: int) -> TangentNorms
         for t in a or ():
             finite &= np.all(np.isfinite(t[1].reshape(t[1].shape[0], -1)), axis=1)
     g_red = gamma(k + 1, U32) * 1.01
-    s1, s2, mx = neurons
+    s1, s2, mx = (*neurons, None)[:3]
     l2 = np.sqrt(s2)
     l2_hi = np.sqrt((s2 + d * ETA32**2) / (1.0 - g_red))
     l2_lo = np.sqrt(np.maximum(s2 - d * ETA32**2, 0.0) / (1.0 + g_red))
-    red = Norms(np.maximum(l2_hi - l2, l2 - l2_lo), np.zeros_like(mx), g_red * s1 + d * ETA32)
     errs = {}
-    for q in QS:
+    for q in QS if mx is not None else QS[:2]:
         p = [None if a is None else [_input_norm(t, q, b, d, g_red) for t in a] for a in inputs]
         eta = (d ** (1.0 / q) if q != math.inf else 1.0) * ETA32
         errs[q] = fns.errors(trace, p, tf.constant(eta, tf.float64)).numpy()
     safety = 1.0 + 2.0**-20
-    error = Norms((red.l2 + errs[2]) * safety, (red.linf + errs[math.inf]) * safety,
-                  (red.l1 + errs[1]) * safety)
+    error = Norms((np.maximum(l2_hi - l2, l2 - l2_lo) + errs[2]) * safety,
+                  None if mx is None else errs[math.inf] * safety,
+                  (g_red * s1 + d * ETA32 + errs[1]) * safety)
     return TangentNorms(Norms(l2, mx, s1), error, finite)
 
 
