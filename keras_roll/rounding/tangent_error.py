@@ -325,7 +325,8 @@ def tangent_norms(twin, fwd, memory_budget: int | None = None,
     trace32 = tf.nest.map_structure(_to_float32, trace)
     neurons, inputs = None, None
     for start in plan.direction_starts():
-        out, norms = fns.chunk(trace32, tf.constant(start, tf.int32), plan.per_chunk,
+        out, norms = fns.chunk(trace32, tf.constant(start, tf.int32),
+                               tf.constant(plan.per_chunk, tf.int32),
                                tf.constant(shape, tf.int32), bool(with_max))
         neurons = _accumulate(neurons, out)
         if inputs is None:
@@ -381,7 +382,8 @@ def _chunk_seconds(twin, x, per, with_max):
             traces[b] = tf.nest.map_structure(_to_float32, trace)
         k = plan_chunks(1, d, per * b, budget).per_chunk
         start = time.perf_counter()
-        out = fns.chunk(traces[b], tf.constant(0, tf.int32), k, shape, with_max)
+        out = fns.chunk(traces[b], tf.constant(0, tf.int32), tf.constant(k, tf.int32), shape,
+                        with_max)
         _ = [t.numpy() for t in tf.nest.flatten(out) if t is not None]
         return (time.perf_counter() - start) / (b * k)
 
