@@ -48,6 +48,7 @@ from keras_roll.compile.chunking import plan_chunks
 from keras_roll.options import parse_norm
 from keras_roll.rounding.guard import Float64Guard, RoundingErrors, guard_for
 from keras_roll.rounding.tangent_error import (
+    SLICE_EXAMPLES,
     Norms,
     UnsupportedTangentBound,
     exact_norms,
@@ -94,7 +95,7 @@ def guarded_norms(twin, x, batch_size, memory_budget, rigor, norms=(1, 2, math.i
     budget = int(memory_budget or tangent_budget(twin, x, batch_size, with_max))
     layout = twin.layout(x.shape[1:])
     plan = plan_chunks(int(x.shape[0]), layout.input_size, layout.tangent_bytes(4), budget,
-                       batch_size)
+                       batch_size, max_examples=SLICE_EXAMPLES)
     for sl in plan.example_slices():
         fwd = twin.compiled.primal(tf.cast(x[sl], twin.dtype))
         try:

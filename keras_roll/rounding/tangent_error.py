@@ -55,12 +55,15 @@ from keras_roll.compile.rules.base import Tangent, flatten_directions, flatten_e
 from keras_roll.rounding import rules
 from keras_roll.rounding.precision import gamma, underflow_unit, unit_roundoff
 
-__all__ = ["Norms", "TangentNorms", "UnsupportedTangentBound", "exact_norms", "tangent_budget",
-           "tangent_norms"]
+__all__ = ["SLICE_EXAMPLES", "Norms", "TangentNorms", "UnsupportedTangentBound", "exact_norms",
+           "tangent_budget", "tangent_norms"]
 
 U32 = unit_roundoff("float32")
 ETA32 = underflow_unit("float32")
 QS = (1, 2, math.inf)  # the norms over directions: l1, l2, l_inf
+# Examples per slice of the default certificate at most (memory allowing): each slice
+# has fixed costs (forward, noise and error passes, candidates), so slices are wide.
+SLICE_EXAMPLES = 1024
 
 
 class UnsupportedTangentBound(ValueError):
@@ -359,7 +362,8 @@ def tangent_budget(twin, x, batch_size: int | None = None, with_max: bool = True
     per = layout.tangent_bytes(4)
 
     def plan_for(budget):
-        return plan_chunks(int(x.shape[0]), layout.input_size, per, budget, batch_size)
+        return plan_chunks(int(x.shape[0]), layout.input_size, per, budget, batch_size,
+                           max_examples=SLICE_EXAMPLES)
 
     key = ("float32 tangents", shape, batch_size, bool(with_max))
     return remembered_budget(twin.model, key, lambda: (
