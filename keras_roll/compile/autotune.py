@@ -82,8 +82,8 @@ def _chunk_seconds(lin, x, reduce, per_neuron):
             passes[b] = lin.compiled.primal(tf.cast(x[:b], lin.dtype))
         fwd = passes[b]
         start = time.perf_counter()
-        out = lin.compiled.axes_tangent(fwd.trace, tf.constant(0, tf.int32), k, shape,
-                                        reduce, per_neuron)
+        out = lin.compiled.axes_tangent(fwd.trace, tf.constant(0, tf.int32),
+                                        tf.constant(k, tf.int32), shape, reduce, per_neuron)
         tf.nest.map_structure(lambda t: t.numpy(), out)
         return (time.perf_counter() - start) / (min(b, int(x.shape[0])) * k)
 

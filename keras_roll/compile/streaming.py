@@ -101,7 +101,8 @@ def iter_axis_chunks(passes: CompiledPasses, layout: NeuronLayout, x: tf.Tensor,
         fwd = passes.primal(tf.cast(x[sl], dtype))
         for start in plan.direction_starts():
             first = tf.constant(start, tf.int32)
-            result = passes.axes_tangent(fwd.trace, first, k, example_shape, reduce, per_neuron)
+            result = passes.axes_tangent(fwd.trace, first, tf.constant(k, tf.int32),
+                                         example_shape, reduce, per_neuron)  # one trace
             yield AxisChunk(sl, fwd, start, k, result)
 
 
