@@ -62,12 +62,18 @@ def axis_budget(lin, x, batch_size=None, reduce=None, per_neuron=False) -> int:
         default=lin.memory_budget)
 
 
-def probed_budget(plans, seconds) -> int | None:
+def probed_budget(plans, seconds, narrow=None) -> int | None:
     """`choose_budget` of `plans` by `seconds`, or None (no probe) when none of them
-    cuts the work into `MIN_CHUNKS` chunks: too short a stream to time, or to gain."""
+    cuts the work into `MIN_CHUNKS` chunks: too short a stream to time, or to gain.
+
+    `narrow(plans) -> plans`, if given, keeps the candidates worth timing once the
+    work is known to be long enough (a single one left is chosen untimed).
+    """
     if max(p.chunks for p in plans.values()) < MIN_CHUNKS:
         return None
-    return choose_budget(plans, seconds, min_chunks=MIN_CHUNKS)
+    if narrow is not None:
+        plans = narrow(plans)
+    return choose_budget(plans, seconds, min_chunks=1)
 
 
 def _chunk_seconds(lin, x, reduce, per_neuron):

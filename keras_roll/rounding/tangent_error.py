@@ -346,7 +346,8 @@ def _to_float32(t):
 
 def tangent_budget(twin, x, batch_size: int | None = None, with_max: bool = True) -> int:
     """The chunk budget of the float32 pass of `x`: the twin's, or under
-    `memory_budget="auto"` the fastest candidate of a timed probe of one chunk
+    `memory_budget="auto"` the fastest of the candidates that cut `x` into the
+    fewest example slices, by a timed probe of one chunk
     (`keras_roll.compile.autotune`), remembered per model and per-example shape.
 
     Args:
@@ -365,9 +366,15 @@ def tangent_budget(twin, x, batch_size: int | None = None, with_max: bool = True
         return plan_chunks(int(x.shape[0]), layout.input_size, per, budget, batch_size,
                            max_examples=SLICE_EXAMPLES)
 
+    def widest(plans):
+        # Each example slice has fixed costs (the forward, noise and error passes, the
+        # candidates) that one timed chunk cannot show: time only the widest slicings.
+        fewest = min(p.example_chunks for p in plans.values())
+        return {b: p for b, p in plans.items() if p.example_chunks == fewest}
+
     key = ("float32 tangents", shape, batch_size, bool(with_max))
-    return remembered_budget(twin.model, key, lambda: (
-        probed_budget(auto_candidates(plan_for), _chunk_seconds(twin, x, per, with_max))),
+    return remembered_budget(twin.model, key, lambda: probed_budget(
+        auto_candidates(plan_for), _chunk_seconds(twin, x, per, with_max), widest),
         default=twin.memory_budget)
 
 
