@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
+from keras_roll.robust import adversarial
 from keras_roll.robust.adversarial import lp_norm, model_outputs, predict_classes
 
 NORMS = (2, np.inf)
@@ -296,3 +297,26 @@ def test_sigmoid_outputs_warn_that_their_saturation_is_not_guarded():
         warnings.simplefilter("error")  # unguarded: exact arithmetic, nothing to warn of
         keras_roll.robust_radius(model, x, norms=(2,), method="region", rigor="float32",
                                  verbose=False)
+
+
+@pytest.mark.parametrize("push_bytes", [4, 2**24])  # one push per call, or all at once
+def test_confirm_keeps_the_first_push_that_flips(monkeypatch, push_bytes):
+    """A 1-D two-class model flipping at x = 1: from 0 along +1 with the crossing
+    underestimated, the point is the first push `t (1 + rho) + rho 1e-6 (1 + |x|)`
+    (in PUSHES order) beyond 1, by hand; a crossing never reached gives NaN."""
+    monkeypatch.setattr(adversarial, "PUSH_BYTES", push_bytes)
+    inp = keras.Input((1,), dtype="float64")
+    model = keras.Model(inp, keras.layers.Dense(2, dtype="float64")(inp))
+    model.layers[-1].set_weights([np.array([[-1.0, 1.0]]), np.array([1.0, -1.0])])
+    base = np.zeros((3, 1))
+    t = np.array([1.0 - 2.0**-13, 1.0 - 2.0**-6, 0.5])  # short of 1, by less and more
+    pred = predict_classes(model, base)
+    points, dist = adversarial.confirm(model, base, np.ones((3, 1)), t, pred, 2)
+    for i in range(2):
+        k = next(k for k, rho in enumerate(adversarial.PUSHES)
+                 if t[i] * (1 + rho) + rho * 1e-6 > 1)
+        assert k >= 2  # not the first push, nor the second
+        rho = adversarial.PUSHES[k]
+        np.testing.assert_allclose(points[i, 0], t[i] * (1 + rho) + rho * 1e-6, rtol=1e-15)
+        assert dist[i] == points[i, 0]
+    assert np.isnan(points[2, 0]) and np.isnan(dist[2])  # 0.5 (1 + 1/4) < 1

@@ -35,6 +35,7 @@ PUSHES = tuple(2.0**-k for k in (22, 20, 18, 16, 14, 12, 10, 8, 5, 2))
 # moving toward a tie: 2^-20 was too thin, 2^-16 leaves a factor of 30.
 FLIP_GAP = 2.0**-16
 PREDICT_BATCH = 1024
+PUSH_BYTES = 2**24  # candidate points per model call in `confirm` (bytes of inputs)
 
 
 def model_outputs(model, x: np.ndarray) -> np.ndarray:
@@ -102,17 +103,26 @@ def confirm(model, base: np.ndarray, direction: np.ndarray, t: np.ndarray,
     dist = np.full(b, np.nan)
     todo = np.flatnonzero(np.isfinite(t))
     scale = 1e-6 * (1.0 + np.max(np.abs(base.reshape(b, -1)), axis=1, initial=0.0))
-    for rho in PUSHES:
-        if not todo.size:
-            break
-        shape = (-1,) + (1,) * (base.ndim - 1)
-        unit = direction[todo] / np.maximum(lp_norm(direction[todo], np.inf), 1e-300).reshape(shape)
-        step = (t[todo] * (1.0 + rho)).reshape(shape) * direction[todo] \
-            + (rho * scale[todo]).reshape(shape) * unit
-        cand = (base[todo] + step).astype(dtype)
-        flipped = clearly_other(model_outputs(model, cand), pred[todo])
-        done = todo[flipped]
-        points[done] = cand[flipped]
-        dist[done] = lp_norm(cand[flipped].astype(np.float64) - origin[done], p)
-        todo = todo[~flipped]
+    shape = (-1,) + (1,) * (base.ndim - 1)
+    row_bytes = max(1, int(np.prod(base.shape[1:])) * np.dtype(dtype).itemsize)
+    k = 0
+    while todo.size and k < len(PUSHES):
+        # The first push alone (most points flip there), then as many of the others
+        # per model call as PUSH_BYTES allows: the first push that flips is kept.
+        m = 1 if k == 0 else max(1, min(len(PUSHES) - k,
+                                        PUSH_BYTES // (row_bytes * todo.size)))
+        unit = direction[todo] / np.maximum(lp_norm(direction[todo], np.inf),
+                                            1e-300).reshape(shape)
+        cand = np.stack([(base[todo] + (t[todo] * (1.0 + rho)).reshape(shape) * direction[todo]
+                          + (rho * scale[todo]).reshape(shape) * unit).astype(dtype)
+                         for rho in PUSHES[k:k + m]])  # [m, n, *input_shape]
+        out = model_outputs(model, cand.reshape(-1, *base.shape[1:]))
+        flipped = clearly_other(out, np.tile(pred[todo], m)).reshape(m, todo.size)
+        first = np.argmax(flipped, axis=0)
+        hit = flipped[first, np.arange(todo.size)]
+        done = todo[hit]
+        points[done] = cand[first[hit], np.flatnonzero(hit)]
+        dist[done] = lp_norm(points[done].astype(np.float64) - origin[done], p)
+        todo = todo[~hit]
+        k += m
     return points, dist
