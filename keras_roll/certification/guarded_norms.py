@@ -9,7 +9,7 @@ minimum. So under the default guard (`Rigor.FLOAT64`) a batch is certified as:
 1. the float64 forward pass and the guard's terms at `x` (`E_j`);
 2. examples where some neuron has `dist_j <= E_j` certify 0 whatever the
    gradients: the first such neuron with a nonzero gradient (its exact norms
-   from `tangent_error.exact_norms`) binds, and no tangent pass runs;
+   from `rounding.exact_norms`) binds, and no tangent pass runs;
 3. the others: a float32 tangent pass over all input axes with the float64
    pattern and a rigorous bound on its own rounding (`tangent_error`), which
    brackets every `||g_j||_q`; the guard's growth terms `F_j` from the upper
@@ -46,12 +46,12 @@ from keras_roll.certification.gradient_norms import GradNorms, iter_gradient_nor
 from keras_roll.certification.margin_math import neuron_arrays
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.options import parse_norm
+from keras_roll.rounding.exact_norms import exact_norms
 from keras_roll.rounding.guard import Float64Guard, RoundingErrors, guard_for
 from keras_roll.rounding.tangent_error import (
     SLICE_EXAMPLES,
     Norms,
     UnsupportedTangentBound,
-    exact_norms,
     tangent_budget,
     tangent_norms,
 )

@@ -7,6 +7,7 @@
 * `noise` (and `noise_transform`, `noise_recurrent`): the probabilistic bound
   (`rigor="float64"`);
 * `tangent_error`: gradient norms from float32 tangents with a rigorous bound;
+* `exact_norms`: exact float64 norms of a few neurons' gradients (reverse mode);
 * `guard`: one `Guard` per rigor, what certificates call.
 
 docs/design.md, section "The rounding bound".

@@ -177,7 +177,7 @@ def noise_bound(twin, fwd, l1=None, memory_budget: int | None = None,
             `overflow`), 1 (per unit radius: `sigma_per_radius`,
             `exact_per_radius`, which use `l1`), or both.
         reverse: whether `exact_per_radius` also bounds gradients computed in
-            reverse mode (`keras_roll.rounding.tangent_error.exact_norms`).
+            reverse mode (`keras_roll.rounding.exact_norms`).
 
     Returns:
         A `NoiseBound` (None for the fields of tracks not computed).

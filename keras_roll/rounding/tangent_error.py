@@ -25,7 +25,8 @@ The bound compounds `|A|` from each op to the neuron (about `sqrt(width)` per
 layer), so it is tight for shallow networks (3.5 % at depth 4 of a
 784-300x4-10 MLP) and vacuous for deep ones; the certificate uses it only to
 choose the few neurons whose exact float64 norms can decide a margin
-(`exact_norms`: reverse mode through the float64 twin), and falls back to the
+(`keras_roll.rounding.exact_norms`: reverse mode through the float64 twin), and
+falls back to the
 float64 pass where it chooses too many.
 
 Example:
@@ -51,11 +52,11 @@ import tensorflow as tf
 from keras_roll.compile.autotune import probed_budget
 from keras_roll.compile.chunking import auto_candidates, plan_chunks, remembered_budget
 from keras_roll.compile.interpreter import Interpreter, TangentTransform, Transform, propagate
-from keras_roll.compile.rules.base import Tangent, flatten_directions, flatten_examples
+from keras_roll.compile.rules.base import Tangent, flatten_examples
 from keras_roll.rounding import rules
 from keras_roll.rounding.precision import gamma, underflow_unit, unit_roundoff
 
-__all__ = ["SLICE_EXAMPLES", "Norms", "TangentNorms", "UnsupportedTangentBound", "exact_norms",
+__all__ = ["SLICE_EXAMPLES", "Norms", "TangentNorms", "UnsupportedTangentBound",
            "tangent_budget", "tangent_norms"]
 
 U32 = unit_roundoff("float32")
@@ -262,7 +263,6 @@ def _error_pass(interpreter, trace, norms, eta):
 class _Compiled(NamedTuple):
     chunk: object
     errors: object
-    exact: object
 
 
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -278,8 +278,7 @@ def _compiled(twin) -> _Compiled:
             return tf.function(fn, reduce_retracing=True, autograph=False)
 
         fns = _Compiled(compiled(functools.partial(_chunk, interp.program, interp.folds)),
-                        compiled(functools.partial(_error_pass, interp)),
-                        compiled(functools.partial(_exact_pass, interp)))
+                        compiled(functools.partial(_error_pass, interp)))
         _COMPILED[twin] = fns
     return fns
 
@@ -436,67 +435,3 @@ def _input_norm(t, q, b: int, d: int, g_red: float) -> tf.Tensor:
     else:
         v = t[2]
     return tf.constant(np.broadcast_to(v, (b, *v.shape[1:])), tf.float64)
-
-
-# --------------------------------------------------------------------------- exact norms
-
-
-def _exact_pass(interpreter, trace, rows, live):
-    """`[b, C]` float64 (l2, linf, l1) of the gradients of neurons `rows` `[b, C]`, by
-    reverse mode through the float64 twin's tangent pass."""
-    x = trace.input
-    c = tf.shape(rows)[1]
-    v = tf.zeros(tf.concat([tf.shape(x)[:1], [c], tf.shape(x)[1:]], 0), tf.float64)
-    with tf.GradientTape() as tape:
-        tape.watch(v)
-        jvp = interpreter.tangent(trace, v, False)
-        picked = tf.gather(jvp.neurons, rows[..., None], batch_dims=2)[..., 0]  # [b, C]
-        target = tf.reduce_sum(picked * live)
-    g = flatten_directions(tape.gradient(target, v))  # [b, C, D]
-    a = tf.abs(g)
-    return tf.sqrt(tf.reduce_sum(a * a, -1)), tf.reduce_max(a, -1), tf.reduce_sum(a, -1)
-
-
-def exact_norms(twin, fwd, rows: np.ndarray, memory_budget: int | None = None) -> Norms:
-    """Exact (float64) dual norms of the gradients of chosen neurons.
-
-    One reverse-mode pass through the float64 twin's frozen tangent map gives
-    the whole gradient of one neuron per example and direction slot, at the
-    cost of a few tangent directions, so a few neurons per example cost little
-    beside the `D` directions of the full pass.
-
-    Args:
-        twin: the float64 `Linearized` that made `fwd`.
-        fwd: its `ForwardPass`.
-        rows: `[b, C]` int neuron rows per example (-1: none).
-        memory_budget: bytes per chunk (default the twin's).
-
-    Returns:
-        `Norms` of `[b, C]` arrays (0 where `rows` is -1).
-
-    Example:
-
-    ```python
-    n = exact_norms(twin, fwd, np.array([[3, 17], [5, -1]]))
-    ```
-    """
-    fns = _compiled(twin)
-    rows = np.asarray(rows, np.int64)
-    b, c = rows.shape
-    out = [np.zeros((b, c)) for _ in range(3)]
-    if not c:
-        return Norms(*out)
-    shape = tuple(int(s) for s in fwd.trace.input.shape[1:])
-    per = 3 * twin.layout(shape).tangent_bytes(8)  # forward, backward, the gradient
-    plan = plan_chunks(b, c, per, int(memory_budget or twin.memory_budget))
-    for sl in plan.example_slices():
-        trace = fwd.trace if (sl.start == 0 and sl.stop == b) else \
-            twin.compiled.primal(tf.cast(fwd.trace.input[sl], tf.float64)).trace
-        for start in plan.direction_starts():
-            cols = slice(start, min(start + plan.per_chunk, c))
-            r = rows[sl, cols]
-            res = fns.exact(trace, tf.constant(np.maximum(r, 0)),
-                            tf.constant((r >= 0).astype(np.float64)))
-            for o, t in zip(out, res):
-                o[sl, cols] = np.where(r >= 0, t.numpy(), 0.0)
-    return Norms(*out)
