@@ -106,3 +106,27 @@ def pytest_terminal_summary(terminalreporter, config):
     terminalreporter.write_line("")
     for nodeid, seconds in ranked[: n or None]:
         terminalreporter.write_line(f"{seconds:8.2f} s  {nodeid}")
+
+
+@pytest.fixture
+def auto_probes(monkeypatch):
+    """`memory_budget="auto"` candidates of a few KB, so that a tiny model has several
+    plans to time; returns `watch(module)`, which counts the probes that module's
+    `choose_budget` runs (the list of their sorted candidate budgets)."""
+    from keras_roll.compile import chunking
+
+    monkeypatch.setattr(chunking, "AUTO_BUDGETS", (2**12, 2**14, 2**16))
+    monkeypatch.setattr(chunking, "AUTO_CAP", 2**20)
+
+    def watch(module):
+        calls = []
+        choose = module.choose_budget
+
+        def counting(plans, seconds, **kwargs):
+            calls.append(sorted(plans))
+            return choose(plans, seconds, **kwargs)
+
+        monkeypatch.setattr(module, "choose_budget", counting)
+        return calls
+
+    return watch

@@ -30,22 +30,12 @@ def _mlp(seed=0):
 
 
 @pytest.fixture
-def probes(monkeypatch):
-    """Candidates of a few KB and a low chunk threshold, so that a tiny model has
-    several plans to time; returns the candidate lists of the probes run."""
-    monkeypatch.setattr(chunking, "AUTO_BUDGETS", (2**12, 2**14, 2**16))
-    monkeypatch.setattr(chunking, "AUTO_CAP", 2**20)
+def probes(auto_probes, monkeypatch):
+    """Small candidates (`auto_probes`), a low chunk threshold and the float32 pass on
+    24 axes; returns the candidate lists of the probes run."""
     monkeypatch.setattr(autotune, "MIN_CHUNKS", 8)
-    monkeypatch.setattr(gnorms, "MIN_AXES", 0)  # the float32 pass on 24 axes
-    calls = []
-    choose = autotune.choose_budget
-
-    def counting(plans, seconds, **kwargs):
-        calls.append(sorted(plans))
-        return choose(plans, seconds, **kwargs)
-
-    monkeypatch.setattr(autotune, "choose_budget", counting)
-    return calls
+    monkeypatch.setattr(gnorms, "MIN_AXES", 0)
+    return auto_probes(autotune)
 
 
 @pytest.mark.parametrize("rigor", ["float32", "float64"])

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import keras_roll
-from keras_roll.compile import chunking
 from keras_roll.roll import autotune
 from keras_roll.roll import loss as roll
 from keras_roll.roll.config import RollConfig
@@ -41,19 +40,9 @@ def test_linearize_defaults_to_auto_and_fixed_budgets_stay_fixed():
 
 
 @pytest.fixture
-def small_candidates(monkeypatch):
+def small_candidates(auto_probes):
     """Candidates of a few KB, so that a tiny model has several plans to time."""
-    monkeypatch.setattr(chunking, "AUTO_BUDGETS", (2**12, 2**14, 2**16))
-    monkeypatch.setattr(chunking, "AUTO_CAP", 2**20)
-    calls = []
-    choose = chunking.choose_budget
-
-    def counting(plans, seconds, **kwargs):
-        calls.append(sorted(plans))
-        return choose(plans, seconds, **kwargs)
-
-    monkeypatch.setattr(autotune, "choose_budget", counting)
-    return calls
+    return auto_probes(autotune)
 
 
 def test_the_probe_chooses_a_candidate_once_per_model_and_shape(small_candidates):
