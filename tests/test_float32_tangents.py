@@ -29,7 +29,7 @@ import keras_roll
 from keras_roll.certification import guarded_norms as gnorms
 from keras_roll.certification.gradient_norms import iter_gradient_norms
 from keras_roll.certification.margin_math import margins_from_norms, neuron_arrays
-from keras_roll.compile.interpreter import propagate
+from keras_roll.compile.interpreter import cast_records, propagate
 from keras_roll.compile.rules.base import Tangent
 from keras_roll.rounding import tangent_error
 from keras_roll.rounding.exact_norms import exact_norms
@@ -141,8 +141,7 @@ def test_norms_after_a_relu_equal_a_direct_reduction(case):
     model, x = case_of(case)
     lin64 = keras_roll.linearize(model).at_dtype("float64")
     trace = lin64.forward(x).trace
-    trace32 = tf.nest.map_structure(
-        lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, trace)
+    trace32 = cast_records(trace, tf.float32)
     d = int(np.prod(x.shape[1:]))
     dirs = tf.reshape(tf.eye(d, dtype=tf.float32), (d, *x.shape[1:]))
     got = []

@@ -51,7 +51,13 @@ import tensorflow as tf
 
 from keras_roll.compile.autotune import probed_budget
 from keras_roll.compile.chunking import auto_candidates, plan_chunks, remembered_budget
-from keras_roll.compile.interpreter import Interpreter, TangentTransform, Transform, propagate
+from keras_roll.compile.interpreter import (
+    Interpreter,
+    TangentTransform,
+    Transform,
+    cast_records,
+    propagate,
+)
 from keras_roll.compile.rules.base import Tangent, flatten_examples
 from keras_roll.rounding import rules
 from keras_roll.rounding.precision import gamma, underflow_unit, unit_roundoff
@@ -324,7 +330,7 @@ def tangent_norms(twin, fwd, memory_budget: int | None = None,
     b = int(trace.input.shape[0])
     per = twin.layout(shape).tangent_bytes(4)
     plan = plan_chunks(1, d, per * b, int(memory_budget or twin.memory_budget))
-    trace32 = tf.nest.map_structure(_to_float32, trace)
+    trace32 = cast_records(trace, tf.float32)
     neurons, inputs = None, None
     for start in plan.direction_starts():
         out, norms = fns.chunk(trace32, tf.constant(start, tf.int32),
@@ -337,10 +343,6 @@ def tangent_norms(twin, fwd, memory_budget: int | None = None,
             inputs = [None if a is None else [_accumulate(x, t) for x, t in zip(a, n)]
                       for a, n in zip(inputs, norms)]
     return _bounds(fns, trace, neurons, inputs, d, plan.per_chunk, b)
-
-
-def _to_float32(t):
-    return tf.cast(t, tf.float32) if t.dtype.is_floating else t
 
 
 def tangent_budget(twin, x, batch_size: int | None = None, with_max: bool = True) -> int:
@@ -389,7 +391,7 @@ def _chunk_seconds(twin, x, per, with_max):
         b = min(plan.examples_per_chunk, int(x.shape[0]))
         if b not in traces:
             trace = twin.compiled.primal(tf.cast(x[:b], twin.dtype)).trace
-            traces[b] = tf.nest.map_structure(_to_float32, trace)
+            traces[b] = cast_records(trace, tf.float32)
         k = plan_chunks(1, d, per * b, budget).per_chunk
         start = time.perf_counter()
         out = fns.chunk(traces[b], tf.constant(0, tf.int32), tf.constant(k, tf.int32), shape,

@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from keras_roll.compile.interpreter import Interpreter, Trace, Transform, propagate
+from keras_roll.compile.interpreter import Interpreter, Trace, Transform, cast_records, propagate
 from keras_roll.compile.records import Record
 from keras_roll.compile.rules.base import flatten_examples
 from keras_roll.compile.rules.recurrent import SimpleRNNOp
@@ -308,6 +308,5 @@ def rounding_bound(twin, trace: Trace) -> RoundingBound:
         fn = tf.function(functools.partial(_bound_pass, interp), reduce_retracing=True,
                          autograph=False)
         _COMPILED[twin] = fn
-    trace64 = tf.nest.map_structure(
-        lambda t: tf.cast(t, tf.float64) if t.dtype.is_floating else t, trace)
+    trace64 = cast_records(trace, tf.float64)
     return fn(trace64, evaluation_precision(twin.program))
