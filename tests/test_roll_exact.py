@@ -2,12 +2,15 @@
 
 The factored path pushes `H1` directions from the output of a first Dense layer
 with `H1 < D` units instead of the `D` input axes (`keras_roll.roll.factored`);
-behind a leading Masking layer the packed path (`skip_padded_steps=True`) pushes one
-direction per example and valid input axis (`keras_roll.roll.exact.PackedAxes`). References: the
-input-axes path (`fewest_directions=False`), `tf.GradientTape` Jacobians with
-Eq. 9 in numpy / TensorFlow (tests/test_roll.py, including a hand-written
-masked SimpleRNN), and the closed form `d tr(R G R^T) / dW = 2 W G` for the
-factor's custom gradient.
+with a ReLU after that layer, each example's `|S|` directions of its active
+units from the ReLU's output (`keras_roll.roll.active_factor`); behind a leading
+Masking layer the packed path (`skip_padded_steps=True`) pushes one direction
+per example and valid input axis (`keras_roll.roll.exact.PackedAxes`).
+References: the input-axes path (`fewest_directions=False`), `tf.GradientTape`
+Jacobians with Eq. 9 in numpy / TensorFlow (tests/test_roll.py, including a
+hand-written masked SimpleRNN), and the closed forms `d tr(R G R^T) / dW = 2 W G`
+and `d sum_b tr(V_b A_b V_b^T) / dW = 2 W sum_b M_b A_b M_b` for the factors'
+custom gradients.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ import tensorflow as tf
 
 import keras_roll
 from keras_roll.roll import loss as roll
+from keras_roll.roll.active_factor import active_factor, first_activation, spread_directions
 from keras_roll.roll.buckets import buckets_apply
 from keras_roll.roll.config import RollConfig
 from keras_roll.roll.entry import tangent_entry
 from keras_roll.roll.estimators import estimator_for
-from keras_roll.roll.exact import ExactAxes, FactoredAxes, PackedAxes
+from keras_roll.roll.exact import ActiveFactorAxes, ExactAxes, FactoredAxes, PackedAxes
 from keras_roll.roll.factored import factored_entry, gram_factor
 from tests import model_zoo as zoo
 from tests.test_roll import (
@@ -38,8 +42,9 @@ from tests.test_roll import (
 D, H = 24, 9
 
 
-def mlp(first=(), fused=False, width=H, input_shape=(D,), seed=1):
-    """[first layers] -> Dense(width) -> ReLU -> Dense(6) -> LeakyReLU -> Dense(3)."""
+def mlp(first=(), fused=False, width=H, input_shape=(D,), seed=1, act="relu"):
+    """[first layers] -> Dense(width) -> ReLU (`act="leaky"`: LeakyReLU) -> Dense(6) ->
+    LeakyReLU -> Dense(3)."""
     keras.utils.set_random_seed(seed)
     inp = keras.Input(input_shape)
     h = inp
@@ -51,9 +56,10 @@ def mlp(first=(), fused=False, width=H, input_shape=(D,), seed=1):
             h = keras.layers.Rescaling(scale.reshape(h.shape[1:]), offset=0.1, name="scale")(h)
         elif kind == "flatten":
             h = keras.layers.Flatten(name="flat")(h)
-    h = keras.layers.Dense(width, activation="relu" if fused else None, name="d0")(h)
+    fused_act = "leaky_relu" if act == "leaky" else "relu"
+    h = keras.layers.Dense(width, activation=fused_act if fused else None, name="d0")(h)
     if not fused:
-        h = keras.layers.ReLU(name="r0")(h)
+        h = (keras.layers.LeakyReLU(0.3) if act == "leaky" else keras.layers.ReLU())(h)
     h = keras.layers.Dense(6, name="d1")(h)
     h = keras.layers.LeakyReLU(0.2, name="l1")(h)
     return keras.Model(inp, keras.layers.Dense(3, activation="softmax", name="out")(h))
@@ -94,17 +100,29 @@ def _compiled_step(lin, config, shape):
     return tf.function(run, input_signature=[tf.TensorSpec(shape)], autograph=False)
 
 
-@pytest.mark.parametrize("first, fused, wrt", [
-    ((), False, None),
-    (("norm",), True, None),
-    (("norm",), False, "norm"),
-    (("norm", "scale"), False, None),
+def _estimator(model, x, config=None):
+    lin = keras_roll.linearize(model)
+    x = tf.constant(x)
+    return estimator_for(lin, x, config or RollConfig(), None, trace=lin.primal(x).trace)
+
+
+@pytest.mark.parametrize("first, fused, wrt, act", [
+    ((), False, None, "relu"),
+    (("norm",), True, None, "relu"),
+    (("norm",), False, "norm", "relu"),
+    (("norm", "scale"), False, None, "relu"),
+    ((), False, None, "leaky"),
+    (("norm",), True, None, "leaky"),
 ])
-def test_factored_loss_and_gradients_equal_the_input_axes(first, fused, wrt):
-    model = mlp(first, fused)
+def test_factored_loss_and_gradients_equal_the_input_axes(first, fused, wrt, act):
+    model = mlp(first, fused, act=act)
     x = _x()
-    est = estimator_for(keras_roll.linearize(model), tf.constant(x), RollConfig(wrt=wrt), None)
-    assert isinstance(est, FactoredAxes) and est.total == H
+    est = _estimator(model, x, RollConfig(wrt=wrt))
+    if act == "relu":  # each example's active units: fewer directions than H1
+        assert isinstance(est, ActiveFactorAxes)
+        assert 0 < int(est.total) < H
+    else:
+        assert isinstance(est, FactoredAxes) and est.total == H
     for kwargs in ({"C": 0.5}, {"C": 0.5, "gamma": 60.0}):
         new = _loss_and_grads(model, x, wrt=wrt, **kwargs)
         old = _loss_and_grads(model, x, wrt=wrt, fewest_directions=False, **kwargs)
@@ -144,8 +162,9 @@ def test_chunked_and_training_steps_equal_one_chunk(gamma):
     x = _x((6, D))
     whole = keras_roll.linearize(model)
     plan = roll.memory_plan(whole, x)
-    assert plan.directions == H and plan.chunks == 1
-    chunked = keras_roll.linearize(model, memory_budget=-(-H // 3) * plan.bytes_per_direction)
+    k = int(_estimator(model, x).total)  # the most active first-layer units of an example
+    assert plan.directions == k and plan.chunks == 1 and k >= 3
+    chunked = keras_roll.linearize(model, memory_budget=-(-k // 3) * plan.bytes_per_direction)
     assert roll.memory_plan(chunked, x).chunks == 3
 
     def step(lin, gamma):
@@ -217,6 +236,74 @@ def test_gram_factor_and_its_gradient():
                                tf.matmul(w, w, transpose_a=True).numpy(), rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(tape.gradient(loss, w).numpy(), (2.0 * w @ g).numpy(),
                                rtol=1e-9, atol=1e-9)
+
+
+def _masked_gram_reference(w, active):
+    """`M_b W^T W M_b` for every example (numpy, float64)."""
+    m = active.astype(np.float64)
+    gram = w.T @ w
+    return m[:, :, None] * gram[None] * m[:, None, :]
+
+
+@pytest.mark.parametrize("rows", [
+    [[1, 0, 1, 1, 0, 1], [0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1]],  # none, all active
+    [[0, 0, 0, 0, 0, 0]],  # no active unit anywhere: one zero direction
+    [[0, 1, 0, 0, 1, 0], [1, 0, 0, 0, 0, 1]],
+])
+def test_active_factor_and_its_gradient(rows):
+    rng = np.random.default_rng(4)
+    active = np.array(rows, bool)
+    w = tf.constant(rng.normal(size=(20, active.shape[1])))
+    a = rng.normal(size=(len(rows), active.shape[1], active.shape[1]))
+    a = tf.constant(a + np.swapaxes(a, 1, 2))
+    with tf.GradientTape() as tape:
+        tape.watch(w)
+        lower, rows = active_factor(w, tf.constant(active))
+        v = spread_directions(lower, rows)  # [B, K, H1]
+        loss = tf.reduce_sum(tf.linalg.trace(tf.matmul(tf.matmul(v, a), v, transpose_b=True)))
+    assert v.shape[1] == max(1, active.sum(axis=1).max())
+    # Every example's directions span its active units only and give M W^T W M.
+    np.testing.assert_array_equal(np.abs(v.numpy()).sum(axis=1)[~active], 0.0)
+    np.testing.assert_allclose(tf.matmul(v, v, transpose_a=True).numpy(),
+                               _masked_gram_reference(w.numpy(), active), rtol=1e-9, atol=1e-9)
+    m = active.astype(np.float64)
+    want = 2.0 * w.numpy() @ (m[:, :, None] * a.numpy() * m[:, None, :]).sum(axis=0)
+    np.testing.assert_allclose(tape.gradient(loss, w).numpy(), want, rtol=1e-9, atol=1e-9)
+
+
+def test_first_activation_is_a_relu_right_after_the_dense_layer():
+    def program(model):
+        return keras_roll.linearize(model).program
+
+    assert first_activation(program(mlp()), 0) == (1, 0)
+    assert first_activation(program(mlp(fused=True)), 0) == (0, 1)
+    assert first_activation(program(mlp(act="leaky")), 0) is None
+    assert first_activation(program(mlp(fused=True, act="leaky")), 0) is None
+    inp = keras.Input((D,))
+    u = keras.layers.Dense(4)(inp)
+    both = keras.layers.Add()([keras.layers.ReLU()(u), u])  # the layer's output read twice
+    model = keras.Model(inp, keras.layers.Dense(2)(both))
+    assert first_activation(program(model), 0) is None
+    x = _x()
+    assert isinstance(_estimator(model, x), FactoredAxes)
+    _assert_same(_loss_and_grads(model, x, C=0.5),
+                 _loss_and_grads(model, x, C=0.5, fewest_directions=False))
+
+
+@pytest.mark.graph
+def test_active_factor_in_a_compiled_step_with_a_dynamic_batch():
+    """The number of directions is decided in the graph; the loss and gradients equal
+    the input axes', batch after batch of different activity."""
+    model = mlp()
+    lin = keras_roll.linearize(model)
+    fast = _compiled_step(lin, RollConfig(C=0.5), [None, D])
+    slow = _compiled_step(lin, RollConfig(C=0.5, fewest_directions=False), [None, D])
+    for seed, b in [(0, 5), (1, 7), (2, 1)]:
+        x = _x((b, D), seed) * np.float32(1.0 + seed)
+        (la, ga), (lb, gb) = fast(x), slow(x)
+        np.testing.assert_allclose(la.numpy(), lb.numpy(), rtol=1e-6)
+        for u, v in zip(ga, gb):
+            np.testing.assert_allclose(u.numpy(), v.numpy(), rtol=1e-5, atol=1e-7)
 
 
 # --------------------------------------------------------------------------- padded steps

@@ -56,6 +56,7 @@ from keras_roll.compile.records import Record
 from keras_roll.roll.config import RollConfig
 from keras_roll.roll.entry import padding_mask, tangent_entry
 from keras_roll.roll.exact import (
+    ActiveFactorAxes,
     ExactAxes,
     FactoredAxes,
     PackedAxes,
@@ -326,4 +327,5 @@ def estimator_for(lin, x, config: RollConfig, seed, trace=None) -> Estimator:
 
 
 # Any of the estimators (a `Record` of tensors; see `estimator_for`).
-Estimator = ExactAxes | FactoredAxes | PackedAxes | SampledAxes | RandomProbes
+Estimator = (ExactAxes | FactoredAxes | ActiveFactorAxes | PackedAxes | SampledAxes
+             | RandomProbes)

@@ -9,6 +9,10 @@ ROLL loss passes through its custom gradients (see
 * `FactoredAxes`: when a first Dense layer has `H1 < D` units, the `H1` rows of
   a factor `R` of its Gram matrix, pushed from its output
   (`keras_roll.roll.factored`): the same loss in fewer directions.
+* `ActiveFactorAxes`: when a ReLU follows that Dense layer, per example the
+  rows of a factor of the Gram matrix of its active units only, pushed from
+  the ReLU's output (`keras_roll.roll.active_factor`): the batch's largest
+  number of active units instead of `H1`.
 * `PackedAxes`: behind a leading Masking layer, one row per example and valid
   (unpadded) input axis, packed across the batch: padded steps, whose
   gradients are zero by construction, get no direction. Each row carries its
@@ -33,10 +37,11 @@ import dataclasses
 import tensorflow as tf
 
 from keras_roll.compile.records import Record
+from keras_roll.roll.active_factor import active_factor, first_activation, spread_directions
 from keras_roll.roll.entry import padding_mask
 from keras_roll.roll.factored import factored_entry, gram_factor
 
-__all__ = ["ExactAxes", "FactoredAxes", "PackedAxes", "exact_estimator",
+__all__ = ["ActiveFactorAxes", "ExactAxes", "FactoredAxes", "PackedAxes", "exact_estimator",
            "sum_squares_per_unit"]
 
 
@@ -131,6 +136,57 @@ class FactoredAxes(Record):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class ActiveFactorAxes(Record):
+    """Exact ROLL along per-example factors of the Gram matrix of a first Dense layer's
+    active units, from the output of the ReLU after it (`keras_roll.roll.active_factor`:
+    the same loss as `ExactAxes` in `K <= H1` directions).
+
+    Attributes:
+        factor: `[B, K, K]` `L` (`active_factor`), in the twin's dtype;
+            differentiable with respect to the kernel. `K` is the batch's
+            largest number of active units.
+        rows: `[B, H1]` int32, the row of `L` of each unit (`K`: inactive);
+            the directions are `spread_directions(factor, rows)`.
+        norms: `[H1]` squared gradient norms of the ReLU's own neurons,
+            `||W_a[:, j]||^2`, in the twin's dtype.
+        total: K (a scalar int32 tensor).
+        step: the ReLU's step; the tangents enter after its op `op`.
+        op: the ReLU's op in that step.
+        dtype: the twin's dtype (squares are summed in it).
+        tangent_dtype: None, or the dtype of the tangent pass.
+    """
+
+    factor: tf.Tensor
+    rows: tf.Tensor
+    norms: tf.Tensor
+    total: tf.Tensor
+    step: int
+    op: int
+    dtype: str
+    tangent_dtype: str | None = None
+
+    shared = False
+
+    def scale(self, dtype):
+        """The factor of the sum of squares (None: exact, no scaling)."""
+        return None
+
+    def sum_squares(self, lin, trace, start, k):
+        # Columns start .. start + k - 1 of L (zero past K): a slice, whose gradient
+        # is a pad (a gather along the last axis would transpose in its gradient).
+        size = tf.clip_by_value(self.total - start, 0, k)
+        part = tf.slice(self.factor, tf.stack([0, 0, tf.minimum(start, self.total)]),
+                        tf.stack([-1, -1, size]))
+        part = tf.pad(part, tf.stack([[0, 0], [0, 0], [0, k - size]]))  # [B, K, k]
+        v = spread_directions(part, self.rows)  # [B, k, H1]
+        jvp = lin.interpreter.tangent(trace, v, False, concat=False, start=self.step,
+                                      start_op=self.op + 1, dtype=self.tangent_dtype)
+        first = tf.cast(tf.equal(start, 0), self.dtype) * self.norms  # once, in the first chunk
+        first = tf.broadcast_to(first, tf.stack([tf.shape(v)[0], tf.shape(self.norms)[0]]))
+        return tf.concat([first, sum_squares_per_unit(jvp, self.dtype)], axis=-1)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class PackedAxes(Record):
     """Exact ROLL along the valid axes only: one row per (example, unpadded input axis).
 
@@ -198,7 +254,7 @@ class PackedAxes(Record):
 
 
 def exact_estimator(lin, config, entry: int, example_shape, d, tangent_dtype=None,
-                    trace=None) -> ExactAxes | FactoredAxes | PackedAxes:
+                    trace=None) -> ExactAxes | FactoredAxes | ActiveFactorAxes | PackedAxes:
     """The exact estimator with the fewest directions for `config` (see the module).
 
     Args:
@@ -209,10 +265,20 @@ def exact_estimator(lin, config, entry: int, example_shape, d, tangent_dtype=Non
         example_shape: `[rank]` int32 per-example input shape.
         d: D, the flat input size (int or tensor).
         tangent_dtype: None, or the dtype of the tangent pass.
-        trace: the forward pass's `Trace` (needed for `PackedAxes`).
+        trace: the forward pass's `Trace` (needed for `ActiveFactorAxes` and
+            `PackedAxes`).
     """
     if config.fewest_directions:
         factored = factored_entry(lin.program, entry)
+        after = None if factored is None or trace is None else \
+            first_activation(lin.program, factored.index)
+        if after is not None:
+            kernel = factored.kernel(lin.dtype)
+            active = trace.steps[after[0]].ops[after[1]].slope > 0
+            norms = tf.reduce_sum(tf.square(tf.cast(kernel, tf.float64)), axis=0)
+            lower, rows = active_factor(kernel, active)
+            return ActiveFactorAxes(lower, rows, tf.cast(norms, lin.dtype), tf.shape(lower)[1],
+                                    after[0], after[1], lin.dtype, tangent_dtype)
         if factored is not None:
             factor = gram_factor(factored.kernel(lin.dtype))
             return FactoredAxes(factor, factored.units, factored.index, lin.dtype,

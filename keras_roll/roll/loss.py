@@ -328,6 +328,9 @@ def memory_plan(model_or_lin: ModelOrTwin, x: Array, config: RollConfig | None =
     Exact ROLL behind a leading Masking layer packs one row per example and
     valid axis (`keras_roll.roll.exact.PackedAxes`): its plan then has
     `examples=1` and `directions` = the rows of the whole batch.
+    With a ReLU after a first Dense layer of `H1 < D` units, `directions` is
+    the batch's largest number of active units of that layer
+    (`keras_roll.roll.exact.ActiveFactorAxes`), so it depends on `x`.
 
     Args:
         model_or_lin: a Keras model or a `Linearized`.
