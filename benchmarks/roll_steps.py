@@ -6,10 +6,12 @@ No flags are defined here, so the examples can import it.
 * `vanilla_step`: cross-entropy only;
 * `roll_step`: exact ROLL through the perturbation (forward-mode) pass of
   `keras_roll.roll.loss` as `fit` runs it (each chunk differentiated in the
-  forward pass), along the factor of the first layer's Gram matrix (300
-  directions, the default) or along the 784 input axes
-  (`fewest_directions=False`); or sampled ROLL (`samples=k` axes per example,
-  `share_axes`);
+  forward pass), along per-example factors of the Gram matrix of the first
+  layer's active units (the batch's most active units, about 160 of 300 here:
+  the default) or along the 784 input axes (`fewest_directions=False`); or
+  sampled ROLL (`samples=k` axes per example, `share_axes`);
+* `h1_factor_step`: exact ROLL along the 300 rows of a factor of the first
+  layer's whole Gram matrix (the default before the active units);
 * `autodiff_step`: the same exact loss through `tf.GradientTape.batch_jacobian`
   (reverse mode per neuron, vectorized by pfor): the paper's "back-propagation";
 * `make_steps`: every variant `benchmarks/step_time.py` times;
@@ -37,6 +39,7 @@ import tensorflow as tf
 import keras_roll
 from keras_roll.compile.rules import recurrent
 from keras_roll.compile.twin import DEFAULT_MEMORY_BUDGET
+from keras_roll.roll import exact as exact_paths
 from keras_roll.roll import loss as roll
 from keras_roll.roll.config import RollConfig
 
@@ -55,11 +58,14 @@ def build() -> keras.Model:
     return keras.Model(inp, keras.layers.Dense(L, name="logits")(h), name="mnist_fc")
 
 
-def exact_step_flops(b: int, factored: bool = False) -> dict[str, float]:
-    """Matmul FLOPs of one exact ROLL step (see `benchmarks/step_time.py`): along the D
-    input axes, or (`factored`) along the H rows of the first layer's Gram factor."""
+def exact_step_flops(b: int, directions: int = D) -> dict[str, float]:
+    """Matmul FLOPs of one exact ROLL step (see `benchmarks/step_time.py`) along
+    `directions` directions per example: the D input axes, or fewer (the H rows of the
+    first layer's Gram factor, or the batch's most active first-layer units), which
+    start after the first layer."""
     fwd = 2 * b * (D * H + (DEPTH - 1) * H * H + H * L)
-    k = H if factored else D
+    k = directions
+    factored = k < D
     first = 2 * D * H * H if factored else 2 * D * D * H  # W^T W, or one-hot rows
     tangent = first + (DEPTH - 1) * 2 * b * k * H * H + 2 * b * k * H * L
     first_bwd = 2 * (2 * D * H * H) if factored else 2 * D * D * H  # L^-1 W^T and Q dR
@@ -145,9 +151,10 @@ EXACT_BUDGETS_MIB = (16, DEFAULT_MEMORY_BUDGET // 2**20, 256, 1024)  # 1 GiB: on
 
 def make_steps(model: keras.Model, b: int, samples: int, budgets=EXACT_BUDGETS_MIB):
     """`(fast, exact, slow, lins)`: the compiled steps of `benchmarks/step_time.py` by name
-    (exact ROLL along the factor and along the input axes at each budget in `budgets`,
-    and along the factor with `memory_budget="auto"`), and the twins by memory budget
-    in MiB ("auto" too)."""
+    (exact ROLL along the active units' factors (the default) and along the input axes
+    at each budget in `budgets`, along the active units and along the H1 rows of the
+    first layer's Gram factor with `memory_budget="auto"`), and the twins by memory
+    budget in MiB ("auto" too)."""
     default = DEFAULT_MEMORY_BUDGET // 2**20
     lins = {mib: keras_roll.linearize(model, memory_budget=mib * 2**20)
             for mib in sorted({*budgets, default})}
@@ -163,14 +170,32 @@ def make_steps(model: keras.Model, b: int, samples: int, budgets=EXACT_BUDGETS_M
             roll_step(model, lins[mib], fewest_directions=False), b)
     lins["auto"] = keras_roll.linearize(model)  # the default: chunks sized by a probe
     exact[exact_name(True, "auto")] = compile_step(roll_step(model, lins["auto"]), b)
+    exact[H1_FACTOR] = h1_factor_step(model, b)
     slow = {"exact ROLL, autodiff batch_jacobian": compile_step(autodiff_step(model), b)}
     return fast, exact, slow, lins
 
 
-def exact_name(factored: bool, mib: int | str) -> str:
-    """The name of an exact ROLL step variant in `make_steps` (`mib="auto"` too)."""
+H1_FACTOR = "exact ROLL, H1 factor rows (auto)"
+
+
+def h1_factor_step(model: keras.Model, b: int):
+    """The exact step along the H1 rows of the first layer's Gram factor (the default
+    before the active units' factors), `memory_budget="auto"`: compiled with the ReLU
+    after the first layer not recognised, on a twin of a copy of `model` (so that its
+    chunk probe is its own)."""
+    twin = keras.models.clone_model(model)
+    twin.set_weights(model.get_weights())
+    step = compile_step(roll_step(twin, keras_roll.linearize(twin)), b)
+    with mock.patch.object(exact_paths, "first_activation", lambda program, index: None):
+        step.get_concrete_function()  # traced (and tuned) without the active units
+    return step
+
+
+def exact_name(fewest: bool, mib: int | str) -> str:
+    """The name of an exact ROLL step variant in `make_steps` (`mib="auto"` too): along
+    the fewest directions (the active units' factors) or the input axes."""
     size = "auto" if mib == "auto" else f"{mib} MiB"
-    return f"exact ROLL, {'factor' if factored else 'input axes'} ({size})"
+    return f"exact ROLL, {'active units' if fewest else 'input axes'} ({size})"
 
 
 def vowels_batch(batch: int = 32, bucketed: bool = False, seed: int = 0):

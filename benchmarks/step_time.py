@@ -5,23 +5,27 @@ then an SGD update; the ROLL term as `wrap(model).fit` computes it) for
 
 * vanilla: cross-entropy only;
 * exact ROLL through the perturbation (forward-mode) pass of `keras_roll.roll.loss`,
-  along the 300 rows of a factor of the first layer's Gram matrix (the default,
-  `keras_roll.roll.factored`) and along the 784 input axes (`fewest_directions=False`,
-  the path before it), each at budgets of 16, 64 (the former default), 256 MiB
-  and 1 GiB (one chunk), and along the factor with `memory_budget="auto"` (the
-  default: the chunk size from a timed probe, `keras_roll.roll.autotune`);
+  along per-example factors of the Gram matrix of the first layer's active units
+  (the default, `keras_roll.roll.active_factor`: the batch's largest number of
+  active units, K, instead of 300 directions) and along the 784 input axes
+  (`fewest_directions=False`, the reference path), each at budgets of 16, 64
+  (the former default), 256 MiB and 1 GiB (one chunk), and along the active
+  units with `memory_budget="auto"` (the default: the chunk size from a timed
+  probe, `keras_roll.roll.autotune`); and along the 300 rows of a factor of the
+  whole Gram matrix (`keras_roll.roll.factored`, the default before), "auto";
 * the same exact loss through `tf.GradientTape.batch_jacobian` (the autodiff
   baseline: reverse mode per neuron, vectorized by pfor);
 * sampled ROLL with 3 input axes per example (Eq. 10), and with 3 axes shared by
   the batch (`share_axes=True`: the first layer's tangents are then shared);
 
-and prints the medians and the ratios: input axes / factor (the exact step's
-speed-up, at each budget and best against best), "auto" / the best fixed budget,
-the former default step / the new default step, sampled / vanilla, autodiff /
-perturbation, and the achieved GFLOP/s of the exact steps beside float32 matmul
-rates measured in the same run. The variants are timed round-robin (medians of
-interleaved repetitions): on a machine shared with other work only these ratios,
-measured side by side, mean anything, not the absolute times.
+and prints the medians and the ratios: input axes / active units (the exact
+step's speed-up, at each budget and best against best), H1 factor rows / active
+units, "auto" / the best fixed budget, the former default step / the new default
+step, sampled / vanilla, autodiff / perturbation, and the achieved GFLOP/s of the
+exact steps beside float32 matmul rates measured in the same run. The variants
+are timed round-robin (medians of interleaved repetitions): on a machine shared
+with other work only these ratios, measured side by side, mean anything, not the
+absolute times.
 
 Then, on the paper's Japanese Vowels scoRNN(512) (real data, 32 training
 sequences), on a batch padded to the split's longest sequence and on a batch of
@@ -35,19 +39,21 @@ along the valid axes only (padded steps skipped, `keras_roll.roll.exact.PackedAx
     python -m benchmarks.step_time --nomnist  # the scoRNN part only
 
 FLOP count of the exact step (matmuls only, multiply-add = 2 FLOPs; B = 64,
-D = 784 axes, H = 300, L = 10; k = D along the input axes, k = H along the factor):
+D = 784 axes, H = 300, L = 10; k = D along the input axes, k = H along the H1
+factor rows, k = K along the active units):
 
 * forward of the twin (its logits also feed the cross-entropy) and its backward:
   `3 * 2B(DH + 3H^2 + HL) - 2BDH` (no input gradient);
 * tangent forward: the first layer once for all examples (input axes: one-hot
-  axes are shared until the first mask, `2 D D H`; factor: `W^T W`, `2 D H H`),
+  axes are shared until the first mask, `2 D D H`; factors: `W^T W`, `2 D H H`),
   then `2 B k H^2` per hidden layer 2..4 and `2 B k H L` for the logits' tangent
   (computed by the twin though unused);
 * tangent backward: weight and input gradients of layers 2..4 (`2 * 2 B k H^2`
-  each) and the first layer's weight gradient (input axes `2 D D H`; factor
-  `L^-1 W^T` and `Q dR`, `4 D H H`).
+  each) and the first layer's weight gradient (input axes `2 D D H`; factors
+  `4 D H H`: `L^-1 W^T` and `Q dR`, or `W P` and its transpose's share).
 
-The elementwise work (masks, squares, reductions) is not counted.
+The elementwise work (masks, squares, reductions) and the active units' small
+per-example Cholesky factors (`B K^3 / 3` in float64) are not counted.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ from benchmarks._util import interleaved_medians, matmul_rate  # noqa: E402
 from benchmarks.roll_steps import (  # noqa: E402
     DEPTH,
     EXACT_BUDGETS_MIB,
+    H1_FACTOR,
     LAM,
     C,
     D,
@@ -80,6 +87,7 @@ from benchmarks.roll_steps import (  # noqa: E402
 from keras_roll.compile.twin import DEFAULT_MEMORY_BUDGET  # noqa: E402
 from keras_roll.roll import loss as roll  # noqa: E402
 from keras_roll.roll.config import RollConfig  # noqa: E402
+from keras_roll.roll.estimators import estimator_for  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("quick", False, "A short run: fewer repetitions, budgets 16 and 64 MiB.")
@@ -144,31 +152,35 @@ def _mnist():
           f"lam={LAM}, C={C}, gamma=100 (median of interleaved repetitions)")
     for name, t in times.items():
         print(f"  {name:<38} {1e3 * t:10.1f} ms/step")
+    lin = lins["auto"]
+    k = int(estimator_for(lin, x, RollConfig(), 0, trace=lin.primal(x).trace).total)
+    print(f"active units of the first layer: at most {k} of {H} per example in this batch")
     _report_exact(times, budgets, lins, x)
     _report_sampled(times, samples)
-    _report_rates(times, budgets, mm, b, reps)
+    _report_rates(times, budgets, mm, b, reps, k)
 
 
 def _report_exact(times, budgets, lins, x):
-    """The factored path's speed-up, and the chunk plans of both paths."""
+    """The active units' speed-up, and the chunk plans of both paths."""
     for mib in budgets:
         ratio = times[exact_name(False, mib)] / times[exact_name(True, mib)]
-        print(f"ratio input axes / factor at {mib:4d} MiB: {ratio:6.2f}")
+        print(f"ratio input axes / active units at {mib:4d} MiB: {ratio:6.2f}")
     old = min(budgets, key=lambda m: times[exact_name(False, m)])
     new = min(budgets, key=lambda m: times[exact_name(True, m)])
-    print(f"ratio best input axes ({old} MiB) / best factor ({new} MiB): "
+    print(f"ratio best input axes ({old} MiB) / best active units ({new} MiB): "
           f"{times[exact_name(False, old)] / times[exact_name(True, new)]:6.2f}  (target >= 3)")
     default = DEFAULT_MEMORY_BUDGET // 2**20
     auto = times[exact_name(True, "auto")]
-    print(f"ratio input axes at the former default ({default} MiB) / factor with 'auto': "
-          f"{times[exact_name(False, default)] / auto:6.2f}  (the step before / after)")
-    print(f"ratio factor 'auto' / best fixed budget ({new} MiB): "
+    print(f"ratio H1 factor rows / active units, both 'auto': {times[H1_FACTOR] / auto:6.2f}")
+    print(f"ratio input axes at the former default ({default} MiB) / active units with "
+          f"'auto': {times[exact_name(False, default)] / auto:6.2f}  (the step before / after)")
+    print(f"ratio active units 'auto' / best fixed budget ({new} MiB): "
           f"{auto / times[exact_name(True, new)]:6.3f}  (target <= 1.05; 'auto' chose "
           f"{roll.memory_plan(lins['auto'], x).memory_budget / 2**20:.2f} MiB)")
     for mib in budgets:
-        for factored in (False, True):
-            plan = roll.memory_plan(lins[mib], x, RollConfig(fewest_directions=factored))
-            print(f"  budget {mib:5d} MiB, {'factor    ' if factored else 'input axes'}: "
+        for fewest in (False, True):
+            plan = roll.memory_plan(lins[mib], x, RollConfig(fewest_directions=fewest))
+            print(f"  budget {mib:5d} MiB, {'active units' if fewest else 'input axes  '}: "
                   f"{plan.chunks:3d} chunk(s) of {plan.per_chunk} directions "
                   f"({plan.bytes_per_direction / 2**20:.2f} MiB per direction)")
 
@@ -185,17 +197,17 @@ def _report_sampled(times, samples):
               f"{autodiff / times[best]:6.2f}  (target >= 4; {best})")
 
 
-def _report_rates(times, budgets, mm, b, reps):
+def _report_rates(times, budgets, mm, b, reps, k):
     """Achieved GFLOP/s of the best exact step of each path beside matmul rates."""
     rates = {}
-    for factored in (False, True):
-        mib = min(budgets, key=lambda m: times[exact_name(factored, m)])
-        flops = exact_step_flops(b, factored)
-        rates[factored] = sum(flops.values()) / times[exact_name(factored, mib)] / 1e9
-        print(f"exact step, {'factor' if factored else 'input axes'}: "
+    for fewest in (False, True):
+        mib = min(budgets, key=lambda m: times[exact_name(fewest, m)])
+        flops = exact_step_flops(b, k if fewest else D)
+        rates[fewest] = sum(flops.values()) / times[exact_name(fewest, mib)] / 1e9
+        print(f"exact step, {f'active units (K = {k})' if fewest else 'input axes'}: "
               f"{sum(flops.values()) / 1e9:.1f} GFLOP ("
-              + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in flops.items())
-              + f") -> {rates[factored]:.1f} GFLOP/s at {mib} MiB")
+              + ", ".join(f"{name} {v / 1e9:.1f}" for name, v in flops.items())
+              + f") -> {rates[fewest]:.1f} GFLOP/s at {mib} MiB")
     rows = b * (H // 4)
     mm[f"[{rows}x{H}]@[{H}x{H}]"] = matmul_rate(rows, H, H, repeats=reps)
     for name, r in mm.items():
