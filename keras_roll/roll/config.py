@@ -102,9 +102,11 @@ class RollConfig:
         fewest_directions: exact ROLL only: True (default) pushes the fewest
             directions that give the same loss: from the output of a first
             Dense layer with `H1 < D` units, the `H1` rows of a factor of its
-            Gram matrix (`keras_roll.roll.factored`); False pushes every
-            input axis (the reference path). docs/design.md, "The factored
-            exact path".
+            Gram matrix (`keras_roll.roll.factored`), or, with a ReLU after
+            that layer, per example a factor of the Gram matrix of its active
+            units, from the ReLU's output (`keras_roll.roll.active_factor`);
+            False pushes every input axis (the reference path).
+            docs/design.md, "Exact ROLL in fewer directions".
         skip_padded_steps: exact ROLL only: True pushes, behind a leading
             Masking layer, one direction per example and valid (unpadded) input
             axis, in length buckets (`keras_roll.roll.exact.PackedAxes`,
