@@ -30,6 +30,7 @@ from keras_roll.roll.estimators import estimator_for
 from keras_roll.roll.exact import ActiveFactorAxes, ExactAxes, FactoredAxes, PackedAxes
 from keras_roll.roll.factored import factored_entry, gram_factor
 from tests import model_zoo as zoo
+from tests.test_fast_paths import TANGENT_RTOL
 from tests.test_roll import (
     _reference_grads,
     _tf_dense_groups,
@@ -288,6 +289,16 @@ def test_first_activation_is_a_relu_right_after_the_dense_layer():
     assert isinstance(_estimator(model, x), FactoredAxes)
     _assert_same(_loss_and_grads(model, x, C=0.5),
                  _loss_and_grads(model, x, C=0.5, fewest_directions=False))
+
+
+@pytest.mark.parametrize("dtype", sorted(TANGENT_RTOL))
+def test_active_factor_with_16_bit_tangents(dtype):
+    model = mlp()
+    x = _x()
+    assert isinstance(_estimator(model, x, RollConfig(tangent_dtype=dtype)), ActiveFactorAxes)
+    want = roll.roll_loss(model, x, C=0.5, fewest_directions=False).numpy()
+    got = roll.roll_loss(model, x, C=0.5, tangent_dtype=dtype).numpy()
+    np.testing.assert_allclose(got, want, rtol=TANGENT_RTOL[dtype])
 
 
 @pytest.mark.graph

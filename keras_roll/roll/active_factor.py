@@ -38,11 +38,10 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.roll.factored import JITTER
+from keras_roll.roll.entry import entry_readers
+from keras_roll.roll.factored import float64_gram
 
 __all__ = ["active_factor", "first_activation", "spread_directions"]
-
-_FLOOR = 2.0**-900  # the jitter's scale for a zero kernel
 
 
 def first_activation(program, index: int) -> tuple[int, int] | None:
@@ -58,8 +57,7 @@ def first_activation(program, index: int) -> tuple[int, int] | None:
     step = program.steps[index]
     if len(step.ops) > 1:
         return (index, 1) if _binary(step.ops[1]) else None
-    readers = [i for i, s in enumerate(program.steps) if step.output in s.inputs]
-    if readers != [index + 1]:
+    if entry_readers(program, index + 1) != [index + 1]:  # readers of the Dense output
         return None
     after = program.steps[index + 1]
     if len(after.inputs) != 1 or not after.ops or not _binary(after.ops[0]):
@@ -131,17 +129,13 @@ def spread_directions(columns: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
 @tf.custom_gradient
 def _factor(kernel, flat, valid):
     """`L_b` of `G[S_b, S_b]` from the flat indices `flat` `[B, K, K]` of its entries."""
-    w = tf.cast(kernel, tf.float64)
-    finite = tf.reduce_all(tf.math.is_finite(w))
-    w = tf.where(finite, w, tf.zeros_like(w))
-    gram = tf.matmul(w, w, transpose_a=True)  # [H1, H1]
+    w, finite, gram, jitter = float64_gram(kernel)  # gram: [H1, H1]
     units = tf.shape(gram)[0]
     k = tf.shape(flat)[1]
     pair = valid[:, :, None] & valid[:, None, :]
     sub = tf.gather(tf.reshape(gram, [-1]), flat)  # a flat gather: fast
-    largest = tf.maximum(tf.reduce_max(tf.linalg.diag_part(gram)), _FLOOR)
     eye = tf.eye(k, dtype=tf.float64)
-    sub = tf.where(pair, sub, largest * eye) + JITTER * largest * eye
+    sub = tf.where(pair, sub, eye) + jitter * eye  # the padding: identity blocks
     valid_rows = tf.cast(valid, tf.float64)[:, :, None]
     lower = tf.linalg.cholesky(sub) * valid_rows
     nan_if_not_finite = tf.where(finite, tf.constant(1.0, tf.float64), np.nan)

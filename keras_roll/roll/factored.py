@@ -41,10 +41,11 @@ import tensorflow as tf
 from keras_roll.compile.rules.base import NO_RECORD, Linear, Tangent
 from keras_roll.roll.entry import AFFINE_ENTRY_LAYERS, affine_problem, entry_readers
 
-__all__ = ["FactoredEntry", "JITTER", "factored_entry", "gram_factor"]
+__all__ = ["FactoredEntry", "JITTER", "JITTER_FLOOR", "factored_entry", "float64_gram",
+           "gram_factor"]
 
 JITTER = 2.0**-36  # relative to the largest diagonal entry of W_a^T W_a
-_FLOOR = 2.0**-900  # the jitter's scale for a zero kernel (its factor rounds to 0)
+JITTER_FLOOR = 2.0**-900  # the jitter's scale for a zero kernel (its factor rounds to 0)
 _RESHAPES = (keras.layers.Flatten, keras.layers.Reshape)
 
 
@@ -144,6 +145,19 @@ def _dense_entry(step, index, chain, depth) -> FactoredEntry | None:
     return FactoredEntry(tuple(chain), step, index, units, depth)
 
 
+def float64_gram(w) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+    """`(w64, finite, gram, jitter)`: `w` in float64 (zeros if any entry is not
+    finite), whether it was finite, `w64^T w64` and the jitter to add to its
+    diagonal before a Cholesky factorisation (`JITTER` times the largest diagonal
+    entry, at least `JITTER * JITTER_FLOOR`)."""
+    w64 = tf.cast(w, tf.float64)
+    finite = tf.reduce_all(tf.math.is_finite(w64))
+    w64 = tf.where(finite, w64, tf.zeros_like(w64))
+    gram = tf.matmul(w64, w64, transpose_a=True)
+    largest = tf.maximum(tf.reduce_max(tf.linalg.diag_part(gram)), JITTER_FLOOR)
+    return w64, finite, gram, JITTER * largest
+
+
 @tf.custom_gradient
 def gram_factor(w):
     """`R` `[H1, H1]` with `R^T R = W^T W` (up to a jitter of 2^-36 of its largest
@@ -160,12 +174,8 @@ def gram_factor(w):
     tf.matmul(r, r, transpose_a=True)     # ~ W^T W
     ```
     """
-    w64 = tf.cast(w, tf.float64)
-    finite = tf.reduce_all(tf.math.is_finite(w64))
-    w64 = tf.where(finite, w64, tf.zeros_like(w64))
-    gram = tf.matmul(w64, w64, transpose_a=True)
-    largest = tf.maximum(tf.reduce_max(tf.linalg.diag_part(gram)), _FLOOR)
-    gram += JITTER * largest * tf.eye(tf.shape(gram)[0], dtype=tf.float64)
+    w64, finite, gram, jitter = float64_gram(w)
+    gram += jitter * tf.eye(tf.shape(gram)[0], dtype=tf.float64)
     lower = tf.linalg.cholesky(gram)
     r = tf.where(finite, tf.transpose(lower), tf.constant(np.nan, tf.float64))
 
