@@ -21,6 +21,7 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
+from keras_roll.roll import exact as exact_paths
 from keras_roll.roll import loss as roll
 from keras_roll.roll.active_factor import active_factor, first_activation, spread_directions
 from keras_roll.roll.buckets import buckets_apply
@@ -64,6 +65,14 @@ def mlp(first=(), fused=False, width=H, input_shape=(D,), seed=1, act="relu"):
     h = keras.layers.Dense(6, name="d1")(h)
     h = keras.layers.LeakyReLU(0.2, name="l1")(h)
     return keras.Model(inp, keras.layers.Dense(3, activation="softmax", name="out")(h))
+
+
+@pytest.fixture(params=[True, False], ids=["active units", "H1 rows"])
+def compact(request, monkeypatch):
+    """Both ways of ActiveFactorAxes: each example's active units (always, whatever the
+    number of active units) or the H1 rows of the whole Gram factor (never compact)."""
+    monkeypatch.setattr(exact_paths, "COMPACT_FRACTION", 1.0 if request.param else -1.0)
+    return request.param
 
 
 def _x(shape=(5, D), seed=0):
@@ -115,13 +124,13 @@ def _estimator(model, x, config=None):
     ((), False, None, "leaky"),
     (("norm",), True, None, "leaky"),
 ])
-def test_factored_loss_and_gradients_equal_the_input_axes(first, fused, wrt, act):
+def test_factored_loss_and_gradients_equal_the_input_axes(first, fused, wrt, act, compact):
     model = mlp(first, fused, act=act)
     x = _x()
     est = _estimator(model, x, RollConfig(wrt=wrt))
     if act == "relu":  # each example's active units: fewer directions than H1
-        assert isinstance(est, ActiveFactorAxes)
-        assert 0 < int(est.total) < H
+        assert isinstance(est, ActiveFactorAxes) and bool(est.compact) is compact
+        assert 0 < int(est.total) < H if compact else int(est.total) == H
     else:
         assert isinstance(est, FactoredAxes) and est.total == H
     for kwargs in ({"C": 0.5}, {"C": 0.5, "gamma": 60.0}):
@@ -131,7 +140,7 @@ def test_factored_loss_and_gradients_equal_the_input_axes(first, fused, wrt, act
 
 
 @pytest.mark.graph  # faster compiled
-def test_factored_loss_and_gradients_match_the_tape_reference():
+def test_factored_loss_and_gradients_match_the_tape_reference(compact):
     model = mlp()
     x = _x()
     names = ["d0", "d1"]
@@ -156,7 +165,7 @@ def test_flatten_before_the_dense_layer_is_factored():
 
 @pytest.mark.graph
 @pytest.mark.parametrize("gamma", [100.0, pytest.param(70.0, marks=pytest.mark.slow)])
-def test_chunked_and_training_steps_equal_one_chunk(gamma):
+def test_chunked_and_training_steps_equal_one_chunk(gamma, compact):
     """Several chunks of factor rows: recomputed in backprop (gamma < 100) or differentiated
     in the forward pass (a training step, gamma = 100), inside a dynamic-batch graph."""
     model = mlp(("norm",))
@@ -164,7 +173,7 @@ def test_chunked_and_training_steps_equal_one_chunk(gamma):
     whole = keras_roll.linearize(model)
     plan = roll.memory_plan(whole, x)
     k = int(_estimator(model, x).total)  # the most active first-layer units of an example
-    assert plan.directions == k and plan.chunks == 1 and k >= 3
+    assert plan.directions == k and plan.chunks == 1 and k >= 3 and (k < H) is compact
     chunked = keras_roll.linearize(model, memory_budget=-(-k // 3) * plan.bytes_per_direction)
     assert roll.memory_plan(chunked, x).chunks == 3
 
@@ -200,7 +209,7 @@ def test_input_read_twice_keeps_the_input_axes():
     assert factored_entry(keras_roll.linearize(model).program, 0) is None
 
 
-def test_rank_deficient_and_zero_kernels():
+def test_rank_deficient_and_zero_kernels(compact):
     model = mlp()
     kernel = model.get_layer("d0").kernel
     w = kernel.numpy()
@@ -216,7 +225,7 @@ def test_rank_deficient_and_zero_kernels():
     assert all(np.all(np.isfinite(g)) for g in grads)
 
 
-def test_non_finite_kernel_gives_a_nan_loss():
+def test_non_finite_kernel_gives_a_nan_loss(compact):
     model = mlp()
     w = model.get_layer("d0").kernel.numpy()
     w[0, 0] = np.nan
@@ -292,17 +301,18 @@ def test_first_activation_is_a_relu_right_after_the_dense_layer():
 
 
 @pytest.mark.parametrize("dtype", sorted(TANGENT_RTOL))
-def test_active_factor_with_16_bit_tangents(dtype):
+def test_active_factor_with_16_bit_tangents(dtype, compact):
     model = mlp()
     x = _x()
-    assert isinstance(_estimator(model, x, RollConfig(tangent_dtype=dtype)), ActiveFactorAxes)
+    est = _estimator(model, x, RollConfig(tangent_dtype=dtype))
+    assert isinstance(est, ActiveFactorAxes) and bool(est.compact) is compact
     want = roll.roll_loss(model, x, C=0.5, fewest_directions=False).numpy()
     got = roll.roll_loss(model, x, C=0.5, tangent_dtype=dtype).numpy()
     np.testing.assert_allclose(got, want, rtol=TANGENT_RTOL[dtype])
 
 
 @pytest.mark.graph
-def test_active_factor_in_a_compiled_step_with_a_dynamic_batch():
+def test_active_factor_in_a_compiled_step_with_a_dynamic_batch(compact):
     """The number of directions is decided in the graph; the loss and gradients equal
     the input axes', batch after batch of different activity."""
     model = mlp()

@@ -41,7 +41,17 @@ import tensorflow as tf
 from keras_roll.roll.entry import entry_readers
 from keras_roll.roll.factored import float64_gram
 
-__all__ = ["active_factor", "first_activation", "spread_directions"]
+__all__ = ["COMPACT_FRACTION", "active_factor", "first_activation", "spread_directions"]
+
+# Above this fraction of H1 active units (the batch's largest count), the per-example
+# factors (B K^3 / 3 flops in float64, and their triangular solves in the gradient)
+# and the spreading of their columns cost more than the directions they save: the
+# H1 rows of the whole Gram matrix's factor, times the ReLU's slopes, are pushed from
+# the same place instead (`exact.ActiveFactorAxes`). On the 784-300x4-10 MLP (batch 64,
+# 2 CPU cores) the per-example factors took 0.79-0.90 of the H1 rows' step at K = 150
+# and 160 of 300, about as long as the previous H1 path at K = 206 (where the H1 rows
+# from the ReLU's output took 0.83 of it), and 2.1 x as long at K = 300.
+COMPACT_FRACTION = 0.6
 
 
 def first_activation(program, index: int) -> tuple[int, int] | None:

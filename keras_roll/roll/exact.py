@@ -37,7 +37,12 @@ import dataclasses
 import tensorflow as tf
 
 from keras_roll.compile.records import Record
-from keras_roll.roll.active_factor import active_factor, first_activation, spread_directions
+from keras_roll.roll.active_factor import (
+    COMPACT_FRACTION,
+    active_factor,
+    first_activation,
+    spread_directions,
+)
 from keras_roll.roll.entry import padding_mask
 from keras_roll.roll.factored import factored_entry, gram_factor
 
@@ -137,19 +142,25 @@ class FactoredAxes(Record):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ActiveFactorAxes(Record):
-    """Exact ROLL along per-example factors of the Gram matrix of a first Dense layer's
-    active units, from the output of the ReLU after it (`keras_roll.roll.active_factor`:
-    the same loss as `ExactAxes` in `K <= H1` directions).
+    """Exact ROLL from the output of the ReLU after a first Dense layer (`H1 < D` units):
+    along per-example factors of the Gram matrix of its active units when the batch's
+    largest number of active units `K` is at most `COMPACT_FRACTION * H1`
+    (`keras_roll.roll.active_factor`), else along the `H1` rows of a factor `R` of the
+    whole Gram matrix times the ReLU's slopes (`keras_roll.roll.factored`). Either way
+    the same loss as `ExactAxes`, decided per batch in the graph.
 
     Attributes:
-        factor: `[B, K, K]` `L` (`active_factor`), in the twin's dtype;
-            differentiable with respect to the kernel. `K` is the batch's
-            largest number of active units.
+        factor: `[B, K, K]` `L` (`active_factor`; `[B, 1, 1]` zeros when not
+            compact), in the twin's dtype; differentiable with respect to the kernel.
         rows: `[B, H1]` int32, the row of `L` of each unit (`K`: inactive);
-            the directions are `spread_directions(factor, rows)`.
+            the compact directions are `spread_directions(factor, rows)`.
+        gram_factor: `[H1, H1]` `R` (`gram_factor`; zeros when compact), in the
+            twin's dtype; differentiable with respect to the kernel.
+        slope: `[B, H1]` the ReLU's 0/1 slopes, in the twin's dtype.
+        compact: whether the batch uses the active units' factors (a bool tensor).
         norms: `[H1]` squared gradient norms of the ReLU's own neurons,
             `||W_a[:, j]||^2`, in the twin's dtype.
-        total: K (a scalar int32 tensor).
+        total: K when compact, else H1 (a scalar int32 tensor).
         step: the ReLU's step; the tangents enter after its op `op`.
         op: the ReLU's op in that step.
         dtype: the twin's dtype (squares are summed in it).
@@ -158,6 +169,9 @@ class ActiveFactorAxes(Record):
 
     factor: tf.Tensor
     rows: tf.Tensor
+    gram_factor: tf.Tensor
+    slope: tf.Tensor
+    compact: tf.Tensor
     norms: tf.Tensor
     total: tf.Tensor
     step: int
@@ -167,18 +181,51 @@ class ActiveFactorAxes(Record):
 
     shared = False
 
+    @classmethod
+    def from_slope(cls, kernel, slope, step, op, dtype, tangent_dtype=None):
+        """The estimator for the kernel `W_a` (`FactoredEntry.kernel`) and the ReLU's
+        `[B, H1]` slopes `slope` (its op `op` of step `step`)."""
+        units = int(kernel.shape[-1])
+        active = slope > 0
+        compact = tf.reduce_max(tf.reduce_sum(tf.cast(active, tf.int32), axis=1)) \
+            <= int(COMPACT_FRACTION * units)
+        batch = tf.shape(slope)[0]
+
+        def per_example():
+            lower, rows = active_factor(kernel, active)
+            return lower, rows, tf.zeros([units, units], dtype)
+
+        def whole():
+            rows = tf.zeros(tf.stack([batch, units]), tf.int32)
+            return tf.zeros(tf.stack([batch, 1, 1]), dtype), rows, gram_factor(kernel)
+
+        lower, rows, r = tf.cond(compact, per_example, whole)
+        norms = tf.reduce_sum(tf.square(tf.cast(kernel, tf.float64)), axis=0)
+        total = tf.where(compact, tf.shape(lower)[1], units)
+        return cls(lower, rows, r, tf.cast(slope, dtype), compact, tf.cast(norms, dtype), total,
+                   step, op, dtype, tangent_dtype)
+
     def scale(self, dtype):
         """The factor of the sum of squares (None: exact, no scaling)."""
         return None
 
     def sum_squares(self, lin, trace, start, k):
-        # Columns start .. start + k - 1 of L (zero past K): a slice, whose gradient
-        # is a pad (a gather along the last axis would transpose in its gradient).
-        size = tf.clip_by_value(self.total - start, 0, k)
-        part = tf.slice(self.factor, tf.stack([0, 0, tf.minimum(start, self.total)]),
-                        tf.stack([-1, -1, size]))
-        part = tf.pad(part, tf.stack([[0, 0], [0, 0], [0, k - size]]))  # [B, K, k]
-        v = spread_directions(part, self.rows)  # [B, k, H1]
+        def compact():
+            # Columns start .. start + k - 1 of L (zero past K): a slice, whose gradient
+            # is a pad (a gather along the last axis would transpose in its gradient).
+            size = tf.clip_by_value(self.total - start, 0, k)
+            part = tf.slice(self.factor, tf.stack([0, 0, tf.minimum(start, self.total)]),
+                            tf.stack([-1, -1, size]))
+            part = tf.pad(part, tf.stack([[0, 0], [0, 0], [0, k - size]]))  # [B, K, k]
+            return spread_directions(part, self.rows)  # [B, k, H1]
+
+        def whole():
+            cols = start + tf.range(k)
+            r = tf.gather(self.gram_factor, tf.minimum(cols, self.total - 1))
+            r = r * tf.cast(cols < self.total, r.dtype)[:, None]  # [k, H1]
+            return r[None] * self.slope[:, None, :]  # through the ReLU's mask
+
+        v = tf.cond(self.compact, compact, whole)
         jvp = lin.interpreter.tangent(trace, v, False, concat=False, start=self.step,
                                       start_op=self.op + 1, dtype=self.tangent_dtype)
         first = tf.cast(tf.equal(start, 0), self.dtype) * self.norms  # once, in the first chunk
@@ -273,12 +320,9 @@ def exact_estimator(lin, config, entry: int, example_shape, d, tangent_dtype=Non
         after = None if factored is None or trace is None else \
             first_activation(lin.program, factored.index)
         if after is not None:
-            kernel = factored.kernel(lin.dtype)
-            active = trace.steps[after[0]].ops[after[1]].slope > 0
-            norms = tf.reduce_sum(tf.square(tf.cast(kernel, tf.float64)), axis=0)
-            lower, rows = active_factor(kernel, active)
-            return ActiveFactorAxes(lower, rows, tf.cast(norms, lin.dtype), tf.shape(lower)[1],
-                                    after[0], after[1], lin.dtype, tangent_dtype)
+            slope = trace.steps[after[0]].ops[after[1]].slope
+            return ActiveFactorAxes.from_slope(factored.kernel(lin.dtype), slope, after[0],
+                                               after[1], lin.dtype, tangent_dtype)
         if factored is not None:
             factor = gram_factor(factored.kernel(lin.dtype))
             return FactoredAxes(factor, factored.units, factored.index, lin.dtype,
