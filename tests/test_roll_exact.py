@@ -312,9 +312,12 @@ def test_active_factor_with_16_bit_tangents(dtype, compact):
 
 
 @pytest.mark.graph
-def test_active_factor_in_a_compiled_step_with_a_dynamic_batch(compact):
+@pytest.mark.parametrize("fraction", [1.0, pytest.param(-1.0, marks=pytest.mark.slow)],
+                         ids=["active units", "H1 rows"])  # H1 rows: also in the chunked test
+def test_active_factor_in_a_compiled_step_with_a_dynamic_batch(fraction, monkeypatch):
     """The number of directions is decided in the graph; the loss and gradients equal
     the input axes', batch after batch of different activity."""
+    monkeypatch.setattr(exact_paths, "COMPACT_FRACTION", fraction)
     model = mlp()
     lin = keras_roll.linearize(model)
     fast = _compiled_step(lin, RollConfig(C=0.5), [None, D])
