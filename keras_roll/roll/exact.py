@@ -12,7 +12,9 @@ ROLL loss passes through its custom gradients (see
 * `ActiveFactorAxes`: when a ReLU follows that Dense layer, per example the
   rows of a factor of the Gram matrix of its active units only, pushed from
   the ReLU's output (`keras_roll.roll.active_factor`): the batch's largest
-  number of active units instead of `H1`.
+  number of active units instead of `H1` (for a batch with more than
+  `COMPACT_FRACTION * H1` of them, the `H1` factor rows times the ReLU's
+  slopes, from the same place).
 * `PackedAxes`: behind a leading Masking layer, one row per example and valid
   (unpadded) input axis, packed across the batch: padded steps, whose
   gradients are zero by construction, get no direction. Each row carries its
