@@ -49,7 +49,7 @@ from keras_roll.roll.entry import padding_mask
 from keras_roll.roll.factored import factored_entry, gram_factor
 
 __all__ = ["ActiveFactorAxes", "ExactAxes", "FactoredAxes", "PackedAxes", "exact_estimator",
-           "sum_squares_per_unit"]
+           "factor_rows", "sum_squares_per_unit"]
 
 
 def _sum_squares_over_directions(jvp, start):
@@ -66,6 +66,14 @@ def sum_squares_per_unit(jvp, dtype=None) -> tf.Tensor:
         return tf.square(t if dtype is None or t.dtype == dtype else tf.cast(t, dtype))
 
     return tf.concat([tf.reduce_sum(square(t), axis=1) for t in jvp.neurons], axis=-1)
+
+
+def factor_rows(factor, start, k, total) -> tf.Tensor:
+    """Rows `start .. start + k - 1` of `factor` `[total, H1]`, zero past `total`: one
+    chunk of a Gram factor's directions."""
+    rows = start + tf.range(k)
+    v = tf.gather(factor, tf.minimum(rows, total - 1))
+    return v * tf.cast(rows < total, v.dtype)[:, None]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -134,9 +142,7 @@ class FactoredAxes(Record):
         return None
 
     def sum_squares(self, lin, trace, start, k):
-        rows = start + tf.range(k)
-        v = tf.gather(self.factor, tf.minimum(rows, self.total - 1))
-        v = v * tf.cast(rows < self.total, v.dtype)[:, None]
+        v = factor_rows(self.factor, start, k, self.total)
         jvp = lin.interpreter.tangent(trace, v, True, concat=False, start=self.step,
                                       start_op=1, dtype=self.tangent_dtype)
         return sum_squares_per_unit(jvp, self.dtype)
@@ -222,9 +228,7 @@ class ActiveFactorAxes(Record):
             return spread_directions(part, self.rows)  # [B, k, H1]
 
         def whole():
-            cols = start + tf.range(k)
-            r = tf.gather(self.gram_factor, tf.minimum(cols, self.total - 1))
-            r = r * tf.cast(cols < self.total, r.dtype)[:, None]  # [k, H1]
+            r = factor_rows(self.gram_factor, start, k, self.total)  # [k, H1]
             return r[None] * self.slope[:, None, :]  # through the ReLU's mask
 
         v = tf.cond(self.compact, compact, whole)
