@@ -70,8 +70,8 @@ def sequence_dataset(x, y, lengths, batch_size: int, seed=None):
 
     tf.data's autotuning is off: the pipeline has no tunable stage (a fixed prefetch),
     and with it on, `fit` sat idle at the end of every epoch until the autotuner's
-    background thread woke up (12-15 s of a 41 s exact-ROLL epoch, up to about a
-    minute in some; TensorFlow 2.21).
+    background thread woke up (a third of an exact-ROLL epoch with TensorFlow 2.21;
+    docs/guide.md, "Idle epoch ends with `tf.data`").
 
     Example:
 
