@@ -206,6 +206,59 @@ def test_best_val_loss_restores_the_best_epoch(tmp_path):
         training.last_epoch_warning(5, 5, "m"))
 
 
+def test_array_dataset_batches_every_example_once_reshuffled_per_epoch():
+    x = np.arange(10, dtype="float32")[:, None] * np.ones((1, 3), "float32")
+    y = np.arange(10)
+    ds = training.array_dataset(x, y, 4, seed=3)
+    # No autotuning: with it, `fit` waited at epoch ends for its thread.
+    assert ds.options().autotune.enabled is False
+    epochs = [[(xb.numpy(), yb.numpy()) for xb, yb in ds] for _ in range(2)]
+    for batches in epochs:
+        assert [len(yb) for _, yb in batches] == [4, 4, 2]  # the last batch is short
+        for xb, yb in batches:
+            np.testing.assert_array_equal(xb[:, 0], yb)      # pairs stay together
+        assert sorted(np.concatenate([yb for _, yb in batches])) == list(range(10))
+    orders = [np.concatenate([yb for _, yb in b]) for b in epochs]
+    assert not np.array_equal(orders[0], orders[1])          # reshuffled per epoch
+    again = np.concatenate([yb.numpy() for _, yb in training.array_dataset(x, y, 4, seed=3)])
+    np.testing.assert_array_equal(again, orders[0])          # the seed fixes the order
+    kept = np.concatenate([yb.numpy() for _, yb in training.array_dataset(x, y, 4)])
+    np.testing.assert_array_equal(kept, y)                   # no seed: the order kept
+    with pytest.raises(ValueError, match="same number of examples; got 10 and 9"):
+        training.array_dataset(x, y[:9], 4)
+    with pytest.raises(ValueError, match="batch_size must be a positive integer; got 0"):
+        training.array_dataset(x, y, 0)
+
+
+def test_fit_best_on_arrays_is_seeded_and_keeps_the_best_epoch():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 3)).astype("float32"), rng.integers(0, 2, 40)
+    val = (x[:8], y[:8])
+
+    def run(seed):
+        keras.utils.set_random_seed(0)  # the same initial weights
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile(keras.optimizers.SGD(0.1),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        fit = training.fit_best(model, model, (x, y), val, 3, 8, verbose=0, seed=seed)
+        return model, fit
+
+    model, fit = run(seed=1)
+    assert len(fit.history["loss"]) == 3 and fit.seconds > 0
+    assert fit.best.best == pytest.approx(min(fit.history["val_loss"]))
+    # the restored weights are the best epoch's: evaluate gives its validation loss
+    assert model.evaluate(*val, batch_size=8, verbose=0) == pytest.approx(fit.best.best,
+                                                                          rel=1e-5)
+    same, _ = run(seed=1)
+    other, _ = run(seed=2)
+    for a, b in zip(model.get_weights(), same.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(a, b)
+               for a, b in zip(model.get_weights(), other.get_weights()))
+    with pytest.raises(ValueError, match="array data needs a batch_size; got None"):
+        training.fit_best(model, model, (x, y), val, 1, None, verbose=0)
+
+
 def test_log_lines_do_not_run_into_a_progress_bar(monkeypatch):
     """A terminal shows stdout and stderr on one screen: a line printed while a bar is
     drawn must start a line of its own (what the terminal shows after the last '\\r')."""

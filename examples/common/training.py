@@ -8,9 +8,13 @@ ROLL wrapper shares, which the selection and the certificates then read.
 Example:
 
 ```python
-result = fit_best(model, wrapped, (x, y), (xv, yv), epochs=20, batch_size=64)
+result = fit_best(model, wrapped, (x, y), (xv, yv), epochs=20, batch_size=64, seed=0)
 result.best.epoch, result.history["val_loss"], result.seconds
 ```
+
+Arrays go to `fit` through `array_dataset`, a `tf.data` pipeline with autotuning off:
+with Keras' own pipeline for arrays, `fit` sat idle at the end of some epochs until
+tf.data's autotuning thread woke up (docs/guide.md, "Idle epoch ends with `tf.data`").
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ import numpy as np
 
 from examples.common.app import log
 
-__all__ = ["BestValLoss", "EpochProgress", "FitResult", "fit_best", "fit_verbosity",
-           "last_epoch_warning"]
+__all__ = ["BestValLoss", "EpochProgress", "FitResult", "array_dataset", "fit_best",
+           "fit_verbosity", "last_epoch_warning", "without_autotune"]
 
 
 class FitResult(NamedTuple):
@@ -45,17 +49,72 @@ def fit_verbosity() -> int:
     return 1 if sys.stdout.isatty() else 2
 
 
+def without_autotune(ds):
+    """`ds` with tf.data's autotuning off.
+
+    With it on, `fit` can sit idle at the end of an epoch: deleting the epoch's iterator
+    waits for the autotuning thread, which sleeps between rounds (seconds; with
+    TensorFlow 2.21, up to a third of a ROLL epoch). Use it on pipelines without
+    `AUTOTUNE` stages (docs/guide.md, "Idle epoch ends with `tf.data`").
+
+    Example:
+
+    ```python
+    ds = without_autotune(tf.data.Dataset.from_tensor_slices((x, y)).batch(64).prefetch(2))
+    ```
+    """
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.with_options(options)
+
+
+def array_dataset(x, y, batch_size: int, seed: int | None = None):
+    """Batches of `(x, y)` for `fit`, like Keras' own pipeline for arrays (the last
+    batch may be short), reshuffled every epoch when `seed` is given, with a fixed
+    `prefetch(2)` and autotuning off (`without_autotune`).
+
+    Args:
+        x, y: arrays with the same first dimension.
+        batch_size: examples per batch.
+        seed: the shuffle's seed; None keeps the order (validation data).
+
+    Returns:
+        A batched `tf.data.Dataset`.
+
+    Example:
+
+    ```python
+    model.fit(array_dataset(x, y, 64, seed=0), epochs=10,
+              validation_data=array_dataset(xv, yv, 64))
+    ```
+    """
+    import tensorflow as tf
+
+    if len(x) != len(y):
+        raise ValueError(f"x and y must have the same number of examples; got {len(x)} "
+                         f"and {len(y)}.")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer; got {batch_size}.")
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    if seed is not None:
+        ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
+    return without_autotune(ds.batch(batch_size).prefetch(2))
+
+
 def fit_best(model: keras.Model, fit_model: keras.Model, train, val, epochs: int,
              batch_size: int | None = None, weights_path=None, verbose=None,
-             progress: str | None = None, name: str = "the model") -> FitResult:
+             progress: str | None = None, name: str = "the model",
+             seed: int = 0) -> FitResult:
     """`fit_model.fit` on `train` with `val` as validation data, then the weights of the
     best validation-loss epoch put back into `model` (which `fit_model` wraps or is).
 
     Args:
         model: the plain model whose weights are kept.
         fit_model: the model `fit` runs on (a ROLL wrapper of `model`, or `model`).
-        train, val: `(x, y)` pairs (batched by `batch_size`) or batched `tf.data`
-            datasets.
+        train, val: `(x, y)` pairs (batched by `batch_size` with `array_dataset`) or
+            batched `tf.data` datasets.
         epochs: training epochs.
         batch_size: batch size of array data.
         weights_path: optional `.weights.h5` written at every improvement.
@@ -63,6 +122,7 @@ def fit_best(model: keras.Model, fit_model: keras.Model, train, val, epochs: int
         progress: with a description, a tqdm bar over the epochs instead (for many
             short epochs; pass `verbose=0`).
         name: the model's name in the last-epoch warning.
+        seed: the seed of the training arrays' shuffle.
 
     Returns:
         A `FitResult`.
@@ -76,11 +136,13 @@ def fit_best(model: keras.Model, fit_model: keras.Model, train, val, epochs: int
     best = BestValLoss(model, path=weights_path)
     callbacks = [best] if progress is None else [best, EpochProgress(epochs, progress)]
     if isinstance(train, tuple):
-        train_args, val = dict(x=train[0], y=train[1], batch_size=batch_size), tuple(val)
-    else:
-        train_args = dict(x=train)
+        if batch_size is None:
+            raise ValueError("fit_best: array data needs a batch_size; got None.")
+        train = array_dataset(*train, batch_size, seed=seed)
+    if isinstance(val, tuple):
+        val = array_dataset(*val, batch_size or 32)
     start = time.perf_counter()
-    history = fit_model.fit(**train_args, validation_data=val, epochs=epochs,
+    history = fit_model.fit(train, validation_data=val, epochs=epochs,
                             verbose=fit_verbosity() if verbose is None else verbose,
                             callbacks=callbacks)
     seconds = time.perf_counter() - start

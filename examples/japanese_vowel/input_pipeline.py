@@ -16,6 +16,7 @@ import warnings
 import numpy as np
 
 from examples.common.app import UsageError
+from examples.common.training import without_autotune
 from examples.japanese_vowel.configs.default import Config
 from keras_roll.data import load_japanese_vowels
 
@@ -91,6 +92,4 @@ def sequence_dataset(x, y, lengths, batch_size: int, seed=None):
     ds = ds.map(lambda a, b, n: (a[:n], b))
     ds = ds.bucket_by_sequence_length(lambda a, b: tf.shape(a)[0], list(BUCKETS),
                                       [batch_size] * (len(BUCKETS) + 1))
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    return ds.prefetch(2).with_options(options)
+    return without_autotune(ds.prefetch(2))

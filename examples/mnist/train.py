@@ -111,7 +111,7 @@ def train_one(spec: ModelSpec, data: Data, config: Config, out: Path) -> dict:
         loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     app.log(f"\n== {spec.tag}: {len(xtr)} training images, {config.epochs} epochs")
     fit = fit_best(model, fit_model, (xtr, ytr), val, config.epochs, config.batch_size,
-                   runs / f"{spec.tag}.weights.h5", name=spec.tag)
+                   runs / f"{spec.tag}.weights.h5", name=spec.tag, seed=config.seed)
     app.log(f"   best validation loss {fit.best.best:.4f} at epoch {fit.best.epoch}")
     row = result_row(spec, fit, settings(config))
     return evaluate_and_store(model, row, val, test, runs)

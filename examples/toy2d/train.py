@@ -62,7 +62,8 @@ def train_one(name: str, data, config: Config, out: Path):
     fit_model.compile(optimizer=keras.optimizers.Adam(config.lr), loss="binary_crossentropy",
                       metrics=["accuracy"])
     fit = fit_best(model, fit_model, (x, y.astype("float32")), (xv, yv.astype("float32")),
-                   config.epochs, config.batch_size, verbose=0, progress=name, name=name)
+                   config.epochs, config.batch_size, verbose=0, progress=name, name=name,
+                   seed=config.seed)
     twin = exact_twin(model)
     row, cert = margin_stats(model, x, y, twin=twin)
     val, _ = margin_stats(model, xv, yv, prefix="val_", regions=False, twin=twin)
