@@ -230,7 +230,7 @@ def test_array_dataset_batches_every_example_once_reshuffled_per_epoch():
         training.array_dataset(x, y, 0)
 
 
-def test_fit_best_on_arrays_is_seeded_and_keeps_the_best_epoch():
+def test_fit_best_on_arrays_is_seeded_and_keeps_the_best_epoch(recwarn):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(40, 3)).astype("float32"), rng.integers(0, 2, 40)
     val = (x[:8], y[:8])
@@ -245,6 +245,8 @@ def test_fit_best_on_arrays_is_seeded_and_keeps_the_best_epoch():
 
     model, fit = run(seed=1)
     assert len(fit.history["loss"]) == 3 and fit.seconds > 0
+    # the dataset shuffles itself: Keras is not asked to (and does not warn)
+    assert not [w for w in recwarn if "shuffle" in str(w.message)]
     assert fit.best.best == pytest.approx(min(fit.history["val_loss"]))
     # the restored weights are the best epoch's: evaluate gives its validation loss
     assert model.evaluate(*val, batch_size=8, verbose=0) == pytest.approx(fit.best.best,

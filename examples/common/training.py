@@ -142,7 +142,8 @@ def fit_best(model: keras.Model, fit_model: keras.Model, train, val, epochs: int
     if isinstance(val, tuple):
         val = array_dataset(*val, batch_size or 32)
     start = time.perf_counter()
-    history = fit_model.fit(train, validation_data=val, epochs=epochs,
+    # shuffle=False: datasets shuffle themselves (array_dataset, with the seed).
+    history = fit_model.fit(train, validation_data=val, epochs=epochs, shuffle=False,
                             verbose=fit_verbosity() if verbose is None else verbose,
                             callbacks=callbacks)
     seconds = time.perf_counter() - start

@@ -85,7 +85,6 @@ def sequence_dataset(x, y, lengths, batch_size: int, seed=None):
 
     # Keras cannot know the number of bucketed batches in advance, and says so.
     warnings.filterwarnings("ignore", message=".*ran out of data.*")
-    warnings.filterwarnings("ignore", message=".*shuffle=True.*tf.data.Dataset.*")
     ds = tf.data.Dataset.from_tensor_slices((x, y, lengths))
     if seed is not None:
         ds = ds.shuffle(len(y), seed=seed, reshuffle_each_iteration=True)
