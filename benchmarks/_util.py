@@ -38,11 +38,12 @@ def matmul_rate(m: int, k: int, n: int, repeats: int = 5) -> float:
     return 2.0 * m * k * n / t / 1e9
 
 
-def interleaved_medians(fns: dict, repeats: int, warmup: int = 2) -> dict:
+def interleaved_medians(fns: dict, repeats: int, warmup: int = 2, setup=None) -> dict:
     """Median wall time of each `fn()`, timing them round-robin.
 
     Interleaving makes ratios robust to slow drifts of the machine's speed
-    (other processes, thermal state).
+    (other processes, thermal state). `setup()`, when given, runs untimed before
+    every call (for example, to put back weights that a training step changed).
 
     Example:
 
@@ -50,12 +51,15 @@ def interleaved_medians(fns: dict, repeats: int, warmup: int = 2) -> dict:
     t = interleaved_medians({"a": lambda: f(x).numpy(), "b": lambda: g(x).numpy()}, 20)
     ```
     """
+    setup = setup or (lambda: None)
     for fn in fns.values():
         for _ in range(warmup):
+            setup()
             fn()
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            setup()
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)

@@ -23,9 +23,9 @@ step's speed-up, at each budget and best against best), H1 factor rows / active
 units, "auto" / the best fixed budget, the former default step / the new default
 step, sampled / vanilla, autodiff / perturbation, and the achieved GFLOP/s of the
 exact steps beside float32 matmul rates measured in the same run. The variants
-are timed round-robin (medians of interleaved repetitions): on a machine shared
-with other work only these ratios, measured side by side, mean anything, not the
-absolute times.
+are timed round-robin (medians of interleaved repetitions), each from the same initial
+weights (put back, untimed, before every step): on a machine shared with other work
+only these ratios, measured side by side, mean anything, not the absolute times.
 
 Then, on the paper's Japanese Vowels scoRNN(512) (real data, 32 training
 sequences), on a batch padded to the split's longest sequence and on a batch of
@@ -140,14 +140,25 @@ def _mnist():
     y = tf.constant(rng.integers(0, L, size=b).astype("int32"))
     budgets = EXACT_BUDGETS_MIB[:2] if quick else EXACT_BUDGETS_MIB
     fast, exact, slow, lins = make_steps(model, b, samples, budgets)
+    # Every step updates the weights; each is timed from the initial ones, or the
+    # repetitions would train the model (on this batch, towards all 300 first-layer
+    # units active) and the later variants would time another network.
+    initial = [v.numpy() for v in model.weights]
+
+    def reset():
+        for v, w in zip(model.weights, initial):
+            v.assign(w)
+
     times = interleaved_medians({k: (lambda s=s: s(x, y).numpy()) for k, s in fast.items()},
-                                repeats=10 if quick else 60)
+                                repeats=10 if quick else 60, setup=reset)
     times.update(interleaved_medians({k: (lambda s=s: s(x, y).numpy())
                                       for k, s in exact.items()},
-                                     repeats=3 if quick else 9, warmup=1))
+                                     repeats=3 if quick else 9, warmup=1, setup=reset))
     if not quick:
         times.update(interleaved_medians({k: (lambda s=s: s(x, y).numpy())
-                                          for k, s in slow.items()}, repeats=3, warmup=1))
+                                          for k, s in slow.items()}, repeats=3, warmup=1,
+                                         setup=reset))
+    reset()
     print(f"network: {D}-{'-'.join([str(H)] * DEPTH)}-{L} ReLU, batch {b}, SGD, "
           f"lam={LAM}, C={C}, gamma=100 (median of interleaved repetitions)")
     for name, t in times.items():
@@ -174,9 +185,13 @@ def _report_exact(times, budgets, lins, x):
     print(f"ratio H1 factor rows / active units, both 'auto': {times[H1_FACTOR] / auto:6.2f}")
     print(f"ratio input axes at the former default ({default} MiB) / active units with "
           f"'auto': {times[exact_name(False, default)] / auto:6.2f}  (the step before / after)")
+    auto_plan = roll.memory_plan(lins["auto"], x)
+    best_plan = roll.memory_plan(lins[new], x)
+    same = (best_plan.chunks, best_plan.per_chunk) == (auto_plan.chunks, auto_plan.per_chunk)
     print(f"ratio active units 'auto' / best fixed budget ({new} MiB): "
           f"{auto / times[exact_name(True, new)]:6.3f}  (target <= 1.05; 'auto' chose "
-          f"{roll.memory_plan(lins['auto'], x).memory_budget / 2**20:.2f} MiB)")
+          f"{auto_plan.memory_budget / 2**20:.2f} MiB, {auto_plan.chunks} chunk(s)"
+          + (": the same chunks, so the ratio is timing noise)" if same else ")"))
     for mib in budgets:
         for fewest in (False, True):
             plan = roll.memory_plan(lins[mib], x, RollConfig(fewest_directions=fewest))

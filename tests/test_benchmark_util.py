@@ -1,0 +1,23 @@
+"""benchmarks/_util.py: round-robin timing, with an untimed set-up before every call."""
+
+import time
+
+from benchmarks._util import interleaved_medians
+
+
+def test_setup_runs_before_every_call_and_is_not_timed():
+    calls = []
+
+    def setup():
+        calls.append("setup")
+        time.sleep(0.1)  # untimed: must not reach the medians
+
+    def fn(name):
+        calls.append(name)
+        time.sleep(0.002)
+
+    times = interleaved_medians({"a": lambda: fn("a"), "b": lambda: fn("b")}, repeats=3,
+                                warmup=1, setup=setup)
+    assert calls == ["setup", "a", "setup", "b"] + ["setup", "a", "setup", "b"] * 3
+    assert set(times) == {"a", "b"}
+    assert all(0.002 <= t < 0.08 for t in times.values())
