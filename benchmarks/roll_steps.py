@@ -58,6 +58,28 @@ def build() -> keras.Model:
     return keras.Model(inp, keras.layers.Dense(L, name="logits")(h), name="mnist_fc")
 
 
+def weight_reset(model: keras.Model):
+    """A function that puts back the weights `model` has now.
+
+    Every step here is an SGD update of the one shared model: timed again and again, the
+    steps would train it (on one batch, towards every first-layer unit active), and later
+    repetitions would time another network. Pass it as `interleaved_medians(setup=...)`.
+
+    Example:
+
+    ```python
+    times = interleaved_medians(steps, repeats=9, setup=weight_reset(model))
+    ```
+    """
+    initial = [v.numpy() for v in model.weights]
+
+    def reset():
+        for v, w in zip(model.weights, initial):
+            v.assign(w)
+
+    return reset
+
+
 def exact_step_flops(b: int, directions: int = D) -> dict[str, float]:
     """Matmul FLOPs of one exact ROLL step (see `benchmarks/step_time.py`) along
     `directions` directions per example: the D input axes, or fewer (the H rows of the

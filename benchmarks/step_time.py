@@ -83,6 +83,7 @@ from benchmarks.roll_steps import (  # noqa: E402
     make_steps,
     sequence_steps,
     vowels_batch,
+    weight_reset,
 )
 from keras_roll.compile.twin import DEFAULT_MEMORY_BUDGET  # noqa: E402
 from keras_roll.roll import loss as roll  # noqa: E402
@@ -140,15 +141,7 @@ def _mnist():
     y = tf.constant(rng.integers(0, L, size=b).astype("int32"))
     budgets = EXACT_BUDGETS_MIB[:2] if quick else EXACT_BUDGETS_MIB
     fast, exact, slow, lins = make_steps(model, b, samples, budgets)
-    # Every step updates the weights; each is timed from the initial ones, or the
-    # repetitions would train the model (on this batch, towards all 300 first-layer
-    # units active) and the later variants would time another network.
-    initial = [v.numpy() for v in model.weights]
-
-    def reset():
-        for v, w in zip(model.weights, initial):
-            v.assign(w)
-
+    reset = weight_reset(model)  # every step timed from the initial weights
     times = interleaved_medians({k: (lambda s=s: s(x, y).numpy()) for k, s in fast.items()},
                                 repeats=10 if quick else 60, setup=reset)
     times.update(interleaved_medians({k: (lambda s=s: s(x, y).numpy())

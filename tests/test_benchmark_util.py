@@ -1,4 +1,5 @@
-"""benchmarks/_util.py: round-robin timing, with an untimed set-up before every call."""
+"""benchmarks/_util.py: round-robin timing, with an untimed set-up before every call;
+benchmarks/roll_steps.py: the weights put back between timed steps."""
 
 import time
 
@@ -21,3 +22,18 @@ def test_setup_runs_before_every_call_and_is_not_timed():
     assert calls == ["setup", "a", "setup", "b"] + ["setup", "a", "setup", "b"] * 3
     assert set(times) == {"a", "b"}
     assert all(0.002 <= t < 0.08 for t in times.values())
+
+
+def test_weight_reset_puts_back_the_weights_a_step_changed():
+    import keras
+    import numpy as np
+
+    from benchmarks.roll_steps import weight_reset
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    before = [w.copy() for w in model.get_weights()]
+    reset = weight_reset(model)
+    model.set_weights([w + 1.0 for w in before])
+    reset()
+    for w, ref in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(w, ref)

@@ -43,12 +43,13 @@ def timing(config: Config, out: Path) -> str:
             roll_steps.autodiff_step(model),
             "exact ROLL, perturbation (keras_roll)": roll_steps.roll_step(model, lin)}
     reps = config.timing_repeats
+    reset = roll_steps.weight_reset(model)  # every step timed from the initial weights
     times = interleaved_medians(
         {k: (lambda s=roll_steps.compile_step(s, b): s(x, y).numpy()) for k, s in fast.items()},
-        repeats=reps)
+        repeats=reps, setup=reset)
     times.update(interleaved_medians(
         {k: (lambda s=roll_steps.compile_step(s, b): s(x, y).numpy()) for k, s in slow.items()},
-        repeats=max(1, reps // 4), warmup=1))
+        repeats=max(1, reps // 4), warmup=1, setup=reset))
     order = ["vanilla", *slow, "ROLL, 3 sampled axes (Eq. 10)"]
     base = times["vanilla"]
     rows = [{"method": k, "ms": 1e3 * times[k], "ratio": times[k] / base} for k in order]
