@@ -82,7 +82,8 @@ class Config:
                           "the same settings.")
     reevaluate: bool = option(False, "With --resume, certify the stored models again (from "
                               "their weights) instead of reusing their numbers.")
-    seed: int = option(0, "Random seed (data split, initialisation, sampling).", lower_bound=0)
+    seed: int = option(0, "Random seed (data split, initialisation, sampling, batch order).",
+                       lower_bound=0)
 
 
 # The fields a trained model depends on: a stored result is reused only if they match.

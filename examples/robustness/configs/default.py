@@ -53,7 +53,7 @@ class Config:
     C: float = option(1.0, "ROLL hinge weight C.", lower_bound=0.0)
     samples: int | None = option(None, "Sampled ROLL (Eq. 10) with this many input axes "
                                  "per example; unset: exact ROLL.", lower_bound=1)
-    seed: int = option(0, "Random seed (data split, initialisation, sampling).",
+    seed: int = option(0, "Random seed (data split, initialisation, sampling, batch order).",
                        lower_bound=0)
     test_size: int = option(100, "Test images whose radii are bounded.", lower_bound=1)
     method: Method = option(Method.best, "robust_radius's method.")

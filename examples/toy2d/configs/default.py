@@ -36,7 +36,7 @@ class Config:
     models: tuple[str, ...] = option(MODELS, f"Which of {', '.join(MODELS)} to train.")
     resolution: int = option(300, "Grid points per axis of the region plots.",
                              lower_bound=2)
-    seed: int = option(0, "Random seed (data, initialisation).", lower_bound=0)
+    seed: int = option(0, "Random seed (data, initialisation, batch order).", lower_bound=0)
 
 
 def get_config() -> Config:
