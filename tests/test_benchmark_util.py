@@ -3,7 +3,11 @@ benchmarks/roll_steps.py: the weights put back between timed steps."""
 
 import time
 
+import keras
+import numpy as np
+
 from benchmarks._util import interleaved_medians
+from benchmarks.roll_steps import weight_reset
 
 
 def test_setup_runs_before_every_call_and_is_not_timed():
@@ -25,11 +29,6 @@ def test_setup_runs_before_every_call_and_is_not_timed():
 
 
 def test_weight_reset_puts_back_the_weights_a_step_changed():
-    import keras
-    import numpy as np
-
-    from benchmarks.roll_steps import weight_reset
-
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     before = [w.copy() for w in model.get_weights()]
     reset = weight_reset(model)

@@ -69,10 +69,8 @@ def sequence_dataset(x, y, lengths, batch_size: int, seed=None):
     """Batches of sequences of similar length, each padded to its longest sequence
     (`tf.data` `bucket_by_sequence_length`); shuffled every epoch when `seed` is given.
 
-    tf.data's autotuning is off: the pipeline has no tunable stage (a fixed prefetch),
-    and with it on, `fit` sat idle at the end of every epoch until the autotuner's
-    background thread woke up (a third of an exact-ROLL epoch with TensorFlow 2.21;
-    docs/guide.md, "Idle epoch ends with `tf.data`").
+    With a fixed prefetch and tf.data's autotuning off (`without_autotune`: with it on,
+    `fit` idled at every epoch's end).
 
     Example:
 
