@@ -34,8 +34,8 @@ from absl import app, flags  # noqa: E402
 import keras_roll  # noqa: E402
 from benchmarks._models import mlp, small_cnn  # noqa: E402
 from benchmarks._util import interleaved_medians  # noqa: E402
+from keras_roll.attribution.gradients import LogitGradients  # noqa: E402
 from keras_roll.certification.margin_math import directional_margins  # noqa: E402
-from keras_roll.evaluate.gradients import LogitGradients  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("data_dir", None, "MNIST (mnist.npz or its folder); random pixels if unset.")

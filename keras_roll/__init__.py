@@ -17,19 +17,8 @@ wrapped.fit(x_train, y_train)
 ```
 """
 
-from keras_roll import evaluate as attribution
-from keras_roll import layers, models, plots, testing
-from keras_roll.certification.certificates import Certificate, StabilityBounds
-from keras_roll.certification.margins import certify, l2_margins, lp_margins
-from keras_roll.certification.region_map import RegionMap, region_map
-from keras_roll.certification.regions import RegionCount, count_regions
-from keras_roll.certification.stability import stability_bounds
-from keras_roll.certification.zero_radii import ZeroCause
-from keras_roll.compile import rules
-from keras_roll.compile.rules import register_rule
-from keras_roll.compile.twin import Linearized, linearize, unwrap
-from keras_roll.errors import UnsupportedModelError
-from keras_roll.evaluate import (
+from keras_roll import attribution, callbacks, layers, models, plots, testing
+from keras_roll.attribution import (
     Faithfulness,
     IntegratedGradients,
     Saliency,
@@ -40,11 +29,20 @@ from keras_roll.evaluate import (
     smoothgrad,
     stable_radius,
 )
-from keras_roll.evaluate.distortion import Distortion, gradient_distortion
+from keras_roll.attribution.distortion import Distortion, gradient_distortion
+from keras_roll.callbacks import MarginMonitor
+from keras_roll.certification.certificates import Certificate, StabilityBounds
+from keras_roll.certification.margins import certify, l2_margins, lp_margins
+from keras_roll.certification.region_map import RegionMap, region_map
+from keras_roll.certification.regions import RegionCount, count_regions
+from keras_roll.certification.stability import stability_bounds
+from keras_roll.certification.zero_radii import ZeroCause
+from keras_roll.compile import rules
+from keras_roll.compile.rules import register_rule
+from keras_roll.compile.twin import Linearized, linearize, unwrap
+from keras_roll.errors import UnsupportedModelError
 from keras_roll.options import Rigor, RunOptions
 from keras_roll.robust import RobustRadius, robust_radius
-from keras_roll.roll import callbacks
-from keras_roll.roll.callbacks import MarginMonitor
 from keras_roll.roll.loss import roll_loss
 from keras_roll.roll.regularizer import RollModel, RollRegularizer, wrap
 

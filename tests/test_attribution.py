@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
-from keras_roll.evaluate import (
+from keras_roll.attribution import (
     integrated_gradients,
     postprocess_saliency,
     saliency,
@@ -63,7 +63,7 @@ def test_saliency_is_the_tape_gradient_of_the_label_logit(setup):
 def test_exported_from_keras_roll():
     assert keras_roll.saliency is saliency and keras_roll.stable_radius is stable_radius
     assert keras_roll.integrated_gradients is integrated_gradients
-    assert keras_roll.gradient_distortion.__module__ == "keras_roll.evaluate.distortion"
+    assert keras_roll.gradient_distortion.__module__ == "keras_roll.attribution.distortion"
     assert {"Saliency", "IntegratedGradients", "Distortion", "plots"} <= set(keras_roll.__all__)
 
 

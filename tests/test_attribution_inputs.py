@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
-from keras_roll.evaluate import integrated_gradients, saliency
-from keras_roll.evaluate.integrated import riemann_points
+from keras_roll.attribution import integrated_gradients, saliency
+from keras_roll.attribution.integrated import riemann_points
 
 
 def _relu_model(dtype="float64", in_dim=6, width=10, out=3, seed=0):

@@ -9,10 +9,10 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
+from keras_roll.attribution.distortion import gradient_distortion, sampling_box
+from keras_roll.attribution.genetic import PopulationStore
+from keras_roll.attribution.gradients import LogitGradients
 from keras_roll.compile.chunking import plan_directions
-from keras_roll.evaluate.distortion import gradient_distortion, sampling_box
-from keras_roll.evaluate.genetic import PopulationStore
-from keras_roll.evaluate.gradients import LogitGradients
 
 
 def _model(dtype="float64", in_dim=10, width=16, out=4, seed=0, link="softmax"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import keras_roll
-from keras_roll.evaluate.faithfulness import faithfulness
+from keras_roll.attribution.faithfulness import faithfulness
 
 
 def _linear(dtype="float64", d=12, classes=3, seed=0):

@@ -14,8 +14,8 @@ import pytest
 
 import keras_roll
 from keras_roll import plots
+from keras_roll.attribution import postprocess_saliency
 from keras_roll.certification.region_map import RegionMap, region_map
-from keras_roll.evaluate import postprocess_saliency
 
 pytest.importorskip("matplotlib")
 

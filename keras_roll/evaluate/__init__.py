@@ -1,37 +1,24 @@
-"""Attributions for piecewise-linear networks: saliency maps, exact integrated
-gradients, and the certified radius within which a saliency map is unchanged.
+"""Deprecated name of `keras_roll.attribution`; kept for one release.
 
-Example:
-
-```python
-sal = keras_roll.saliency(model, x, y, postprocess=True)   # Appendix K maps
-sal.radius[2]                                               # certified l2 radii
-ig = keras_roll.integrated_gradients(model, x, y)           # exact, region by region
-ig.regions                                                  # regions the path crosses
-```
+`import keras_roll.evaluate` (and its submodules, say `keras_roll.evaluate.saliency`)
+still works and warns with a `DeprecationWarning`; import from
+`keras_roll.attribution` instead.
 """
 
-from keras_roll.evaluate.faithfulness import Faithfulness, faithfulness
-from keras_roll.evaluate.gradients import LogitGradients
-from keras_roll.evaluate.integrated import IntegratedGradients, integrated_gradients
-from keras_roll.evaluate.saliency import (
-    Saliency,
-    postprocess_saliency,
-    saliency,
-    stable_radius,
-)
-from keras_roll.evaluate.smoothgrad import SmoothGrad, smoothgrad
+import importlib
+import pkgutil
+import sys
+import warnings
 
-__all__ = [
-    "Faithfulness",
-    "IntegratedGradients",
-    "LogitGradients",
-    "Saliency",
-    "SmoothGrad",
-    "integrated_gradients",
-    "faithfulness",
-    "postprocess_saliency",
-    "saliency",
-    "smoothgrad",
-    "stable_radius",
-]
+from keras_roll import attribution as _attribution
+from keras_roll.attribution import *  # noqa: F403
+from keras_roll.attribution import __all__  # noqa: F401
+
+warnings.warn(
+    "keras_roll.evaluate was renamed keras_roll.attribution; import from "
+    "keras_roll.attribution (the old name goes in the next release).",
+    DeprecationWarning, stacklevel=2)
+
+for _info in pkgutil.iter_modules(_attribution.__path__):
+    sys.modules[f"{__name__}.{_info.name}"] = importlib.import_module(
+        f"keras_roll.attribution.{_info.name}")

@@ -7,8 +7,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from keras_roll.evaluate.integrated import IntegratedGradients
-from keras_roll.evaluate.saliency import Saliency, postprocess_saliency
+from keras_roll.attribution.integrated import IntegratedGradients
+from keras_roll.attribution.saliency import Saliency, postprocess_saliency
 from keras_roll.plots.canvas import finish, new_figure
 
 __all__ = ["GradientMaps", "plot_attribution_grid", "plot_gradient_comparison"]

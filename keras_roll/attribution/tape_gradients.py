@@ -26,16 +26,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.caches import cached
-from keras_roll.compile.chunking import plan_directions
-from keras_roll.compile.twin import Linearized, unwrap
-from keras_roll.errors import UnsupportedModelError
-from keras_roll.evaluate.gradients import (
+from keras_roll.attribution.gradients import (
     LogitGradients,
     check_inputs,
     chunked_gradients,
     chunked_logits,
 )
+from keras_roll.compile.caches import cached
+from keras_roll.compile.chunking import plan_directions
+from keras_roll.compile.twin import Linearized, unwrap
+from keras_roll.errors import UnsupportedModelError
 
 __all__ = ["NOT_PIECEWISE_LINEAR", "TapeGradients", "gradient_engine"]
 

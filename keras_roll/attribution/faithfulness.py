@@ -35,16 +35,16 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.caches import compiled_call
-from keras_roll.compile.twin import Linearized, unwrap
-from keras_roll.evaluate.gradients import check_count
-from keras_roll.evaluate.tape_gradients import gradient_engine
-from keras_roll.evaluate.targets import (
+from keras_roll.attribution.gradients import check_count
+from keras_roll.attribution.tape_gradients import gradient_engine
+from keras_roll.attribution.targets import (
     check_baseline,
     check_scalar,
     read_inputs,
     resolve_targets,
 )
+from keras_roll.compile.caches import compiled_call
+from keras_roll.compile.twin import Linearized, unwrap
 from keras_roll.options import RunOptions, check_seed, fixed_budget
 
 __all__ = ["METRICS", "Faithfulness", "faithfulness"]

@@ -32,7 +32,7 @@ import bisect
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.evaluate.path_program import PathTwin, first_crossings, in_hyperplanes
+from keras_roll.attribution.path_program import PathTwin, first_crossings, in_hyperplanes
 
 __all__ = ["exact_walk"]
 

@@ -112,7 +112,7 @@ class PathTwin:
     """Compiled probes of a model along straight paths (see the module docstring).
 
     Args:
-        engine: a `keras_roll.evaluate.gradients.LogitGradients`.
+        engine: a `keras_roll.attribution.gradients.LogitGradients`.
     """
 
     def __init__(self, engine):

@@ -12,7 +12,7 @@ box `domain`. `mode="expected"` averages it over uniform draws from that set;
 
 Gradients are computed by reverse mode on batches of candidates, in compiled chunks
 under the model's memory budget, batched across examples; the distances are reduced
-inside the compiled call (`keras_roll.evaluate.gradients.LogitGradients`).
+inside the compiled call (`keras_roll.attribution.gradients.LogitGradients`).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ import numbers
 
 import numpy as np
 
-from keras_roll.compile.chunking import plan_directions
-from keras_roll.evaluate.genetic import genetic_search, survivors
-from keras_roll.evaluate.gradients import (
+from keras_roll.attribution.genetic import genetic_search, survivors
+from keras_roll.attribution.gradients import (
     LogitGradients,
     check_count,
     check_inputs,
     check_labels,
 )
+from keras_roll.compile.chunking import plan_directions
 from keras_roll.options import RunOptions, check_seed, fixed_budget
 
 __all__ = ["Distortion", "gradient_distortion", "sampling_box"]

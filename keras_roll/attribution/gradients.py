@@ -11,7 +11,7 @@ linear region are known to have *exactly* the same gradient.
 
 Points are pushed through in chunks sized from the twin's activation sizes so that
 a chunk's live tensors stay under a memory budget. This module also holds the
-argument checks shared by `keras_roll.evaluate` and `keras_roll.evaluate.distortion`.
+argument checks shared by `keras_roll.attribution` and `keras_roll.attribution.distortion`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from keras_roll.attribution.targets import class_labels
 from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_directions
 from keras_roll.compile.twin import Linearized, linearize
-from keras_roll.evaluate.targets import class_labels
 
 __all__ = [
     "LogitGradients",

@@ -26,10 +26,10 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from keras_roll.attribution.gradients import check_count, same_pattern
+from keras_roll.attribution.saliency import LazyRadius, target_gradients
+from keras_roll.attribution.targets import check_scalar
 from keras_roll.compile.caches import cached
-from keras_roll.evaluate.gradients import check_count, same_pattern
-from keras_roll.evaluate.saliency import LazyRadius, target_gradients
-from keras_roll.evaluate.targets import check_scalar
 from keras_roll.options import RunOptions, check_seed, fixed_budget
 
 __all__ = ["SmoothGrad", "smoothgrad"]

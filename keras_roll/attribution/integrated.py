@@ -7,7 +7,7 @@ Integrated gradients (Sundararajan, Taly & Yan, ICML 2017) attribute
 
 For a piecewise-linear network the gradient is constant inside each linear
 region, so the integral is a finite sum over the regions the straight path from
-the baseline `x0` to `x` crosses (`keras_roll.evaluate.path_walk`): exact up to
+the baseline `x0` to `x` crosses (`keras_roll.attribution.path_walk`): exact up to
 round-off, complete (the attributions sum to `f(x) - f(x0)`), and with the
 number of regions crossed. A Riemann sum (`steps=k`, with a `rule`) works for any
 differentiable model. See docs/design.md, section "Exact integrated gradients".
@@ -20,12 +20,12 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from keras_roll.attribution.gradients import check_count
+from keras_roll.attribution.path_walk import exact_walk
+from keras_roll.attribution.tape_gradients import gradient_engine
+from keras_roll.attribution.targets import check_baseline, read_inputs, resolve_targets
 from keras_roll.compile.caches import cached
 from keras_roll.errors import UnsupportedModelError
-from keras_roll.evaluate.gradients import check_count
-from keras_roll.evaluate.path_walk import exact_walk
-from keras_roll.evaluate.tape_gradients import gradient_engine
-from keras_roll.evaluate.targets import check_baseline, read_inputs, resolve_targets
 from keras_roll.options import RunOptions, fixed_budget
 
 __all__ = ["RULES", "IntegratedGradients", "integrated_gradients", "riemann_points"]

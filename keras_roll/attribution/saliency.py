@@ -12,10 +12,10 @@ import dataclasses
 
 import numpy as np
 
+from keras_roll.attribution.tape_gradients import gradient_engine
+from keras_roll.attribution.targets import read_inputs, resolve_targets
 from keras_roll.certification.margins import certify
 from keras_roll.errors import UnsupportedModelError
-from keras_roll.evaluate.tape_gradients import gradient_engine
-from keras_roll.evaluate.targets import read_inputs, resolve_targets
 from keras_roll.options import RunOptions, fixed_budget
 
 __all__ = ["Saliency", "postprocess_saliency", "saliency", "stable_radius"]

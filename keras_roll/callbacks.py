@@ -1,0 +1,14 @@
+"""Keras callbacks of keras_roll (as `keras.callbacks` is for Keras).
+
+Example:
+
+```python
+from keras_roll.callbacks import MarginMonitor
+
+model.fit(x, y, epochs=5, callbacks=[MarginMonitor(x_val[:256])])
+```
+"""
+
+from keras_roll.roll.callbacks import MarginMonitor
+
+__all__ = ["MarginMonitor"]
