@@ -27,6 +27,7 @@ import numpy as np
 from keras_roll.certification.bisection import binding_directions
 from keras_roll.certification.tables import format_table, percentiles_of, rigor_line
 from keras_roll.certification.zero_radii import no_causes, zero_lines
+from keras_roll.compile.units import INPUT_UNITS, Units
 from keras_roll.options import Method, Rigor, parse_norm
 
 __all__ = ["Certificate", "NormDict", "StabilityBounds", "concat_padded", "percentiles_of"]
@@ -93,14 +94,16 @@ class Certificate:
     Attributes:
         margins: `{p: [B]}` float64, radius of the largest lp ball (p in 1, 2,
             inf) around each example inside its linear region (Prop. 6), in
-            the model's input units; NaN for `nonfinite` examples. Keys: 1, 2,
-            np.inf or 'l1', 'l2', 'linf' (a `NormDict`).
+            `units` (the model's input units unless `certify(wrt=...)`); NaN for
+            `nonfinite` examples. Keys: 1, 2, np.inf or 'l1', 'l2', 'linf' (a
+            `NormDict`).
         binding: `{p: [B]}` list of the binding neuron `(layer name, unit index)`
             per example, None where no neuron binds (margin inf) or NaN.
         binding_index: `{p: [B] int64}`, the binding neuron's row in
             `lin.neuron_names_for(x)`, -1 where none binds.
         directional: `[B, K]` float64 margins along the given directions, in
-            units of `t` of `x + t d` (not normalised by `||d||`), or None.
+            units of `t` of `x + t d` (not normalised by `||d||`; `d` in `units`),
+            or None.
         directional_index: `[B, K]` int64 binding neuron rows, or None.
         logits: `[B, *output_shape]` outputs of the twin (before any folded
             softmax / sigmoid; float64 under rigor 'float64').
@@ -125,6 +128,10 @@ class Certificate:
             radius is zero (a tie in a max-pooling window, a neuron exactly at
             its breakpoint, or one within the rounding guard; `ZeroCause.NONE`
             for the other radii); `binding` names the neuron and its layer.
+        units: the `keras_roll.compile.units.Units` of the radii: input units, or
+            those of a leading Rescaling / Normalization's output (`wrt=`).
+            `binding_direction` and `boundary_point` are in input units (points
+            the model takes).
 
     Example:
 
@@ -148,6 +155,7 @@ class Certificate:
     mask: np.ndarray | None = None
     nonfinite: np.ndarray | None = None
     zero_cause: dict | None = None
+    units: Units = INPUT_UNITS
     _source: tuple | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
@@ -177,12 +185,14 @@ class Certificate:
             raise ValueError("Certificate.concat needs at least one certificate.")
         first = parts[0]
         for part in parts[1:]:
-            theirs = (part.norms, part.method, part.rigor, part.evaluation)
-            if theirs != (first.norms, first.method, first.rigor, first.evaluation):
+            theirs = (part.norms, part.method, part.rigor, part.evaluation,
+                      part.units.describe())
+            ours = (first.norms, first.method, first.rigor, first.evaluation,
+                    first.units.describe())
+            if theirs != ours:
                 raise ValueError(
                     f"Certificates of different runs cannot be concatenated: norms, method, "
-                    f"rigor and evaluation {theirs} differ from "
-                    f"{(first.norms, first.method, first.rigor, first.evaluation)}.")
+                    f"rigor, evaluation and units {theirs} differ from {ours}.")
 
         def joined(name):
             return {p: np.concatenate([getattr(q, name)[p] for q in parts]) for p in first.norms}
@@ -200,7 +210,24 @@ class Certificate:
             rigor=first.rigor, evaluation=first.evaluation,
             mask=None if any(m is None for m in masks) else concat_padded(masks, False),
             nonfinite=np.concatenate([q.nonfinite for q in parts]),
-            zero_cause=joined("zero_cause"))
+            zero_cause=joined("zero_cause"), units=first.units)
+
+    def in_units(self, units: Units) -> Certificate:
+        """This certificate (in input units) with its radii stated in `units`; the
+        directional margins `t` are unchanged (their directions are read in `units`).
+
+        Example:
+
+        ```python
+        cert.in_units(resolve_units(lin.program, "rescaling")).margins[2]   # / 255
+        ```
+        """
+        if not self.units.is_input:
+            raise ValueError(f"This certificate is already in {self.units.describe()}.")
+        margins = {p: units.to_units(v) for p, v in self.margins.items()}
+        out = dataclasses.replace(self, margins=margins, units=units)
+        out._source = self._source
+        return out
 
     def attach_source(self, twin, inputs: list | None) -> None:
         """Keeps the twin and the inputs (or None) that `binding_direction` recomputes from."""
@@ -309,7 +336,8 @@ class Certificate:
             k = self.directional.shape[1]
             rows.append((f"directional (K={k})", self.directional.reshape(-1),
                          self.directional_index.reshape(-1)))
-        head = f"Certified margins: {self.n} examples, method '{self.method}' ({PAPER})"
+        head = (f"Certified margins ({self.units.describe()}): {self.n} examples, method "
+                f"'{self.method}' ({PAPER})")
         print_fn(format_table(head, rows, percentiles))
         print_fn(rigor_line(self.rigor, self.evaluation))
         for p, causes in self.zero_cause.items():

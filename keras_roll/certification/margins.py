@@ -51,6 +51,7 @@ from keras_roll.certification.runs import input_mask, nonfinite, warn_nonfinite
 from keras_roll.certification.zero_radii import explain_zeros
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.twin import Linearized, linearize
+from keras_roll.compile.units import resolve_units
 from keras_roll.inputs import Array, ModelOrTwin, check_directions, input_batches
 from keras_roll.options import (
     Method,
@@ -97,8 +98,8 @@ class _Run:
 
 def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
             directions: Array | None = None, method: Method | str = "analytic",
-            bisect_tol: float = 1e-4, options: RunOptions | None = None,
-            **overrides) -> Certificate:
+            bisect_tol: float = 1e-4, options: RunOptions | None = None, *,
+            wrt: str | None = None, **overrides) -> Certificate:
     """Certifies the lp and directional margins of every example.
 
     The l_p margin is the radius of the largest l_p ball around `x` inside its
@@ -138,6 +139,15 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
     **Directional margins** are in units of `t` along each direction as given
     (`x + t d`), not normalised: divide by `||d||` for a distance.
 
+    **Units** (`wrt=`). By default radii are in the model's input units. With
+    `wrt="<layer>"`, naming a leading Rescaling / Normalization (possibly after
+    others) whose scale is one number, `u = a x + b`, they are in the units of
+    its output: the lp ball of radius `r` around `u(x)` is the ball of radius
+    `r / |a|` around `x`, so every radius is `|a|` times the input-unit one (a
+    model taking 0-255 pixels behind `Rescaling(1 / 255)` certifies in [0, 1]
+    pixels with `wrt="rescaling"`); `directions` are then read in those units.
+    `x` stays in the model's input units. docs/design.md, section "Units (wrt=)".
+
     `method="bisect"` replaces the closed forms by the paper's binary search on
     pattern feasibility, run on the twin's forward pass (in float64 under
     `rigor="float64"` / `"strict"`, without the rounding guard): the
@@ -167,6 +177,9 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
         bisect_tol: relative tolerance of the bisection.
         options: a `keras_roll.RunOptions` (batch_size, memory_budget, verbose,
             rigor); the defaults if None.
+        wrt: None (input units), or the name of a leading Rescaling /
+            Normalization layer with a scalar scale: the radii (and directions)
+            are in the units of its output (`Certificate.units`).
         **overrides: any of those fields, replacing the one of `options`:
             `batch_size` (examples per chunk, default from the memory budget;
             for streams of single examples, also the batch they are grouped
@@ -183,7 +196,8 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
 
     Raises:
         ValueError: for bad norms, methods, options, directions or inputs
-            (wrong shape, NaN or inf).
+            (wrong shape, NaN or inf), or a `wrt` that names no leading
+            Rescaling / Normalization with a scalar scale.
         TypeError: for an unknown keyword argument.
 
     Example:
@@ -195,11 +209,15 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
     cert.binding[np.inf][0]                # ('dense_1', 17)
     cert.boundary_point(2)                 # where each l2 ball touches its boundary
     keras_roll.certify(model, x, rigor="strict", batch_size=32)
+    keras_roll.certify(model, x, wrt="rescaling")   # radii in the Rescaling's output units
     ```
     """
     opts = RunOptions.of(options, **overrides)
     norms = parse_norms(norms)
     run = _Run.make(model, norms, method, bisect_tol, opts)
+    units = resolve_units(run.lin.program, wrt)
+    if directions is not None and not units.is_input:
+        directions = np.asarray(directions, np.float64) / units.scale  # d_u = a d_x
     if not norms and directions is None:
         raise ValueError("norms=() and no directions: there is nothing to certify. Pass "
                          "norms=(1, 2, np.inf) (or a subset), or directions=.")
@@ -223,6 +241,8 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
         raise ValueError("x is an empty stream: there is nothing to certify.")
     cert = Certificate.concat(parts)
     warn_nonfinite(int(cert.nonfinite.sum()), cert.n, cert.evaluation, "margins")
+    if not units.is_input:
+        cert = cert.in_units(units)
     cert.attach_source(run.twin, kept)
     return cert
 

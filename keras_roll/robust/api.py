@@ -33,6 +33,7 @@ import numpy as np
 from keras_roll.certification.margin_math import dual_norm, to_numpy
 from keras_roll.certification.margins import certify
 from keras_roll.compile.twin import linearize
+from keras_roll.compile.units import resolve_units
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.inputs import ModelOrTwin, is_stream, stream_length
 from keras_roll.options import Norms, Rigor, RunOptions, Verbose, check_bisect_tol, parse_norms
@@ -50,8 +51,8 @@ from keras_roll.rounding.precision import unit_roundoff
 __all__ = ["METHODS", "SearchOptions", "robust_radius"]
 
 METHODS = ("best", "region", "walk", "relaxation", "interval")
-FIELDS = ("lower", "upper", "adversarial", "exact", "runner_up", "lower_method",
-          "upper_method")
+FIELDS = ("lower", "upper", "adversarial", "exact", "exact_value", "runner_up",
+          "lower_method", "upper_method")
 
 
 def _check_arguments(method, max_regions, bisect_tol, exact_rtol):
@@ -135,6 +136,7 @@ class _Run:
         for p in self.norms:
             out[p] = {"lower": np.zeros(b), "upper": np.full(b, np.nan),
                       "adversarial": np.full(x.shape, np.nan), "exact": np.zeros(b, bool),
+                      "exact_value": np.full(b, np.nan),
                       "runner_up": np.full(b, -1, np.int64),
                       "lower_method": np.full(b, "", object),
                       "upper_method": np.full(b, "", object)}
@@ -154,6 +156,7 @@ class _Run:
             for p in self.norms:
                 r = res[p]
                 r["upper"][wrong], r["adversarial"][wrong] = 0.0, x[wrong]
+                r["exact_value"][wrong] = 0.0
                 r["lower_method"][wrong] = r["upper_method"][wrong] = "label"
                 r["runner_up"][wrong] = pred[wrong]
             idx = idx[pred[idx] == y[idx]]
@@ -161,9 +164,11 @@ class _Run:
             bad[idx] |= self._solve(x[idx], pred[idx], idx, res)
         for p in self.norms:
             r = res[p]
-            r["exact"] = np.isfinite(r["upper"]) & \
-                (r["upper"] - r["lower"] <= self.search.exact_rtol * r["upper"])
-            for key in ("lower", "upper"):
+            met = _bounds_meet(r["lower"], r["upper"], self.search.exact_rtol)
+            r["exact_value"] = np.where(np.isnan(r["exact_value"]) & met, r["upper"],
+                                        r["exact_value"])
+            r["exact"] = np.isfinite(r["exact_value"])
+            for key in ("lower", "upper", "exact_value"):
                 r[key][bad] = np.nan
             r["adversarial"][bad] = np.nan
             r["exact"][bad] = False
@@ -179,8 +184,9 @@ class _Run:
             bad, terms = self._region(x, x64, pred, idx, res)
         for p in self.norms:
             r = res[p]
-            todo = ~bad & ~((r["upper"][idx] - r["lower"][idx])
-                            <= self.search.exact_rtol * r["upper"][idx])
+            todo = ~bad & ~_bounds_meet(r["lower"][idx], r["upper"][idx],
+                                        self.search.exact_rtol) \
+                & ~np.isfinite(r["exact_value"][idx])
             if self.method in ("best", "walk"):
                 self._walk(x64, pred, idx, todo, p, r)
             if self.relax and self.method != "region":
@@ -195,7 +201,7 @@ class _Run:
         cert = certify(self.lin, x, norms=self.norms, rigor=self.rigor,
                        batch_size=self.run.batch_size, memory_budget=self.run.memory_budget,
                        verbose=False)  # None / "auto": certify times its chunks
-        terms = decision_terms(self.twin, x64, pred, guard=self.rigor.guarded,
+        terms = decision_terms(self.twin, x64, pred, guard=self.rigor,
                                memory_budget=self.budget)
         slack = 4.0 * (int(np.prod(x.shape[1:])) + 16) * unit_roundoff("float64")
         gap = self._gap(terms)
@@ -205,6 +211,7 @@ class _Run:
             r = res[p]
             r["lower"][idx] = nb.lower
             r["lower_method"][idx] = np.where(nb.lower < margin, "decision", "region")
+            r["exact_value"][idx] = nb.exact_value
             _take_upper(r, idx, nb, "region")
         return np.asarray(cert.nonfinite, bool), terms
 
@@ -251,6 +258,12 @@ class _Run:
         r["lower_method"][target] = "relaxation" if relax else "interval"
 
 
+def _bounds_meet(lower, upper, rtol) -> np.ndarray:
+    """Where `upper - lower <= rtol * upper` (a finite upper bound)."""
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(upper) & (upper - lower <= rtol * upper)
+
+
 def _take_upper(r, idx, nb, name):
     better = np.isfinite(nb.upper) & ~(nb.upper >= r["upper"][idx])
     target = idx[better]
@@ -264,10 +277,11 @@ def _take_upper(r, idx, nb, name):
 
 def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
                   method: str = "best", rigor: Rigor | str | None = None, *,
-                  max_regions: int = 100, bisect_tol: float = 1e-2, exact_rtol: float = 1e-3,
+                  max_regions: int = 100, bisect_tol: float = 1e-3, exact_rtol: float = 1e-3,
                   batch_size: int | None = None, memory_budget: int | str | None = None,
                   verbose: Verbose | None = None,
-                  options: RunOptions | None = None) -> RobustRadius:
+                  options: RunOptions | None = None,
+                  wrt: str | None = None) -> RobustRadius:
     """Lower and upper bounds on every input's minimal adversarial perturbation.
 
     The minimal adversarial perturbation of `x` in the lp norm is the distance to the
@@ -295,10 +309,24 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
 
     **Rounding** (`rigor`, as `certify`; default "float64"): under "float64" and
     "strict" the lower bounds hold for the model as Keras evaluates it (float32;
-    float16 / bfloat16 under mixed precision): the region margin with `certify`'s
-    guard of that rigor, the logit margins with a worst-case bound on the rounding
-    of every op pulled back through the network (signed, so cancellations count).
-    "float32" bounds exact arithmetic on the weights (no guard).
+    float16 / bfloat16 under mixed precision). Under "float64" with `certify`'s
+    semantics: the region margin has its probabilistic guard, and method 1's logit
+    margins `LAMBDA = 8` standard deviations of their rounding in the same model of
+    rounding (each margin of each point fails with probability below 2.5e-14), or
+    the worst-case bound where that allows more; the relaxation's passes keep the
+    worst-case bound. Under "strict" every term is worst case (sound whatever the
+    rounding errors). "float32" bounds exact arithmetic on the weights (no guard).
+
+    **Exact** (`RobustRadius.exact`): where `upper - lower <= exact_rtol * upper`, or
+    where method 1's nearest decision hyperplane lies inside the certified region and
+    its projection is confirmed with `lower > 0`: the minimal perturbation in exact
+    arithmetic on the weights is then that distance (`exact_value`), and `[lower,
+    upper]` only says how far the model's own rounding may move it.
+
+    **Units** (`wrt=`): as `certify`'s; with `wrt="<layer>"` (a leading Rescaling /
+    Normalization with a scalar scale) `lower`, `upper`, `exact_value` and the
+    thresholds of `certified_accuracy` are in the units of its output; the
+    adversarial points stay model inputs.
 
     Args:
         model: a Keras classifier (a model made by `keras_roll.wrap` is unwrapped) or
@@ -312,19 +340,25 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
         rigor: "float64" (default), "strict" or "float32" (a `keras_roll.Rigor`).
         max_regions: regions the walk may cross per input (and per refining line).
         bisect_tol: relative width of the relaxation search's final bracket: the lower
-            bound is within `1 + bisect_tol` of the largest radius the pass certifies.
-        exact_rtol: `exact` where `upper - lower <= exact_rtol * upper`.
+            bound is within `1 + bisect_tol` of the largest radius the pass certifies
+            (default 1e-3, no wider than `exact_rtol`, so a search that meets the
+            walk's point can claim `exact`).
+        exact_rtol: `exact` where `upper - lower <= exact_rtol * upper` (and where
+            method 1 located the minimum inside the region; see above).
         batch_size: examples per batch (streams of single examples are grouped).
         memory_budget: bytes of tangents / functionals per chunk (default the twin's).
         verbose: "auto" (default), True or False: a progress bar.
         options: a `keras_roll.RunOptions` (batch_size, memory_budget, verbose,
             rigor); the keyword arguments above override its fields.
+        wrt: None (input units), or the name of a leading Rescaling /
+            Normalization layer with a scalar scale: distances in its output's units.
 
     Returns:
         A `RobustRadius` (numpy arrays).
 
     Raises:
-        ValueError: bad arguments, or a model that is not a classifier.
+        ValueError: bad arguments, a model that is not a classifier, or a `wrt`
+            that names no leading Rescaling / Normalization with a scalar scale.
         keras_roll.UnsupportedModelError: layers the chosen method cannot bound.
 
     Example:
@@ -333,6 +367,8 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     rr = keras_roll.robust_radius(model, x_test[:100], y_test[:100])
     rr.summary()                          # percentiles of lower / upper, share exact
     rr.certified_accuracy(0.1, np.inf)    # certified accuracy at l_inf radius 0.1
+    rr = keras_roll.robust_radius(model, x_test[:100], y_test[:100], wrt="rescaling")
+    rr.certified_accuracy(8 / 255, np.inf)    # in [0, 1] pixels for 0-255 inputs
     ```
     """
     overrides = {k: v for k, v in (("rigor", rigor), ("batch_size", batch_size),
@@ -344,6 +380,7 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
         raise ValueError("norms=() leaves nothing to bound; pass e.g. norms=(2, np.inf).")
     _check_arguments(method, max_regions, bisect_tol, exact_rtol)
     lin = linearize(model)
+    units = resolve_units(lin.program, wrt)
     _check_classifier(lin)
     _warn_saturating_link(lin, run_options.rigor)
     search = SearchOptions(int(max_regions), float(bisect_tol), float(exact_rtol))
@@ -354,10 +391,11 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
                               "robust radius") as bar:
         for xb, yb in iter_labelled_batches(x, y, lin.input_shape, run_options.batch_size):
             parts.append(run.batch(xb, yb, bar) + (yb,))
-    return _assemble(parts, norms, method, str(run_options.rigor), float(exact_rtol), lin)
+    return _assemble(parts, norms, method, str(run_options.rigor), float(exact_rtol), lin,
+                     units)
 
 
-def _assemble(parts, norms, method, rigor, exact_rtol, lin) -> RobustRadius:
+def _assemble(parts, norms, method, rigor, exact_rtol, lin, units) -> RobustRadius:
     fields = {f: {} for f in FIELDS}
     for p in norms:
         for f in FIELDS:
@@ -372,5 +410,7 @@ def _assemble(parts, norms, method, rigor, exact_rtol, lin) -> RobustRadius:
         warnings.warn(f"{int(bad.sum())} of {bad.size} inputs have non-finite values (NaN / "
                       f"inf), or non-finite neurons or logits: their bounds are NaN (see "
                       f".nonfinite).", stacklevel=3)
+    for f in ("lower", "upper", "exact_value"):  # distances in the chosen units
+        fields[f] = {p: units.to_units(v) for p, v in fields[f].items()}
     return RobustRadius(**fields, predicted=predicted, labels=labels, method=method,
-                        rigor=rigor, exact_rtol=exact_rtol, nonfinite=bad)
+                        rigor=rigor, exact_rtol=exact_rtol, nonfinite=bad, units=units)

@@ -9,7 +9,11 @@ exactly, with the point. Otherwise the prediction is constant on the region's ba
 and `eps` is the lower bound. Under a rounding guard both are shrunk: the margins by
 the error of the model's evaluation of the logits inside the ball, pulled back from
 the margins through the frozen pattern (`keras_roll.robust.float_error`), the region
-margin by `certify`'s own guard (docs/design.md, section "Robustness radius").
+margin by `certify`'s own guard of the same rigor. Under rigor "float64" the logit
+margins get `certify`'s semantics too: `LAMBDA` standard deviations of their rounding
+error in Higham & Mary's probabilistic model (computed exactly from the pulled-back
+functionals, no sampling), or the worst-case bound where that allows more
+(docs/design.md, section "Robustness radius").
 
 Example:
 
@@ -22,6 +26,7 @@ terms.margins[0], terms.classes[0]         # m_j and the class j of every row
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -31,22 +36,35 @@ from keras_roll.certification.bisection import steepest_directions
 from keras_roll.certification.margin_math import dual_norm, to_numpy
 from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_chunks
+from keras_roll.options import Rigor
 from keras_roll.robust.adversarial import confirm
 from keras_roll.robust.backward import capture, compile_batched, op_graph, pull_back
 from keras_roll.robust.float_error import OpRounding, abs_sum
 from keras_roll.rounding import rules
-from keras_roll.rounding.precision import evaluation_precision, unit_roundoff
+from keras_roll.rounding.guard import BOUND_SAFETY
+from keras_roll.rounding.noise import LAMBDA
+from keras_roll.rounding.precision import (
+    evaluation_precision,
+    gamma,
+    underflow_unit,
+    unit_roundoff,
+)
 
-__all__ = ["DecisionTerms", "NormBounds", "decision_terms", "link_gap", "margin_rows",
-           "region_bounds"]
+__all__ = ["DecisionTerms", "NormBounds", "decision_terms", "guard_mode", "link_gap",
+           "margin_rows", "region_bounds"]
 
-# The guard's first-order terms doubled for second-order ones (the inputs an op
-# rounds already carry errors), as `keras_roll.certification.margins.rounding_errors` does.
+# The worst-case terms doubled for second-order ones (the inputs an op rounds already
+# carry errors), as `keras_roll.certification.margins.rounding_errors` does.
 SECOND_ORDER = 2.0
+# The probabilistic terms inflated for the magnitudes of the computed (not exact)
+# inputs and products of two roundings: both are O(n u) relative, far below 2^-6.
+PROBABILISTIC_SAFETY = 1.0 + 2.0**-6
 # Roundings of a softmax output beyond the number of classes (the subtraction of the
 # largest logit, exp, the division), with a factor of 2 to spare (see `link_gap`).
 SOFTMAX_ROUNDINGS = 8
 LINK_SAFETY = 2.0
+_U64 = unit_roundoff("float64")
+_ETA64 = underflow_unit("float64")
 
 
 class DecisionTerms(NamedTuple):
@@ -56,8 +74,13 @@ class DecisionTerms(NamedTuple):
         margins: `[B, L-1]` `m_j = f_y(x) - f_j(x)` in the float64 twin.
         gradients: `[B, L-1, D]` their gradients `G_j` (the pattern of `x` frozen).
         classes: `[B, L-1]` the class `j` of every row.
-        err_at_x: `[B, L-1]` bound on the rounding error of `m_j` (0 without guard).
+        err_at_x: `[B, L-1]` bound on the rounding error of `m_j` (0 without guard;
+            the probabilistic bound under rigor "float64"), second-order terms
+            included.
         err_per_radius: `[B, L-1]` its growth per unit of `||x' - x||_inf`.
+        strict_at_x: `[B, L-1]` the worst-case bound, a second guard under rigor
+            "float64" (a margin is safe where either holds), else None.
+        strict_per_radius: its growth, likewise.
     """
 
     margins: np.ndarray
@@ -65,6 +88,8 @@ class DecisionTerms(NamedTuple):
     classes: np.ndarray
     err_at_x: np.ndarray
     err_per_radius: np.ndarray
+    strict_at_x: np.ndarray | None = None
+    strict_per_radius: np.ndarray | None = None
 
 
 class NormBounds(NamedTuple):
@@ -75,12 +100,17 @@ class NormBounds(NamedTuple):
         upper: `[B]` upper bounds (NaN where no adversarial point was found).
         adversarial: `[B, *input_shape]` the points (NaN rows where none).
         runner_up: `[B]` int64 the class of the binding hyperplane or of the point (-1).
+        exact_value: `[B]` or None: method 1's distance to the nearest decision
+            hyperplane in exact arithmetic where it lies inside the certified region,
+            its projection was confirmed and the guarded lower bound is positive (the
+            minimal perturbation is then known), NaN elsewhere.
     """
 
     lower: np.ndarray
     upper: np.ndarray
     adversarial: np.ndarray
     runner_up: np.ndarray
+    exact_value: np.ndarray | None = None
 
 
 def margin_rows(pred: tf.Tensor, classes: int, dtype) -> tuple:
@@ -91,47 +121,105 @@ def margin_rows(pred: tf.Tensor, classes: int, dtype) -> tuple:
     return rows, others
 
 
-def _terms_fn(twin, guard: bool, x, pred):
+def guard_mode(guard) -> str:
+    """The logit guard of `guard`: "none", "strict" (worst case) or "float64"
+    (probabilistic, with the worst case as a second guard). `guard` is a `Rigor` or
+    its string, or a bool (True: the worst case, False: none)."""
+    if isinstance(guard, bool):
+        return "strict" if guard else "none"
+    rigor = Rigor.parse(guard)
+    return {Rigor.FLOAT32: "none", Rigor.STRICT: "strict", Rigor.FLOAT64: "float64"}[rigor]
+
+
+class _LogitGuard:
+    """Accumulates, op by op of a pull-back, the rounding terms of the logit margins.
+
+    Worst case: `sum |Lambda| Delta` (`float_error.OpRounding`). Probabilistic
+    (`"float64"`): the local error of an op output computed with `n` roundings is a
+    sum of independent terms whose squared bounds add up to at most `e^2`, `e = c m +
+    sqrt(n) eta` (`EvaluationPrecision.noise_unit`, as the noise pass of
+    `keras_roll.rounding.noise`), so by Hoeffding the margin's error is at most
+    `LAMBDA sqrt(sum Lambda^2 e^2)` except with probability `2 exp(-LAMBDA^2 / 2)`;
+    `Lambda` is known exactly here, so no sampling (and no `KAPPA`) is needed. The
+    float64 twin's own error is added rigorously.
+    """
+
+    def __init__(self, graph, values, x, precision, mode: str):
+        self.values, self.mode = values, mode
+        self.opr = OpRounding(precision)
+        self.growth = {graph.input_key: tf.ones_like(x)}
+        for i, node in enumerate(graph.nodes):
+            self.opr.check(node)
+            self.growth[node.output] = rules.magnitude(
+                node.op, [self.growth[k] for k in node.inputs], values.records[i], False,
+                values.masks[i], values.inputs[i])
+        self.strict = ([], [])
+        self.noise = ([], [])  # sums of squares, at x and per radius
+        self.twin = ([], [])  # the float64 twin's rigorous terms
+
+    def visit(self, node, index, lam):
+        ins = self.values.inputs[index]
+        rec, mask = self.values.records[index], self.values.masks[index]
+        mags = [tf.abs(v) for v in ins]
+        n = self.opr.roundings(node, mags)
+        if n == 0:
+            return None
+        shift = self.opr.shift(node)
+        m0 = rules.magnitude(node.op, [m + shift for m in mags], rec, True, mask, ins)
+        m1 = rules.magnitude(node.op, [self.growth[k] for k in node.inputs], rec, False, mask,
+                             ins)
+        g, e = self.opr.unit(node, n)
+        self.strict[0].append(abs_sum(lam, g * m0 + e))
+        self.strict[1].append(abs_sum(lam, g * m1))
+        if self.mode == "float64":
+            dtype = self.opr.precision.dtype_of(node.op)
+            c = self.opr.precision.noise_unit(node.op, n, rules.matmul_like(node.op))
+            eta = math.sqrt(n) * underflow_unit(dtype)
+            self.noise[0].append(abs_sum(tf.square(lam), tf.square(c * m0 + eta)))
+            self.noise[1].append(abs_sum(tf.square(lam), tf.square(c * m1)))
+            g64 = gamma(n, _U64)
+            self.twin[0].append(abs_sum(lam, g64 * m0 + n * _ETA64))
+            self.twin[1].append(abs_sum(lam, g64 * m1))
+        return None
+
+    def terms(self, zero) -> tuple:
+        """`(err_at_x, err_per_radius, strict_at_x, strict_per_radius)` `[B, L-1]`."""
+        def total(parts):
+            return tf.add_n(parts) if parts else zero
+
+        strict = tuple(SECOND_ORDER * total(t) for t in self.strict)
+        if self.mode != "float64":
+            return strict + strict
+        noise = tuple((LAMBDA * PROBABILISTIC_SAFETY * tf.sqrt(total(v))
+                       + SECOND_ORDER * total(w)) * BOUND_SAFETY
+                      for v, w in zip(self.noise, self.twin))
+        return noise + strict
+
+
+def _terms_fn(twin, mode: str, x, pred):
     """The compiled body of `decision_terms` for one chunk."""
     graph = op_graph(twin.program)
     values = capture(twin.interpreter, x)
     logits = values.value(graph, graph.output_key)
     rows, others = margin_rows(pred, int(logits.shape[-1]), logits.dtype)
-    visit, e0, e1 = None, [], []
-    if guard:
-        opr = OpRounding(evaluation_precision(twin.program))
-        growth = {graph.input_key: tf.ones_like(x)}
-        for i, node in enumerate(graph.nodes):
-            opr.check(node)
-            growth[node.output] = rules.magnitude(node.op, [growth[k] for k in node.inputs],
-                                                  values.records[i], False, values.masks[i],
-                                                  values.inputs[i])
-
-        def visit(node, index, lam):
-            mags = [tf.abs(v) for v in values.inputs[index]]
-            rec, mask = values.records[index], values.masks[index]
-            d0 = opr(node, mags, rec, mask, values=values.inputs[index])
-            if d0 is not None:
-                d1 = opr(node, [growth[k] for k in node.inputs], rec, mask, affine=False,
-                         values=values.inputs[index])
-                e0.append(abs_sum(lam, d0))
-                e1.append(abs_sum(lam, d1))
-            return None
-
-    res = pull_back(graph, values, graph.output_key, rows, visit=visit)
+    guard = None
+    if mode != "none":
+        guard = _LogitGuard(graph, values, x, evaluation_precision(twin.program), mode)
+    res = pull_back(graph, values, graph.output_key, rows,
+                    visit=None if guard is None else guard.visit)
     margins = tf.reduce_sum(rows * logits[:, None], -1)
     zero = tf.zeros_like(margins)
     grads = tf.reshape(res.lam_input, tf.concat([tf.shape(rows)[:2], [-1]], 0))
-    return (margins, grads, others, tf.add_n(e0) if e0 else zero,
-            tf.add_n(e1) if e1 else zero)
+    errs = (zero,) * 4 if guard is None else guard.terms(zero)
+    return (margins, grads, others) + errs
 
 
-def _compiled(twin, guard: bool):
-    return cached(twin, ("decision_terms", guard), lambda: compile_batched(
-        functools.partial(_terms_fn, twin, guard), twin, "xy"))
+def _compiled(twin, mode: str):
+    return cached(twin, ("decision_terms", mode), lambda: compile_batched(
+        functools.partial(_terms_fn, twin, mode), twin, "xy"))
 
 
-def decision_terms(twin, x, pred: np.ndarray, guard: bool,
+def decision_terms(twin, x, pred: np.ndarray, guard,
                    memory_budget: int | None = None) -> DecisionTerms:
     """The `DecisionTerms` of a batch, in chunks within the memory budget.
 
@@ -139,7 +227,9 @@ def decision_terms(twin, x, pred: np.ndarray, guard: bool,
         twin: a float64 `Linearized`.
         x: `[B, *input_shape]` inputs.
         pred: `[B]` the class each margin is measured from.
-        guard: whether to bound the rounding of the model's evaluation.
+        guard: the rounding guard of the model's evaluation: a `Rigor` (or its
+            string; "float64": probabilistic with the worst case beside it), or a
+            bool (True: the worst case; False: none). See `guard_mode`.
         memory_budget: bytes per chunk (default the twin's).
     """
     x = np.asarray(x, np.float64)
@@ -150,7 +240,8 @@ def decision_terms(twin, x, pred: np.ndarray, guard: bool,
     per = layout.tangent_bytes(8) * 2  # functionals and their transposes
     plan = plan_chunks(b, rows, per, memory_budget or twin.memory_budget,
                        max_examples=None, min_directions=rows)
-    fn = _compiled(twin, bool(guard))
+    mode = guard_mode(guard)
+    fn = _compiled(twin, mode)
     parts = []
     for sl in plan.example_slices():
         out = fn(tf.constant(x[sl]), tf.constant(np.asarray(pred[sl], np.int64)))
@@ -158,8 +249,11 @@ def decision_terms(twin, x, pred: np.ndarray, guard: bool,
     if not parts:
         z = np.zeros((0, rows))
         return DecisionTerms(z, np.zeros((0, rows, layout.input_size)), z.astype(np.int64),
-                             z, z)
-    return DecisionTerms(*(np.concatenate(p, axis=0) for p in zip(*parts)))
+                             z, z, z, z)
+    out = [np.concatenate(p, axis=0) for p in zip(*parts)]
+    if mode != "float64":  # one guard: no second alternative
+        out[5:] = [None, None]
+    return DecisionTerms(*out)
 
 
 def link_gap(model, output_link, classes: int, guarded: bool) -> float:
@@ -185,11 +279,17 @@ def hyperplane_distances(terms: DecisionTerms, p, slack: float = 0.0, gap: float
     evaluation keeps `f_y > f_j + gap`, `gap` from `link_gap`)."""
     gq = to_numpy(dual_norm(terms.gradients, p))
     m = terms.margins
+    alternatives = [(terms.err_at_x, terms.err_per_radius)]
+    if terms.strict_at_x is not None:  # a margin is safe where either guard holds
+        alternatives.append((terms.strict_at_x, terms.strict_per_radius))
+    guarded = None
     with np.errstate(divide="ignore", invalid="ignore"):
         exact = np.where(gq > 0, np.maximum(m, 0.0) / gq, np.inf)
-        num = np.maximum(m - SECOND_ORDER * terms.err_at_x - gap, 0.0)
-        den = gq * (1.0 + slack) + SECOND_ORDER * terms.err_per_radius
-        guarded = np.where(den > 0, num / den, np.inf)
+        for at_x, per_radius in alternatives:
+            num = np.maximum(m - at_x - gap, 0.0)
+            den = gq * (1.0 + slack) + per_radius
+            t = np.where(den > 0, num / den, np.inf)
+            guarded = t if guarded is None else np.fmax(guarded, t)
     return guarded, exact, gq
 
 
@@ -211,8 +311,11 @@ def region_bounds(model, x: np.ndarray, pred: np.ndarray, terms: DecisionTerms,
     Returns:
         `NormBounds`: `lower = min(region margin, guarded hyperplane distance)`;
         `upper` and the point where the affine map's nearest hyperplane, pushed a
-        little beyond, changes the model's prediction (inside the region this is
-        the exact minimal perturbation).
+        little beyond, changes the model's prediction; `exact_value`, that
+        hyperplane's distance in exact arithmetic, where it is at most the region
+        margin (the minimal perturbation of exact arithmetic on the weights, which
+        `[lower, upper]` brackets for the model's own evaluation), its point was
+        confirmed and `lower > 0`.
     """
     b = x.shape[0]
     guarded, exact, _ = hyperplane_distances(terms, p, slack, gap)
@@ -233,4 +336,6 @@ def region_bounds(model, x: np.ndarray, pred: np.ndarray, terms: DecisionTerms,
     points, upper = confirm(model, x, u.reshape(x.shape), t, pred, p)
     runner = np.where(np.isfinite(upper), terms.classes[rows, j],
                       terms.classes[rows, np.argmin(guarded, axis=1)])
-    return NormBounds(lower, upper, points.astype(np.float64), runner.astype(np.int64))
+    inside = np.isfinite(upper) & (t <= region_margin) & (lower > 0)
+    return NormBounds(lower, upper, points.astype(np.float64), runner.astype(np.int64),
+                      np.where(inside, t, np.nan))

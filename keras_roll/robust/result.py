@@ -21,6 +21,7 @@ import numpy as np
 
 from keras_roll.certification.certificates import NormDict, percentiles_of
 from keras_roll.certification.tables import format_table
+from keras_roll.compile.units import INPUT_UNITS, Units
 from keras_roll.options import parse_norm
 
 __all__ = ["METHOD_NAMES", "RobustRadius"]
@@ -47,12 +48,20 @@ class RobustRadius:
     Attributes:
         lower: `{p: [B]}` float64: no point closer than this changes the prediction
             (under `rigor`, as `keras_roll.certify`); NaN for `nonfinite` inputs.
+            In `units`, as all distances here.
         upper: `{p: [B]}` float64: the distance of `adversarial`, NaN where none was
             found within the search budget.
         adversarial: `{p: [B, *input_shape]}`: points whose prediction differs, in
-            the model's input dtype (as float64), NaN rows where none.
-        exact: `{p: [B]}` bool: `upper - lower <= exact_rtol * upper`: the minimal
-            perturbation is known (to rounding), with its point.
+            the model's input dtype (as float64) and input units (points the model
+            takes), NaN rows where none.
+        exact: `{p: [B]}` bool: the minimal perturbation is known, with its point:
+            either `upper - lower <= exact_rtol * upper`, or method 1 found the
+            nearest decision hyperplane inside the certified region (its distance
+            in exact arithmetic on the weights is `exact_value`, and `[lower,
+            upper]` is how far the model's own rounding may move it: the guard
+            below, the push that makes the point's flip robust above).
+        exact_value: `{p: [B]}` float64: where `exact`, the minimal perturbation
+            (method 1's distance in exact arithmetic, else `upper`); NaN elsewhere.
         runner_up: `{p: [B]}` int64: the class of the adversarial point, else of
             the nearest decision hyperplane of the region (-1 if none).
         lower_method, upper_method: `{p: [B]}` str: which method gave each bound
@@ -64,6 +73,8 @@ class RobustRadius:
             'strict' or 'float32'); exact_rtol: see `exact`.
         nonfinite: `[B]` bool, inputs with NaN / inf values (or non-finite neurons):
             their bounds are NaN.
+        units: the `keras_roll.compile.units.Units` of the distances (input units,
+            or those of a leading Rescaling / Normalization's output: `wrt=`).
 
     Example:
 
@@ -87,10 +98,15 @@ class RobustRadius:
     rigor: str = "float64"
     exact_rtol: float = 1e-3
     nonfinite: np.ndarray | None = None
+    exact_value: dict | None = None
+    units: Units = INPUT_UNITS
 
     def __post_init__(self):
-        for name in ("lower", "upper", "adversarial", "exact", "runner_up", "lower_method",
-                     "upper_method"):
+        if self.exact_value is None:
+            self.exact_value = {p: np.where(np.asarray(self.exact[p], bool), self.upper[p],
+                                            np.nan) for p in self.upper}
+        for name in ("lower", "upper", "adversarial", "exact", "exact_value", "runner_up",
+                     "lower_method", "upper_method"):
             value = getattr(self, name)
             if not isinstance(value, NormDict):
                 setattr(self, name, NormDict({parse_norm(k): v for k, v in value.items()}))
@@ -118,6 +134,7 @@ class RobustRadius:
         """The share of inputs classified correctly with a certified radius above `eps`.
 
         `eps = 0` gives the accuracy. Without labels, the share with `lower > eps`.
+        `eps` is read in `units` (those of `robust_radius(wrt=...)`).
 
         Example:
 
@@ -162,8 +179,8 @@ class RobustRadius:
             rows.append((f"{lab} upper", self.upper[p][np.isfinite(self.upper[p])], None))
             rows.append((f"{lab} upper / lower", self.gap(p)[np.isfinite(self.upper[p])],
                          None))
-        head = (f"Minimal adversarial perturbation: {self.n} inputs, method '{self.method}', "
-                f"rigor '{self.rigor}'")
+        head = (f"Minimal adversarial perturbation ({self.units.describe()}): {self.n} "
+                f"inputs, method '{self.method}', rigor '{self.rigor}'")
         print_fn(format_table(head, rows, percentiles))
         for p in self.norms:
             print_fn(self._methods_line(p))
