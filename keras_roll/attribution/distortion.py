@@ -31,6 +31,7 @@ from keras_roll.attribution.gradients import (
     check_labels,
 )
 from keras_roll.compile.chunking import plan_directions
+from keras_roll.compile.units import INPUT_UNITS, Units, resolve_units
 from keras_roll.options import RunOptions, check_seed, fixed_budget
 
 __all__ = ["Distortion", "gradient_distortion", "sampling_box"]
@@ -54,8 +55,10 @@ class Distortion:
         changed_fraction: `[B]` float64, the fraction of evaluated candidates whose
             prediction differs from the prediction at `x`.
         evaluations: input gradients evaluated per example.
-        mode, eps, domain: the arguments of the run.
+        mode, eps, domain: the arguments of the run (`eps` and `domain` in `units`).
         seed: the seed that reproduces the run (the drawn entropy when `seed=None`).
+        units: the `keras_roll.compile.units.Units` of `eps`, `domain` and the
+            gradients (input units, or a leading layer's output: `wrt=`).
     """
 
     distortion: np.ndarray
@@ -67,6 +70,7 @@ class Distortion:
     eps: float
     domain: tuple | None
     seed: int
+    units: Units = INPUT_UNITS
 
     @property
     def n(self) -> int:
@@ -93,9 +97,9 @@ class Distortion:
         vals = (np.percentile(self.distortion, percentiles) if self.n
                 else [float("nan")] * len(cols))
         mean = float(np.mean(self.distortion)) if self.n else float("nan")
-        lines = [f"Gradient distortion: {self.n} examples, eps={self.eps:g} (l_inf), "
-                 f"domain={_fmt_domain(self.domain)}, {self.evaluations} gradients per "
-                 f"example",
+        lines = [f"Gradient distortion ({self.units.describe()}): {self.n} examples, "
+                 f"eps={self.eps:g} (l_inf), domain={_fmt_domain(self.domain)}, "
+                 f"{self.evaluations} gradients per example",
                  "_" * width,
                  f"{'Distortion':<22}" + "".join(f"{c:>12}" for c in cols) + f"{'mean':>12}",
                  "=" * width,
@@ -110,7 +114,8 @@ class Distortion:
 def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0),
                         mode: str = "expected", samples: int = 8000, population: int = 4800,
                         generations: int = 30, seed: int | None = None, callback=None,
-                        options: RunOptions | None = None, **overrides) -> Distortion:
+                        options: RunOptions | None = None, *, wrt: str | None = None,
+                        **overrides) -> Distortion:
     """Expected or worst-case l1 distortion of the label logit's input gradient.
 
     For each example, `Delta(x') = ||grad f_y(x') - grad f_y(x)||_1` over the set
@@ -150,6 +155,9 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
         callback: optional `callback(example_index [n], candidates [n, *input_shape],
             distortion [n])`, called on every evaluated chunk of candidates.
         options: a `keras_roll.RunOptions`, or None.
+        wrt: None (input units), or the name of a leading Rescaling / Normalization
+            layer with a scalar scale: `eps`, `domain` and the gradients in the
+            units of its output.
         **overrides: its fields: `memory_budget` (bytes of live tensors per
             compiled chunk, default 4 x the twin's memory budget; the
             populations of a group of examples take up to 4 x the twin's
@@ -186,9 +194,14 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
         raise ValueError(f"callback must be callable, got {callback!r}.")
     engine = LogitGradients.of(model)
     lin = engine.lin
+    units = resolve_units(lin.program, wrt)
     x = check_inputs(lin, x, "x")
     eps = _check_eps(eps)
-    lo, hi, domain_used = sampling_box(x, eps, domain)
+    if units.is_input:
+        lo, hi, domain_used = sampling_box(x, eps, domain)
+    else:
+        lo, hi, _ = sampling_box(x, float(units.from_units(eps)), _box_from_units(domain, units))
+        domain_used = domain if domain is None else tuple(domain)
     b_total = x.shape[0]
     index, sign = check_labels(y, b_total, engine.num_logits(x.shape[1:]), lin.output_link,
                                default_logits=_logits(engine, x) if y is None else None)
@@ -197,7 +210,7 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
     streams = [np.random.default_rng(s) for s in seq.spawn(b_total)]
     total = b_total * (samples if mode == "expected" else population)
     chunk = engine.chunk_size(x.shape[1:], budget, total=total)
-    run = _Run(engine, chunk, callback)
+    run = _Run(engine, chunk, callback, units)
     if mode == "expected":
         total = b_total * samples
         with opts.progress(total, "gradient distortion", unit="grad") as bar:
@@ -213,9 +226,10 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
             run.bar = bar
             dist, frac, points, changed = _genetic(run, x, index, sign, lo, hi, population,
                                                    generations, keep, streams, budget)
-    return Distortion(distortion=dist, points=points, changed=changed, changed_fraction=frac,
-                      evaluations=int(evaluations), mode=mode, eps=eps, domain=domain_used,
-                      seed=int(seq.entropy))
+    return Distortion(distortion=units.gradient_norm_to_units(dist), points=points,
+                      changed=changed, changed_fraction=frac, evaluations=int(evaluations),
+                      mode=mode, eps=eps, domain=domain_used, seed=int(seq.entropy),
+                      units=units)
 
 
 def sampling_box(x: np.ndarray, eps: float, domain):
@@ -267,10 +281,11 @@ def sampling_box(x: np.ndarray, eps: float, domain):
 class _Run:
     """Evaluates candidates in chunks, feeds the progress bar and the callback."""
 
-    def __init__(self, engine: LogitGradients, chunk: int, callback):
+    def __init__(self, engine: LogitGradients, chunk: int, callback, units: Units = INPUT_UNITS):
         self.engine = engine
         self.chunk = chunk
         self.callback = callback
+        self.units = units
         self.bar = None
 
     def evaluate(self, cands: np.ndarray, owner: np.ndarray, ref, examples: np.ndarray):
@@ -283,7 +298,8 @@ class _Run:
             sl = slice(i, min(n, i + self.chunk))
             l1[sl], changed[sl] = self.engine.distortion(cands[sl], owner[sl], ref)
             if self.callback is not None:
-                self.callback(examples[owner[sl]], cands[sl].copy(), l1[sl].copy())
+                self.callback(examples[owner[sl]], cands[sl].copy(),
+                              self.units.gradient_norm_to_units(l1[sl].copy()))
             self.bar.update(sl.stop - sl.start)
         return l1, changed
 
@@ -353,6 +369,18 @@ def _genetic(run: _Run, x, index, sign, lo, hi, population, generations, keep, s
 def _logits(engine: LogitGradients, x) -> np.ndarray:
     zeros = np.zeros(x.shape[0], np.int32)
     return engine.gradients(x, zeros, np.ones(x.shape[0]))[1]
+
+
+def _box_from_units(domain, units: Units):
+    """A `(low, high)` box given in `units`, in input units (None stays None)."""
+    if domain is None:
+        return None
+    try:
+        low, high = domain
+    except (TypeError, ValueError):
+        raise ValueError(f"domain must be a (low, high) pair or None, got {domain!r}.") from None
+    low, high = units.point_from_units(low), units.point_from_units(high)
+    return (low, high) if units.scale > 0 else (high, low)
 
 
 def _check_eps(eps) -> float:

@@ -15,6 +15,7 @@ import numpy as np
 from keras_roll.attribution.tape_gradients import gradient_engine
 from keras_roll.attribution.targets import read_inputs, resolve_targets
 from keras_roll.certification.margins import certify
+from keras_roll.compile.units import resolve_units
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.options import RunOptions, fixed_budget
 
@@ -190,8 +191,8 @@ def target_gradients(model, x, y, budget):
     return engine, x, targets, grad, logits
 
 
-def stable_radius(model, x, norms=(2, np.inf), options: RunOptions | None = None,
-                  **overrides) -> dict:
+def stable_radius(model, x, norms=(2, np.inf), options: RunOptions | None = None, *,
+                  wrt: str | None = None, **overrides) -> dict:
     """Certified radii within which the saliency map of each example is unchanged.
 
     Every input within the returned lp distance of `x[i]` lies in the linear
@@ -204,6 +205,9 @@ def stable_radius(model, x, norms=(2, np.inf), options: RunOptions | None = None
         x: `[B, *input_shape]` inputs, or a stream of them.
         norms: any of 1, 2, np.inf.
         options: a `keras_roll.RunOptions`, or None.
+        wrt: None (radii in input units), or the name of a leading Rescaling /
+            Normalization layer with a scalar scale: radii in its output's units
+            (as `keras_roll.certify`'s `wrt`).
         **overrides: its fields (`batch_size`, `memory_budget`, `verbose`,
             `rigor`; see `keras_roll.certify`).
 
@@ -215,10 +219,12 @@ def stable_radius(model, x, norms=(2, np.inf), options: RunOptions | None = None
     ```python
     r = keras_roll.stable_radius(model, x)
     print(f"this explanation holds for every input within l_inf {r[np.inf][0]:.3g}")
+    keras_roll.stable_radius(model, x, wrt="rescaling")   # in the Rescaling's output units
     ```
     """
     opts = RunOptions.of(options, **overrides)
     engine = gradient_engine(model, need_linear=True)
+    resolve_units(engine.lin.program, wrt)  # a bad wrt fails before the inputs are read
     x, _ = read_inputs(x, None, engine.input_shape)
     x = engine.check(x, "x")
-    return certify(engine.lin, x, norms=norms, options=opts).margins
+    return certify(engine.lin, x, norms=norms, options=opts, wrt=wrt).margins

@@ -29,6 +29,7 @@ from keras_roll.certification.margin_math import neuron_arrays
 from keras_roll.certification.runs import nonfinite
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.twin import linearize
+from keras_roll.compile.units import resolve_units
 from keras_roll.inputs import ModelOrTwin, input_batches
 from keras_roll.options import RunOptions
 from keras_roll.rounding.guard import guard_for
@@ -95,8 +96,8 @@ class RegionCount:
 
 
 def count_regions(model: ModelOrTwin, x, rtol: float = 1e-5, projections: int = 16,
-                  seed: int = 0, options: RunOptions | None = None,
-                  **overrides) -> RegionCount:
+                  seed: int = 0, options: RunOptions | None = None, *,
+                  wrt: str | None = None, **overrides) -> RegionCount:
     """Bounds the number of complete linear regions among the points of `x`.
 
     Implements Lemma 7 of Lee et al. (ICLR 2019): the number of distinct
@@ -128,6 +129,10 @@ def count_regions(model: ModelOrTwin, x, rtol: float = 1e-5, projections: int = 
         projections: number of random directions the Jacobians are compared on.
         seed: seed of the random projections.
         options: a `keras_roll.RunOptions`, or None.
+        wrt: None, or the name of a leading Rescaling / Normalization layer with a
+            scalar scale (as `keras_roll.certify`'s `wrt`): the Jacobians are then
+            with respect to its output, `J / a`; their classes, compared up to
+            `rtol` times the largest entry, and so the counts, are the same.
         **overrides: its fields: `batch_size` (examples per forward batch,
             default from the memory budget), `memory_budget` (bytes of tangents
             per chunk), `verbose` (a progress bar over the points) and `rigor`
@@ -137,8 +142,9 @@ def count_regions(model: ModelOrTwin, x, rtol: float = 1e-5, projections: int = 
         A `RegionCount` (numpy arrays).
 
     Raises:
-        ValueError: bad arguments, or points with non-finite neurons or logits
-            (their pattern is undefined).
+        ValueError: bad arguments, points with non-finite neurons or logits
+            (their pattern is undefined), or a `wrt` that names no leading
+            Rescaling / Normalization with a scalar scale.
 
     Example:
 
@@ -153,6 +159,7 @@ def count_regions(model: ModelOrTwin, x, rtol: float = 1e-5, projections: int = 
     if int(projections) != projections or projections < 1:
         raise ValueError(f"projections must be a positive integer, got {projections!r}.")
     lin = linearize(model)
+    resolve_units(lin.program, wrt)  # the counts do not depend on the units
     twin = guard_for(opts.rigor).twin(lin)
     budget = opts.budget(lin.memory_budget)
     keys: dict[bytes, int] = {}

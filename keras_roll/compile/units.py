@@ -86,10 +86,10 @@ class Units:
             return u
         return (np.asarray(u, np.float64) - self.offset) / self.scale
 
-    def gradient_to_units(self, grad):
-        """A gradient (or its norm) with respect to the input, with respect to `u`:
-        `grad / a` (norms: divide by `|a|`)."""
-        return grad if self.is_input else np.asarray(grad, np.float64) / self.scale
+    def gradient_norm_to_units(self, norm):
+        """The norm of a gradient with respect to the input, as one with respect to
+        `u`: `grad_u = grad_x / a`, so the norm divided by `|a|`."""
+        return norm if self.is_input else np.asarray(norm, np.float64) / abs(self.scale)
 
 
 INPUT_UNITS = Units()
@@ -134,7 +134,7 @@ def _find(program, wrt: str) -> int:
         raise ValueError(f"wrt={wrt!r}: the model has no layer of that name (its layers: "
                          f"{[s.name for s in program.steps]}); wrt names a leading "
                          f"Rescaling or Normalization layer whose output units the radii "
-                         f"are stated in ({hint}), or None for input units.")
+                         f"are stated in ({hint}), or wrt=None for input units.")
     layer = hits[0].layer
     if not isinstance(layer, UNIT_LAYERS):
         raise ValueError(f"wrt={wrt!r} names a {type(layer).__name__}, not a Rescaling or "

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from keras_roll.certification.margins import l2_margins
 from keras_roll.compile.twin import linearize
+from keras_roll.compile.units import resolve_units
 from keras_roll.inputs import is_stream
 from keras_roll.options import Rigor
 from keras_roll.roll import regularizer
@@ -59,6 +60,10 @@ class MarginMonitor(keras.callbacks.Callback):
         batch_size: examples per margin computation.
         rigor: "float32" (default: a training-time indicator, at half the
             cost) or "float64" (the certified radii of `keras_roll.certify`).
+        wrt: None (margins in the model's input units), or the name of a leading
+            Rescaling / Normalization layer with a scalar scale: margins in its
+            output's units (as `keras_roll.certify`'s `wrt`), e.g. [0, 1] pixels
+            for a model that takes 0-255 pixels behind `Rescaling(1 / 255)`.
 
     Example:
 
@@ -66,17 +71,21 @@ class MarginMonitor(keras.callbacks.Callback):
     monitor = keras_roll.roll.callbacks.MarginMonitor(x_val, every=5)
     history = wrapped.fit(x, y, epochs=50, callbacks=[monitor])
     history.history["margin_l2_p50"]
+    MarginMonitor(x_val, wrt="rescaling")     # margins in the Rescaling's output units
     ```
     """
 
     def __init__(self, x_val, every: int = 1, log_dir: str | None = None,
-                 batch_size: int = 256, rigor: str = "float32"):
+                 batch_size: int = 256, rigor: str = "float32", wrt: str | None = None):
         super().__init__()
         if not isinstance(every, (int, np.integer)) or isinstance(every, bool) or every < 1:
             raise ValueError(f"every must be a positive int, got every={every!r}.")
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
         self.rigor = Rigor.parse(rigor)
+        if wrt is not None and not isinstance(wrt, str):
+            raise TypeError(f"wrt must be a layer name (str) or None, got {wrt!r}.")
+        self.wrt = wrt
         if isinstance(x_val, (tf.data.Dataset, keras.utils.PyDataset)):
             self.x_val = x_val  # re-iterable: read at every monitored epoch
         elif is_stream(x_val):  # a generator can be read once: keep its batches
@@ -107,10 +116,14 @@ class MarginMonitor(keras.callbacks.Callback):
         return self._lin
 
     def margins(self) -> np.ndarray:
-        """The current l2 margins of `x_val`, `[B]` (numpy)."""
+        """The current l2 margins of `x_val`, `[B]` (numpy), in the units of `wrt`."""
         lin = self._linearized()
+        units = resolve_units(lin.program, self.wrt)
         x = iter(self.x_val) if isinstance(self.x_val, list) else self.x_val  # kept elements
-        return l2_margins(lin, x, batch_size=self.batch_size, rigor=self.rigor)
+        return units.to_units(l2_margins(lin, x, batch_size=self.batch_size, rigor=self.rigor))
+
+    def on_train_begin(self, logs=None):
+        resolve_units(self._linearized().program, self.wrt)  # a bad wrt fails at once
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every:
