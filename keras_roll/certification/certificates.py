@@ -94,9 +94,8 @@ class Certificate:
     Attributes:
         margins: `{p: [B]}` float64, radius of the largest lp ball (p in 1, 2,
             inf) around each example inside its linear region (Prop. 6), in
-            `units` (the model's input units unless `certify(wrt=...)`); NaN for
-            `nonfinite` examples. Keys: 1, 2, np.inf or 'l1', 'l2', 'linf' (a
-            `NormDict`).
+            `units`; NaN for `nonfinite` examples. Keys: 1, 2, np.inf or 'l1',
+            'l2', 'linf' (a `NormDict`).
         binding: `{p: [B]}` list of the binding neuron `(layer name, unit index)`
             per example, None where no neuron binds (margin inf) or NaN.
         binding_index: `{p: [B] int64}`, the binding neuron's row in
@@ -128,10 +127,8 @@ class Certificate:
             radius is zero (a tie in a max-pooling window, a neuron exactly at
             its breakpoint, or one within the rounding guard; `ZeroCause.NONE`
             for the other radii); `binding` names the neuron and its layer.
-        units: the `keras_roll.compile.units.Units` of the radii: input units, or
-            those of a leading Rescaling / Normalization's output (`wrt=`).
-            `binding_direction` and `boundary_point` are in input units (points
-            the model takes).
+        units: the `Units` of the radii (`certify(wrt=...)`); the points of
+            `binding_direction` / `boundary_point` are model inputs.
 
     Example:
 
@@ -185,10 +182,8 @@ class Certificate:
             raise ValueError("Certificate.concat needs at least one certificate.")
         first = parts[0]
         for part in parts[1:]:
-            theirs = (part.norms, part.method, part.rigor, part.evaluation,
-                      part.units.describe())
-            ours = (first.norms, first.method, first.rigor, first.evaluation,
-                    first.units.describe())
+            theirs, ours = ((q.norms, q.method, q.rigor, q.evaluation, q.units.describe())
+                            for q in (part, first))
             if theirs != ours:
                 raise ValueError(
                     f"Certificates of different runs cannot be concatenated: norms, method, "
@@ -211,23 +206,6 @@ class Certificate:
             mask=None if any(m is None for m in masks) else concat_padded(masks, False),
             nonfinite=np.concatenate([q.nonfinite for q in parts]),
             zero_cause=joined("zero_cause"), units=first.units)
-
-    def in_units(self, units: Units) -> Certificate:
-        """This certificate (in input units) with its radii stated in `units`; the
-        directional margins `t` are unchanged (their directions are read in `units`).
-
-        Example:
-
-        ```python
-        cert.in_units(resolve_units(lin.program, "rescaling")).margins[2]   # / 255
-        ```
-        """
-        if not self.units.is_input:
-            raise ValueError(f"This certificate is already in {self.units.describe()}.")
-        margins = {p: units.to_units(v) for p, v in self.margins.items()}
-        out = dataclasses.replace(self, margins=margins, units=units)
-        out._source = self._source
-        return out
 
     def attach_source(self, twin, inputs: list | None) -> None:
         """Keeps the twin and the inputs (or None) that `binding_direction` recomputes from."""

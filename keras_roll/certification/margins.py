@@ -241,8 +241,9 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
         raise ValueError("x is an empty stream: there is nothing to certify.")
     cert = Certificate.concat(parts)
     warn_nonfinite(int(cert.nonfinite.sum()), cert.n, cert.evaluation, "margins")
-    if not units.is_input:
-        cert = cert.in_units(units)
+    if not units.is_input:  # radii in the chosen units; t along directions unchanged
+        cert = dataclasses.replace(cert, units=units, margins={
+            p: units.to_units(v) for p, v in cert.margins.items()})
     cert.attach_source(run.twin, kept)
     return cert
 
