@@ -415,7 +415,7 @@ class StabilityBounds:
                 ("lower  -eps(-e_k)", -self.lower.reshape(-1), None),
                 ("width", (self.upper - self.lower).reshape(-1), None)]
         n = self.lower.shape[0]
-        head = (f"Per-coordinate stability bounds: {n} examples x "
+        head = (f"Per-coordinate stability bounds (input units): {n} examples x "
                 f"{int(np.prod(self.lower.shape[1:]))} coordinates, method '{self.method}'")
         print_fn(format_table(head, rows, percentiles))
 
