@@ -200,7 +200,12 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
     if units.is_input:
         lo, hi, domain_used = sampling_box(x, eps, domain)
     else:
-        lo, hi, _ = sampling_box(x, float(units.from_units(eps)), _box_from_units(domain, units))
+        box = _box_from_units(domain, units)
+        try:
+            lo, hi, _ = sampling_box(x, float(units.from_units(eps)), box)
+        except ValueError as e:  # say which box in which units
+            raise ValueError(f"{e} (domain={domain!r} in {units.describe()} is that box in "
+                             f"the model's input units, where x is read.)") from None
         domain_used = domain if domain is None else tuple(domain)
     b_total = x.shape[0]
     index, sign = check_labels(y, b_total, engine.num_logits(x.shape[1:]), lin.output_link,
