@@ -279,7 +279,9 @@ class RollModel(keras.Model):
     """The functional model `wrap` returns: its `evaluate` computes the ROLL term.
 
     A plain functional model (same layers, inputs and outputs, saved and
-    loaded like one as `keras_roll>RollModel`) whose `test_step` runs inside
+    loaded like one as `keras_roll>RollModel`) whose steps pass their labels
+    on (`keras_roll.roll.terms.labelled_step`, read by the regularizers that
+    need them: MMR, the input-gradient norm) and whose `test_step` runs inside
     `evaluating()`, so that a `RollRegularizer` with `on_eval=None` adds
     `lam * ROLL` in `evaluate` (and in `fit`'s validation) but not in
     `predict`. Keras passes `training=False` to both, so the step is what
@@ -384,6 +386,10 @@ def wrap(model: keras.Model, config: RollConfig | None = None, *, regularizer=No
         raise TypeError(f"Pass the regularizer's config once, as config or as regularizer; got "
                         f"config={config!r} and regularizer={regularizer!r}.")
     chosen = config if regularizer is None else regularizer
+    if chosen is not None and not isinstance(chosen, RollConfig) and \
+            not is_supervised_config(chosen):
+        raise TypeError(f"regularizer must be a RollConfig, MMRConfig or InputGradientConfig "
+                        f"(or None for ROLL), got {chosen!r}.")
     if is_supervised_config(chosen):
         chosen = resolve_term_config(type(chosen), chosen, overrides)
         model = unwrap(model)

@@ -60,7 +60,8 @@ class SupervisedRegularizer(keras.layers.Layer):
     in `evaluate` (so `val_loss` is the training objective, as for ROLL:
     docs/design.md, "Validation loss of a ROLL model"); `predict` and plain
     calls only run the model. Under `tf.distribute`, Keras scales the added
-    loss by `1 / num_replicas` like the compiled loss.
+    loss by `1 / num_replicas` like the compiled loss. Sample weights weigh
+    the compiled loss only, not the term.
 
     Args:
         model: the Keras model (or its config dict).
