@@ -26,6 +26,7 @@ import tensorflow as tf
 
 import keras_roll
 from keras_roll.roll.config import RollConfig
+from keras_roll.roll.factored import factored_entry
 from keras_roll.roll.mmr import mmr_distances
 from keras_roll.roll.terms import labelled_step
 
@@ -36,7 +37,7 @@ NORMS = [1, 2, np.inf]
 # ----------------------------------------------------------------------------- MMR by hand
 
 
-def relu_net(seed=0, d=4, hidden=(6, 5), classes=3):
+def relu_net(seed=0, d=8, hidden=(6, 5), classes=3):
     keras.utils.set_random_seed(seed)
     inp = keras.Input((d,))
     h = inp
@@ -80,18 +81,23 @@ def numpy_mmr(weights, x, y, p, k_b, k_d, gamma_b, gamma_d):
 
 @pytest.fixture(scope="module")
 def relu_case():
+    # 8 inputs and 6 units in the first layer: in l2 MMR pushes the 6 rows of a Gram
+    # factor of its kernel (fewest_directions) instead of the 8 input axes
     model = relu_net()
-    x = np.random.default_rng(1).normal(size=(12, 4)).astype("float32")
+    x = np.random.default_rng(1).normal(size=(12, 8)).astype("float32")
     y = np.random.default_rng(2).integers(0, 3, size=12).astype("int32")
     return model, x, y
 
 
+@pytest.mark.parametrize("fewest", [True, False])
 @pytest.mark.parametrize("p", NORMS)
-def test_mmr_distances_equal_numpy_by_hand(relu_case, p):
+def test_mmr_distances_equal_numpy_by_hand(relu_case, p, fewest):
     model, x, y = relu_case
     ref_b, ref_d = numpy_distances(model.get_weights(), x, y, p)
     lin = keras_roll.linearize(model)
-    dist = mmr_distances(lin, tf.constant(x), tf.constant(y), float(p))
+    entry = factored_entry(lin.program, 0)
+    assert entry is not None and (entry.units, entry.depth) == (6, 8)  # the factored path runs
+    dist = mmr_distances(lin, tf.constant(x), tf.constant(y), float(p), fewest)
     np.testing.assert_allclose(dist.boundary.numpy(), ref_b, rtol=1e-5, atol=1e-6)
     got_d = dist.decision.numpy()
     assert np.array_equal(np.isinf(got_d), np.isinf(ref_d))
@@ -126,10 +132,11 @@ def test_mmr_accepts_one_hot_labels(relu_case):
     np.testing.assert_array_equal(sparse, one_hot)
 
 
-@pytest.mark.parametrize("p", NORMS)
-def test_mmr_weight_gradient_equals_central_differences(relu_case, p):
+@pytest.mark.parametrize("p,fewest", [(1, True), (2, True), (2, False), (np.inf, True)])
+def test_mmr_weight_gradient_equals_central_differences(relu_case, p, fewest):
     model, x, y = relu_case
-    config = keras_roll.MMRConfig(p=p, k_B=4, k_D=2, gamma_B=1.0, gamma_D=2.0)
+    config = keras_roll.MMRConfig(p=p, k_B=4, k_D=2, gamma_B=1.0, gamma_D=2.0,
+                                  fewest_directions=fewest)
     with tf.GradientTape() as tape:
         reg = tf.reduce_mean(keras_roll.mmr_loss(model, x, y, config))
     grads = tape.gradient(reg, model.trainable_variables)
@@ -218,7 +225,7 @@ def test_input_gradient_penalty_equals_numpy_and_nested_tapes(p):
 
 def small_data(n=24, seed=5):
     rng = np.random.default_rng(seed)
-    return rng.normal(size=(n, 4)).astype("float32"), rng.integers(0, 3, size=n).astype("int32")
+    return rng.normal(size=(n, 8)).astype("float32"), rng.integers(0, 3, size=n).astype("int32")
 
 
 CONFIGS = [keras_roll.MMRConfig(lam=0.5, p="inf", k_B=3, gamma_B=0.5, gamma_D=0.5),
@@ -309,6 +316,7 @@ def test_two_replicas_step_equals_one_replica(tmp_path):
     (keras_roll.MMRConfig, {"gamma_D": float("inf")}, "gamma_D=inf"),
     (keras_roll.MMRConfig, {"lam": -1.0}, "lam=-1.0"),
     (keras_roll.MMRConfig, {"on_eval": True}, "on_eval=True"),
+    (keras_roll.MMRConfig, {"fewest_directions": 1}, "fewest_directions=1"),
     (keras_roll.InputGradientConfig, {"p": "l3"}, "p='l3'"),
     (keras_roll.InputGradientConfig, {"lam": float("nan")}, "lam=nan"),
     (keras_roll.InputGradientConfig, {"loss": "no_such_loss"}, "not a Keras loss"),
@@ -332,7 +340,7 @@ def test_wrap_refuses_unknown_fields_and_two_configs():
 
 
 def test_mmr_needs_two_logits_and_labels():
-    inp = keras.Input((4,))
+    inp = keras.Input((8,))
     one = keras.Model(inp, keras.layers.Dense(1, activation="sigmoid")(
         keras.layers.Dense(3, activation="relu")(inp)))
     with pytest.raises(ValueError, match="at least 2 output logits"):

@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from keras_roll.compile.twin import Linearized, linearize
 from keras_roll.options import INF, parse_norm
+from keras_roll.roll.factored import factored_entry, gram_factor
 from keras_roll.roll.terms import (
     TermResult,
     check_on_eval,
@@ -88,6 +89,12 @@ class MMRConfig:
         on_eval: None (default): the term is computed in `evaluate` (so
             `val_loss` is the training objective) but not in `predict`; False:
             only in training.
+        fewest_directions: l2 only: True (default) pushes, when the model
+            starts with a Dense layer of `H1 < D` units, the `H1` rows of a
+            factor of its Gram matrix from its output instead of the `D` input
+            axes (the same l2 norms: docs/design.md, "The factored exact
+            path"); False always pushes the `D` axes. The l1 and l_inf dual
+            norms always need the `D` axes.
 
     Raises:
         ValueError: a bad value; the message names the field and the value.
@@ -106,6 +113,7 @@ class MMRConfig:
     gamma_B: float = 1.0
     gamma_D: float = 1.0
     on_eval: bool | None = None
+    fewest_directions: bool = True
 
     log_name = "mmr_loss"
 
@@ -131,6 +139,7 @@ class MMRConfig:
             "gamma_B": check_positive("gamma_B", self.gamma_B),
             "gamma_D": check_positive("gamma_D", self.gamma_D),
             "on_eval": check_on_eval(self.on_eval),
+            "fewest_directions": _check_bool("fewest_directions", self.fewest_directions),
         }
         for name, value in normalised.items():
             object.__setattr__(self, name, value)
@@ -144,6 +153,12 @@ class MMRConfig:
     def term(self, model: keras.Model) -> MMRTerm:
         """The per-example term of `model` (checks that the twin can linearize it)."""
         return MMRTerm(linearize(model), self)
+
+
+def _check_bool(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {name}={value!r}.")
+    return bool(value)
 
 
 def _dual_reduce(g, p: float, axis: int):
@@ -183,18 +198,35 @@ class MMRDistances(NamedTuple):
     logits: tf.Tensor
 
 
+def _tangents(lin: Linearized, trace, shape, p: float, fewest_directions: bool):
+    """Every neuron's and logit's derivatives along directions whose dual-norm reduction
+    is the input gradient's: the `D` input axes, or (l2) the rows of a Gram factor of a
+    first Dense layer with fewer units, pushed from its output."""
+    entry = factored_entry(lin.program, 0) if p == 2 and fewest_directions else None
+    if entry is None or entry.units >= entry.depth:
+        return lin.axes_tangent(trace, tf.constant(0, tf.int32), int(np.prod(shape)),
+                                tf.constant(shape, tf.int32), per_neuron=True)
+    factor = gram_factor(entry.kernel(lin.dtype))  # R^T R = W^T W: sum (R_i . g)^2 = ||W g||^2
+    return lin.interpreter.tangent(trace, factor, True, concat=False, start=entry.index,
+                                   start_op=1)
+
+
 @tf.autograph.experimental.do_not_convert
-def mmr_distances(lin: Linearized, x: tf.Tensor, labels: tf.Tensor, p: float) -> MMRDistances:
+def mmr_distances(lin: Linearized, x: tf.Tensor, labels: tf.Tensor, p: float,
+                  fewest_directions: bool = True) -> MMRDistances:
     """The distances `d_B` and `d_D` of `MMRConfig` for a batch, in the caller's graph.
 
     One forward pass of the twin and one tangent pass along the `D` input axes
-    (every neuron's and logit's full input gradient, reduced to its dual norm).
+    (every neuron's and logit's full input gradient, reduced to its dual norm),
+    or, in l2 with `fewest_directions`, along the `H1 < D` rows of a Gram factor
+    of a first Dense layer (the same norms, `MMRConfig.fewest_directions`).
 
     Args:
         lin: the twin of the model.
         x: `[B, *input_shape]` checked inputs (`lin.check_input`), static shape.
         labels: `[B]` int class indices.
         p: 1.0, 2.0 or inf.
+        fewest_directions: see `MMRConfig.fewest_directions`.
 
     Returns:
         `MMRDistances`.
@@ -212,8 +244,7 @@ def mmr_distances(lin: Linearized, x: tf.Tensor, labels: tf.Tensor, p: float) ->
                          f"shape; got {shape}.")
     fwd = lin.primal(x)
     logits = tf.reshape(fwd.logits, [-1, int(np.prod(fwd.logits.shape[1:]))])
-    jvp = lin.axes_tangent(fwd.trace, tf.constant(0, tf.int32), int(np.prod(shape)),
-                           tf.constant(shape, tf.int32), per_neuron=True)
+    jvp = _tangents(lin, fwd.trace, shape, p, fewest_directions)
     blocks = [_dual_reduce(block, p, axis=1) for block in jvp.neurons]
     neurons = fwd.neurons
     reduced = tf.concat(blocks, axis=-1) if blocks else tf.zeros_like(neurons.z)
@@ -270,7 +301,7 @@ class MMRTerm:
         lin = self.lin
         x = lin.check_input(x)
         labels = class_indices(y, self.num_classes, "MMR")
-        dist = mmr_distances(lin, x, labels, self.config.p)
+        dist = mmr_distances(lin, x, labels, self.config.p, self.config.fewest_directions)
         per_example = mmr_per_example(dist, self.config)
         if not training or lin.inference_equals_training:
             dtype = keras.backend.standardize_dtype(lin.model.outputs[0].dtype)
