@@ -42,9 +42,10 @@ along the valid axes only (padded steps skipped, `keras_roll.roll.exact.PackedAx
 Last, the regularizers beside ROLL on the same MLP and batch, against vanilla in
 the same interleaved run: MMR (`keras_roll.MMRConfig`, k_B = 100; l2 along the
 300 rows of the first layer's Gram factor, l_inf along the 784 input axes, beside
-exact ROLL along the input axes in one chunk) and the input-gradient norm (`keras_roll.InputGradientConfig`, l2), each step
-cross-entropy + lam * the term as `wrap(model, regularizer=...).fit` computes
-it, then SGD (targets: at most 3 x vanilla).
+exact ROLL along the input axes in one chunk) and the input-gradient norm
+(`keras_roll.InputGradientConfig`, l2), each step cross-entropy + lam * the term
+as `wrap(model, regularizer=...).fit` computes it, then SGD (targets: at most
+3 x vanilla).
 
 FLOP count of the exact step (matmuls only, multiply-add = 2 FLOPs; B = 64,
 D = 784 axes, H = 300, L = 10; k = D along the input axes, k = H along the H1
