@@ -38,6 +38,7 @@ along the valid axes only (padded steps skipped, `keras_roll.roll.exact.PackedAx
     python -m benchmarks.step_time --quick    # a short run (16 and 64 MiB; scoRNN(64))
     python -m benchmarks.step_time --nomnist  # the scoRNN part only
     python -m benchmarks.step_time --nomnist --novowels   # the regularizers beside ROLL only
+    python -m benchmarks.step_time --nomnist --novowels --norivals_mmr   # without MMR
 
 Last, the regularizers beside ROLL on the same MLP and batch, against vanilla in
 the same interleaved run: MMR (`keras_roll.MMRConfig`, k_B = 100; l2 along the
@@ -113,6 +114,8 @@ flags.DEFINE_integer("samples", 3, "Axes per example of the sampled ROLL.")
 flags.DEFINE_bool("mnist", True, "Time the MNIST MLP steps.")
 flags.DEFINE_bool("vowels", True, "Time the Japanese Vowels scoRNN exact steps.")
 flags.DEFINE_bool("rivals", True, "Time MMR and the input-gradient norm against vanilla.")
+flags.DEFINE_bool("rivals_mmr", True, "With --rivals, also time the MMR steps and exact ROLL "
+                  "along the input axes (seconds per step on a CPU).")
 
 
 def main(argv):
@@ -162,10 +165,12 @@ def _rivals():
     x = tf.constant(rng.uniform(0, 1, size=(b, D)).astype("float32"))
     y = tf.constant(rng.integers(0, L, size=b).astype("int32"))
     steps = {"vanilla": compile_step(vanilla_step(model), b)}
-    one_chunk = keras_roll.linearize(model, memory_budget=2**30)
-    steps[ROLL_AXES] = compile_step(roll_step(model, one_chunk, fewest_directions=False), b)
+    rivals = {k: c for k, c in RIVALS.items() if FLAGS.rivals_mmr or not k.startswith("MMR")}
+    if FLAGS.rivals_mmr:
+        one_chunk = keras_roll.linearize(model, memory_budget=2**30)
+        steps[ROLL_AXES] = compile_step(roll_step(model, one_chunk, fewest_directions=False), b)
     steps.update({name: compile_step(_term_step(model, config), b)
-                  for name, config in RIVALS.items()})
+                  for name, config in rivals.items()})
     reset = weight_reset(model)
     times = interleaved_medians({k: (lambda s=s: s(x, y).numpy()) for k, s in steps.items()},
                                 repeats=5 if quick else 20, warmup=1, setup=reset)
@@ -175,7 +180,7 @@ def _rivals():
         ratio = "" if name == "vanilla" else f"   {t / times['vanilla']:7.2f} x vanilla"
         print(f"  {name:<38} {1e3 * t:10.1f} ms/step{ratio}")
     print("targets: MMR and the input-gradient norm at most 3 x vanilla")
-    for name in RIVALS:
+    for name in rivals:
         if name.startswith("MMR"):
             print(f"ratio {name} / {ROLL_AXES}: {times[name] / times[ROLL_AXES]:6.2f}")
 
