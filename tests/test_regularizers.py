@@ -263,6 +263,16 @@ def test_logs_hold_the_term_and_val_loss_is_the_objective(config):
                                atol=1e-6)
 
 
+def test_on_eval_false_computes_the_term_in_training_only():
+    config = keras_roll.InputGradientConfig(lam=0.5, on_eval=False)
+    model, wrapped = wrapped_model(config)
+    x, y = small_data()
+    logs = wrapped.evaluate(x, y, verbose=0, return_dict=True)
+    ce = keras.losses.sparse_categorical_crossentropy(y, model(x)).numpy().mean()
+    assert np.isnan(logs["input_gradient_loss"])          # "not computed", never 0
+    assert logs["loss"] == pytest.approx(ce, rel=1e-5)
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=["mmr", "input_gradient"])
 def test_keras_round_trip(config, tmp_path):
     model, wrapped = wrapped_model(config)
