@@ -45,7 +45,7 @@ __all__ = ["MMRConfig", "MMRDistances", "MMRTerm", "mmr_distances", "mmr_loss",
 
 @dataclasses.dataclass(frozen=True)
 class MMRConfig:
-    """The MMR hyperparameters (Croce et al., AISTATS 2019, Eq. 5), validated.
+    """The MMR hyperparameters (Croce et al., AISTATS 2019), validated.
 
     For an example `x` with label `y`, with the activation pattern of `x` frozen,
 
