@@ -37,6 +37,16 @@ along the valid axes only (padded steps skipped, `keras_roll.roll.exact.PackedAx
     python -m benchmarks.step_time            # full run
     python -m benchmarks.step_time --quick    # a short run (16 and 64 MiB; scoRNN(64))
     python -m benchmarks.step_time --nomnist  # the scoRNN part only
+    python -m benchmarks.step_time --nomnist --novowels   # the regularizers beside ROLL only
+    python -m benchmarks.step_time --nomnist --novowels --norivals_mmr   # without MMR
+
+Last, the regularizers beside ROLL on the same MLP and batch, against vanilla in
+the same interleaved run: MMR (`keras_roll.MMRConfig`, k_B = 100; l2 along the
+300 rows of the first layer's Gram factor, l_inf along the 784 input axes, beside
+exact ROLL along the input axes in one chunk) and the input-gradient norm
+(`keras_roll.InputGradientConfig`, l2), each step cross-entropy + lam * the term
+as `wrap(model, regularizer=...).fit` computes it, then SGD (targets: at most
+3 x vanilla).
 
 FLOP count of the exact step (matmuls only, multiply-add = 2 FLOPs; B = 64,
 D = 784 axes, H = 300, L = 10; k = D along the input axes, k = H along the H1
@@ -67,6 +77,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+import keras_roll  # noqa: E402
 from benchmarks._util import interleaved_medians, matmul_rate  # noqa: E402
 from benchmarks.roll_steps import (  # noqa: E402
     DEPTH,
@@ -78,10 +89,13 @@ from benchmarks.roll_steps import (  # noqa: E402
     H,
     L,
     build,
+    compile_step,
     exact_name,
     exact_step_flops,
     make_steps,
+    roll_step,
     sequence_steps,
+    vanilla_step,
     vowels_batch,
     weight_reset,
 )
@@ -89,6 +103,9 @@ from keras_roll.compile.twin import DEFAULT_MEMORY_BUDGET  # noqa: E402
 from keras_roll.roll import loss as roll  # noqa: E402
 from keras_roll.roll.config import RollConfig  # noqa: E402
 from keras_roll.roll.estimators import estimator_for  # noqa: E402
+from keras_roll.roll.input_gradient import InputGradientConfig  # noqa: E402
+from keras_roll.roll.mmr import MMRConfig  # noqa: E402
+from keras_roll.roll.terms import labelled_step  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("quick", False, "A short run: fewer repetitions, budgets 16 and 64 MiB.")
@@ -96,6 +113,9 @@ flags.DEFINE_integer("batch", 64, "Batch size.")
 flags.DEFINE_integer("samples", 3, "Axes per example of the sampled ROLL.")
 flags.DEFINE_bool("mnist", True, "Time the MNIST MLP steps.")
 flags.DEFINE_bool("vowels", True, "Time the Japanese Vowels scoRNN exact steps.")
+flags.DEFINE_bool("rivals", True, "Time MMR and the input-gradient norm against vanilla.")
+flags.DEFINE_bool("rivals_mmr", True, "With --rivals, also time the MMR steps and exact ROLL "
+                  "along the input axes (seconds per step on a CPU).")
 
 
 def main(argv):
@@ -107,6 +127,62 @@ def main(argv):
         _mnist()
     if FLAGS.vowels:
         _vowels(units=64 if FLAGS.quick else 512, repeats=2 if FLAGS.quick else 5)
+    if FLAGS.rivals:
+        _rivals()
+
+
+ROLL_AXES = "exact ROLL, 784 input axes, 1 chunk"
+RIVALS = {
+    "MMR, l2, k_B = 100 (300 factor rows)": MMRConfig(p=2, k_B=100),
+    "MMR, l_inf, k_B = 100": MMRConfig(p="inf", k_B=100, gamma_B=0.1, gamma_D=0.1),
+    "input gradient, l2": InputGradientConfig(p=2, lam=0.1),
+}
+
+
+def _term_step(model: keras.Model, config):
+    """Cross-entropy + lam * the config's term, then SGD, as `fit` of the model
+    `keras_roll.wrap(model, regularizer=config)` returns computes it (the term's
+    outputs are the logits the cross-entropy reads)."""
+    term, variables = config.term(model), model.trainable_variables
+    ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    opt = keras.optimizers.SGD(0.01)
+
+    def step(x, y):
+        with tf.GradientTape() as tape, labelled_step(y, ce):
+            result = term(x, y, training=True)
+            loss = ce(y, result.outputs) + config.lam * tf.reduce_mean(result.per_example)
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    return step
+
+
+def _rivals():
+    """Step times of MMR and the input-gradient norm against vanilla, interleaved."""
+    b, quick = FLAGS.batch, FLAGS.quick
+    model = build()
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.uniform(0, 1, size=(b, D)).astype("float32"))
+    y = tf.constant(rng.integers(0, L, size=b).astype("int32"))
+    steps = {"vanilla": compile_step(vanilla_step(model), b)}
+    rivals = {k: c for k, c in RIVALS.items() if FLAGS.rivals_mmr or not k.startswith("MMR")}
+    if FLAGS.rivals_mmr:
+        one_chunk = keras_roll.linearize(model, memory_budget=2**30)
+        steps[ROLL_AXES] = compile_step(roll_step(model, one_chunk, fewest_directions=False), b)
+    steps.update({name: compile_step(_term_step(model, config), b)
+                  for name, config in rivals.items()})
+    reset = weight_reset(model)
+    times = interleaved_medians({k: (lambda s=s: s(x, y).numpy()) for k, s in steps.items()},
+                                repeats=5 if quick else 20, warmup=1, setup=reset)
+    print(f"regularizers beside ROLL: {D}-{'-'.join([str(H)] * DEPTH)}-{L} ReLU, batch {b}, "
+          f"SGD (median of interleaved repetitions)")
+    for name, t in times.items():
+        ratio = "" if name == "vanilla" else f"   {t / times['vanilla']:7.2f} x vanilla"
+        print(f"  {name:<38} {1e3 * t:10.1f} ms/step{ratio}")
+    print("targets: MMR and the input-gradient norm at most 3 x vanilla")
+    for name in rivals:
+        if name.startswith("MMR"):
+            print(f"ratio {name} / {ROLL_AXES}: {times[name] / times[ROLL_AXES]:6.2f}")
 
 
 def _vowels(units, repeats):

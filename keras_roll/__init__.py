@@ -43,8 +43,12 @@ from keras_roll.compile.twin import Linearized, linearize, unwrap
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.options import Rigor, RunOptions
 from keras_roll.robust import RobustRadius, robust_radius
+from keras_roll.roll.config import RollConfig
+from keras_roll.roll.input_gradient import InputGradientConfig, input_gradient_loss
 from keras_roll.roll.loss import roll_loss
+from keras_roll.roll.mmr import MMRConfig, mmr_loss
 from keras_roll.roll.regularizer import RollModel, RollRegularizer, wrap
+from keras_roll.roll.supervised import SupervisedRegularizer
 
 __version__ = "0.1.0"
 
@@ -92,4 +96,10 @@ __all__ = [
     "models",
     "layers",
     "testing",
+    "RollConfig",
+    "MMRConfig",
+    "InputGradientConfig",
+    "SupervisedRegularizer",
+    "mmr_loss",
+    "input_gradient_loss",
 ]

@@ -41,6 +41,8 @@ from keras_roll.compile.twin import Linearized, linearize, unwrap
 from keras_roll.roll.config import RollConfig, resolve_config
 from keras_roll.roll.entry import tangent_entry
 from keras_roll.roll.loss import loss_from_config
+from keras_roll.roll.supervised import SupervisedRegularizer, is_supervised_config
+from keras_roll.roll.terms import labelled_step, resolve_term_config
 
 __all__ = ["RollModel", "RollRegularizer", "evaluating", "unwrap", "wrap"]
 
@@ -277,7 +279,9 @@ class RollModel(keras.Model):
     """The functional model `wrap` returns: its `evaluate` computes the ROLL term.
 
     A plain functional model (same layers, inputs and outputs, saved and
-    loaded like one as `keras_roll>RollModel`) whose `test_step` runs inside
+    loaded like one as `keras_roll>RollModel`) whose steps pass their labels
+    on (`keras_roll.roll.terms.labelled_step`, read by the regularizers that
+    need them: MMR, the input-gradient norm) and whose `test_step` runs inside
     `evaluating()`, so that a `RollRegularizer` with `on_eval=None` adds
     `lam * ROLL` in `evaluate` (and in `fit`'s validation) but not in
     `predict`. Keras passes `training=False` to both, so the step is what
@@ -293,10 +297,11 @@ class RollModel(keras.Model):
     """
 
     def train_step(self, data):
-        return _multi_worker_logs(super().train_step(data), self.distribute_strategy)
+        with _labels_of(data, self.loss):  # MMR / input gradient read them (roll.supervised)
+            return _multi_worker_logs(super().train_step(data), self.distribute_strategy)
 
     def test_step(self, data):
-        with evaluating():
+        with evaluating(), _labels_of(data, self.loss):
             return _multi_worker_logs(super().test_step(data), self.distribute_strategy)
 
     # Keras <= 3.15 `fit` fails under a multi-worker MultiWorkerMirroredStrategy
@@ -313,6 +318,12 @@ class RollModel(keras.Model):
         return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
 
+def _labels_of(data, loss):
+    """`labelled_step` with the targets of a step's data (`(x, y[, w])` or `x`)."""
+    _, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+    return labelled_step(y, loss)
+
+
 def _multi_worker_logs(logs, strategy):
     """Scalar logs as `[1]` tensors under a multi-worker strategy (see `RollModel`)."""
     if not in_multi_worker_mode(strategy):
@@ -321,8 +332,10 @@ def _multi_worker_logs(logs, strategy):
         lambda t: tf.reshape(t, [1]) if tf.is_tensor(t) and t.shape.rank == 0 else t, logs)
 
 
-def wrap(model: keras.Model, config: RollConfig | None = None, **overrides) -> RollModel:
-    """Returns a model that trains `model` with the ROLL regularizer (Eq. 9 / 10).
+def wrap(model: keras.Model, config: RollConfig | None = None, *, regularizer=None,
+         **overrides) -> RollModel:
+    """Returns a model that trains `model` with the ROLL regularizer (Eq. 9 / 10),
+    or with the regularizer `regularizer` configures (MMR, input-gradient norm).
 
     The wrapped model (a `RollModel`) has the same inputs and outputs as
     `model` and shares its weights; `compile` / `fit` / `evaluate` / `predict`
@@ -366,8 +379,25 @@ def wrap(model: keras.Model, config: RollConfig | None = None, **overrides) -> R
     history.history["val_roll_loss"]          # ROLL on the validation data
     sampled = keras_roll.wrap(model, RollConfig(lam=2.0, samples=3), seed=0)
     plain = keras_roll.unwrap(wrapped)        # the same object as `model`
+    mmr = keras_roll.wrap(model, regularizer=keras_roll.MMRConfig(p="inf", gamma_B=0.1))
     ```
     """
+    if regularizer is not None and config is not None:
+        raise TypeError(f"Pass the regularizer's config once, as config or as regularizer; got "
+                        f"config={config!r} and regularizer={regularizer!r}.")
+    chosen = config if regularizer is None else regularizer
+    if chosen is not None and not isinstance(chosen, RollConfig) and \
+            not is_supervised_config(chosen):
+        raise TypeError(f"regularizer must be a RollConfig, MMRConfig or InputGradientConfig "
+                        f"(or None for ROLL), got {chosen!r}.")
+    if is_supervised_config(chosen):
+        chosen = resolve_term_config(type(chosen), chosen, overrides)
+        model = unwrap(model)
+        name = chosen.log_name.removesuffix("_loss")
+        layer = SupervisedRegularizer(model, chosen, name=f"{name}_regularizer")
+        inp = keras.Input(shape=model.input_shape[1:], dtype=model.inputs[0].dtype)
+        return RollModel(inp, layer(inp), name=f"{model.name}_{name}")
+    config = chosen
     config = resolve_config(config, **overrides)
     model = unwrap(model)  # wrapping a wrapped model re-wraps its plain model
     layer = RollRegularizer(model, config, name="roll_regularizer")

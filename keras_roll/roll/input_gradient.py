@@ -1,0 +1,230 @@
+"""Input-gradient regularization (double back-propagation): `InputGradientConfig`,
+`input_gradient_loss`.
+
+Drucker & LeCun, "Improving generalization performance using double
+backpropagation", IEEE TNN 1992; Ross & Doshi-Velez, "Improving the adversarial
+robustness and interpretability of deep neural networks by regularizing their
+input gradients", AAAI 2018. The penalty `||grad_x L(f(x), y)||_q^2` is
+computed by a `tf.GradientTape` inside the training step's tape, so it works for
+any differentiable model (not only piecewise-linear ones). docs/design.md,
+section "Regularizers beside ROLL".
+
+Example:
+
+```python
+wrapped = keras_roll.wrap(model, regularizer=InputGradientConfig(lam=0.1, p=2))
+per_example = input_gradient_loss(model, x, y, loss="sparse_categorical_crossentropy")
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import tensorflow as tf
+
+from keras_roll.options import parse_norm
+from keras_roll.roll.terms import (
+    TermResult,
+    check_on_eval,
+    check_weight,
+    current_labels,
+    norm_name,
+    resolve_term_config,
+)
+
+__all__ = ["InputGradientConfig", "InputGradientTerm", "input_gradient_loss",
+           "input_gradient_penalty", "per_example_loss", "resolve_input_gradient_config"]
+
+
+@dataclasses.dataclass(frozen=True)
+class InputGradientConfig:
+    """The hyperparameters of input-gradient regularization, validated.
+
+    For an example `x` with label `y`,
+
+        R(x) = ||grad_x L(f(x), y)||_q^2,    1/p + 1/q = 1,
+
+    and the training loss is `L(f(x), y) + lam * mean_x R(x)` (Drucker &
+    LeCun 1992; Ross & Doshi-Velez 2018 use `p = 2`). `q` is the dual norm of
+    the lp ball: to first order, the loss rises by at most
+    `eps * ||grad_x L||_q` over `||delta||_p <= eps`. docs/design.md,
+    "Regularizers beside ROLL".
+
+    `L` is the per-example loss the wrapped model is compiled with (or the
+    named Keras loss `loss`), computed with the model in the step's mode
+    (training mode in `fit`: dropout is on, as in the loss it regularizes).
+    Sample weights are not applied to the penalty.
+
+    Attributes:
+        lam: weight of the penalty in the training loss, `>= 0`.
+        p: the lp norm of the perturbations: 1, 2 or inf ("l1", "l2", "linf"
+            also accepted); the gradient is measured in the dual norm q.
+        loss: None (the loss the wrapped model is compiled with) or the name
+            of a Keras loss, e.g. "sparse_categorical_crossentropy".
+        on_eval: None (default): the term is computed in `evaluate` (so
+            `val_loss` is the training objective) but not in `predict`; False:
+            only in training.
+
+    Raises:
+        ValueError: a bad value; the message names the field and the value.
+
+    Example:
+
+    ```python
+    InputGradientConfig(lam=0.1, p=2)
+    ```
+    """
+
+    lam: float = 1.0
+    p: float | str = 2
+    loss: str | None = None
+    on_eval: bool | None = None
+
+    log_name = "input_gradient_loss"
+
+    def __post_init__(self):
+        try:
+            p = parse_norm(self.p)
+        except ValueError:
+            raise ValueError(f"p must be 1, 2 or inf (also 'l1', 'l2', 'linf'), the norm of the "
+                             f"perturbations; got p={self.p!r}.") from None
+        if self.loss is not None:
+            if not isinstance(self.loss, str):
+                raise ValueError(f"loss must be None (the compiled loss) or the name of a Keras "
+                                 f"loss; got loss={self.loss!r}.")
+            try:
+                keras.losses.get(self.loss)
+            except ValueError:
+                raise ValueError(f"loss={self.loss!r} is not a Keras loss name; use e.g. "
+                                 f"'sparse_categorical_crossentropy', or None for the "
+                                 f"compiled loss.") from None
+        object.__setattr__(self, "lam", check_weight("lam", self.lam))
+        object.__setattr__(self, "p", float(p))
+        object.__setattr__(self, "on_eval", check_on_eval(self.on_eval))
+
+    def to_config(self) -> dict:
+        """The fields as JSON-safe values (`p` by name), for `get_config`."""
+        config = dataclasses.asdict(self)
+        config["p"] = norm_name(self.p)
+        return config
+
+    def term(self, model: keras.Model) -> InputGradientTerm:
+        """The per-example term of `model`."""
+        return InputGradientTerm(model, self)
+
+
+def per_example_loss(loss):
+    """A function `(y_true, y_pred) -> [B]` (no reduction) from a compiled loss.
+
+    Raises:
+        ValueError: no loss, or several (a dict or list of losses).
+    """
+    if isinstance(loss, keras.losses.Loss):
+        return loss.call
+    if isinstance(loss, str) or callable(loss):
+        return keras.losses.get(loss)
+    raise ValueError(f"The input-gradient penalty differentiates the model's loss and needs "
+                     f"one loss for its one output: compile the wrapped model with a loss, or "
+                     f"pass InputGradientConfig(loss=<Keras loss name>); got loss={loss!r}.")
+
+
+def _dual_sq(g, p: float):
+    """`||g||_q^2` per row of `[B, D]`."""
+    if p == 2:
+        return tf.reduce_sum(tf.square(g), axis=-1)
+    if p == 1:
+        return tf.square(tf.reduce_max(tf.abs(g), axis=-1))
+    return tf.square(tf.reduce_sum(tf.abs(g), axis=-1))
+
+
+@tf.autograph.experimental.do_not_convert
+def input_gradient_penalty(model, x, y, loss_fn, p: float, training: bool) -> TermResult:
+    """`||grad_x loss_fn(y, model(x))||_q^2` per example, differentiable in the weights.
+
+    The inner tape's gradient is recorded by any tape around the call (double
+    back-propagation); the outputs come from the same forward pass.
+
+    Example:
+
+    ```python
+    result = input_gradient_penalty(model, x, y, keras.losses.get("mse"), 2.0, True)
+    ```
+    """
+    x = tf.convert_to_tensor(x)
+    if not x.dtype.is_floating:
+        raise ValueError(f"The input-gradient penalty differentiates with respect to the "
+                         f"input, which must be floating point; got dtype {x.dtype.name}.")
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        outputs = model(x, training=training)
+        total = tf.reduce_sum(loss_fn(y, outputs))
+    grad = tape.gradient(total, x)
+    grad = tf.reshape(grad, [tf.shape(x)[0], -1])
+    return TermResult(_dual_sq(grad, p), outputs)
+
+
+class InputGradientTerm:
+    """The input-gradient penalty of one model: `term(x, y, training) -> TermResult`.
+
+    The loss is the config's `loss`, else the loss of the step being traced
+    (`keras_roll.roll.terms.current_labels`).
+
+    Example:
+
+    ```python
+    term = InputGradientConfig(loss="sparse_categorical_crossentropy").term(model)
+    result = term(x, y, training=True)
+    ```
+    """
+
+    def __init__(self, model: keras.Model, config: InputGradientConfig):
+        self.model = model
+        self.config = config
+
+    def __call__(self, x, y, training: bool) -> TermResult:
+        loss = self.config.loss
+        if loss is None:
+            step = current_labels()
+            loss = None if step is None else step.loss
+        return input_gradient_penalty(self.model, x, y, per_example_loss(loss), self.config.p,
+                                      bool(training))
+
+
+def input_gradient_loss(model, x, y, config: InputGradientConfig | None = None,
+                        **overrides) -> tf.Tensor:
+    """The input-gradient penalty per example (`[B]`, without `lam`).
+
+    Args:
+        model: a Keras model (any differentiable one).
+        x: `[B, *input_shape]` float inputs.
+        y: the targets, as the loss takes them.
+        config: an `InputGradientConfig`; its `loss` must name a Keras loss
+            here (there is no compiled loss to take).
+        **overrides: `InputGradientConfig` fields replacing those of `config`.
+
+    Returns:
+        `[B]` float tensor, in inference mode.
+
+    Example:
+
+    ```python
+    input_gradient_loss(model, x, y, loss="sparse_categorical_crossentropy", p="inf")
+    ```
+    """
+    config = resolve_input_gradient_config(config, **overrides)
+    return config.term(model)(x, y, training=False).per_example
+
+
+def resolve_input_gradient_config(config: InputGradientConfig | None = None,
+                                  **overrides) -> InputGradientConfig:
+    """`config` (default `InputGradientConfig()`) with `overrides` replaced, validated.
+
+    Example:
+
+    ```python
+    resolve_input_gradient_config(None, lam=0.1)
+    ```
+    """
+    return resolve_term_config(InputGradientConfig, config, overrides)

@@ -1,0 +1,357 @@
+"""MMR, the Maximum Margin Regularizer: `MMRConfig`, `mmr_distances`, `mmr_loss`.
+
+Croce, Andriushchenko & Hein, "Provable robustness of ReLU networks via
+maximization of linear regions", AISTATS 2019. For every example, the hinge on
+the `k_B` smallest lp distances to the boundaries of its linear region and on
+the `k_D` smallest lp distances to the decision boundaries, both computed
+exactly on the frozen-pattern twin: the same quantities `certify` computes, and
+differentiable with respect to the weights with the pattern frozen.
+docs/design.md, section "Regularizers beside ROLL".
+
+Example:
+
+```python
+config = MMRConfig(lam=0.5, p="inf", k_B=100, gamma_B=0.2, gamma_D=0.2)
+wrapped = keras_roll.wrap(model, regularizer=config)
+per_example = mmr_loss(model, x, y, config)      # [B], without lam
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_roll.compile.twin import Linearized, linearize
+from keras_roll.options import INF, parse_norm
+from keras_roll.roll.factored import factored_entry, gram_factor
+from keras_roll.roll.terms import (
+    TermResult,
+    check_on_eval,
+    check_positive,
+    check_weight,
+    class_indices,
+    norm_name,
+    resolve_term_config,
+)
+
+__all__ = ["MMRConfig", "MMRDistances", "MMRTerm", "mmr_distances", "mmr_loss",
+           "mmr_per_example", "resolve_mmr_config"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MMRConfig:
+    """The MMR hyperparameters (Croce et al., AISTATS 2019), validated.
+
+    For an example `x` with label `y`, with the activation pattern of `x` frozen,
+
+        d_B^j(x) = dist_j / ||grad_x z_j||_q                   (every neuron j)
+        d_D^c(x) = (f_y - f_c) / ||grad_x (f_y - f_c)||_q      (every class c != y)
+        MMR(x) = 1/k_B sum_{k_B smallest d_B} max(0, 1 - d_B / gamma_B)
+               + 1/k_D sum_{k_D smallest d_D} max(0, 1 - d_D / gamma_D)
+
+    with `1/p + 1/q = 1` and `dist_j` the neuron's distance to its nearest
+    breakpoint (`|z_j|` for a ReLU), and the training loss is
+    `L(f(x), y) + lam * mean_x MMR(x)`. A misclassified example has
+    `d_D < 0`, so its hinge exceeds 1. docs/design.md, "Regularizers beside
+    ROLL".
+
+    This follows the authors' TensorFlow code
+    (github.com/max-andr/provable-robustness-max-linear-regions,
+    `regularizers.py`): one `lam` for both terms, the decision term over `k_D`
+    of the `L` classes with the true class at distance infinity (its hinge is
+    0; the code's `n_db` is the number of classes, the default `k_D=None`
+    here). Differences: a neuron or class whose gradient is exactly zero is at
+    distance infinity (it cannot bind: the convention of `certify`) where the
+    code adds 1e-5 to small gradient entries; ties among the smallest
+    distances are broken by index where the code adds a random 1e-5 jitter;
+    neurons of any supported unit (max pooling, LeakyReLU, ...) count, with
+    their distance to the nearest breakpoint. The code's schedules (the
+    regularizer's weight ramped from 0 to `lam` over 10 epochs, `k_B` from
+    10 % to 2 % of the hidden units) are left to the training loop.
+
+    Attributes:
+        lam: weight of the regularizer in the training loss, `>= 0`.
+        p: the lp norm of the margins: 1, 2 or inf ("l1", "l2", "linf" also
+            accepted); the gradients are measured in the dual norm q.
+        k_B: number of smallest region-boundary distances per example, `>= 1`
+            (at most the number of neurons is used).
+        k_D: number of smallest decision-boundary distances per example, `>= 1`,
+            or None for every class (the authors' code); at most the number of
+            classes is used.
+        gamma_B: threshold of the region-boundary hinge, `> 0` (in the units of
+            the input, like the lp radius sought).
+        gamma_D: threshold of the decision-boundary hinge, `> 0`.
+        on_eval: None (default): the term is computed in `evaluate` (so
+            `val_loss` is the training objective) but not in `predict`; False:
+            only in training.
+        fewest_directions: l2 only: True (default) pushes, when the model
+            starts with a Dense layer of `H1 < D` units, the `H1` rows of a
+            factor of its Gram matrix from its output instead of the `D` input
+            axes (the same l2 norms: docs/design.md, "The factored exact
+            path"); False always pushes the `D` axes. The l1 and l_inf dual
+            norms always need the `D` axes.
+
+    Raises:
+        ValueError: a bad value; the message names the field and the value.
+
+    Example:
+
+    ```python
+    MMRConfig(lam=1.0, p=2, k_B=100, k_D=None, gamma_B=1.0, gamma_D=1.0)
+    ```
+    """
+
+    lam: float = 1.0
+    p: float | str = 2
+    k_B: int = 100
+    k_D: int | None = None
+    gamma_B: float = 1.0
+    gamma_D: float = 1.0
+    on_eval: bool | None = None
+    fewest_directions: bool = True
+
+    log_name = "mmr_loss"
+
+    def __post_init__(self):
+        try:
+            p = parse_norm(self.p)
+        except ValueError:
+            raise ValueError(f"p must be 1, 2 or inf (also 'l1', 'l2', 'linf'), the norm of the "
+                             f"margins MMR enlarges; got p={self.p!r}.") from None
+        for name in ("k_B", "k_D"):
+            k = getattr(self, name)
+            if k is None and name == "k_D":
+                continue
+            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+                allowed = "a positive int" + (" or None (every class)" if name == "k_D" else "")
+                raise ValueError(f"{name} is a number of distances per example and must be "
+                                 f"{allowed}; got {name}={k!r}.")
+        normalised = {
+            "lam": check_weight("lam", self.lam),
+            "p": float(p),
+            "k_B": int(self.k_B),
+            "k_D": None if self.k_D is None else int(self.k_D),
+            "gamma_B": check_positive("gamma_B", self.gamma_B),
+            "gamma_D": check_positive("gamma_D", self.gamma_D),
+            "on_eval": check_on_eval(self.on_eval),
+            "fewest_directions": _check_bool("fewest_directions", self.fewest_directions),
+        }
+        for name, value in normalised.items():
+            object.__setattr__(self, name, value)
+
+    def to_config(self) -> dict:
+        """The fields as JSON-safe values (`p` by name), for `get_config`."""
+        config = dataclasses.asdict(self)
+        config["p"] = norm_name(self.p)
+        return config
+
+    def term(self, model: keras.Model) -> MMRTerm:
+        """The per-example term of `model` (checks that the twin can linearize it)."""
+        return MMRTerm(linearize(model), self)
+
+
+def _check_bool(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {name}={value!r}.")
+    return bool(value)
+
+
+def _dual_reduce(g, p: float, axis: int):
+    """The dual norm's reduction over `axis`: sum of squares (p = 2, squared),
+    max |g| (p = 1), sum |g| (p = inf)."""
+    if p == 2:
+        return tf.reduce_sum(tf.square(g), axis=axis)
+    if p == 1:
+        return tf.reduce_max(tf.abs(g), axis=axis)
+    return tf.reduce_sum(tf.abs(g), axis=axis)
+
+
+def _distances(numerator, reduced, p: float, ok):
+    """`numerator / ||g||_q` where `ok` and the norm is positive, else +inf; NaN-free
+    gradients (the masked entries see only finite values)."""
+    positive = ok & (reduced > 0)
+    safe = tf.where(positive, reduced, tf.ones_like(reduced))
+    norm = tf.sqrt(safe) if p == 2 else safe
+    num = tf.where(positive, numerator, tf.zeros_like(numerator))
+    return tf.where(positive, num / norm, tf.fill(tf.shape(num), tf.constant(INF, num.dtype)))
+
+
+class MMRDistances(NamedTuple):
+    """The exact lp distances MMR penalizes, differentiable in the weights.
+
+    Attributes:
+        boundary: `[B, N]` distance of `x` to each neuron's hyperplane (+inf for
+            a neuron that is not valid or has a zero gradient).
+        decision: `[B, L]` signed distance to the decision boundary between the
+            label and each class (+inf for the label itself; negative when the
+            class scores above the label).
+        logits: `[B, L]` the twin's logits (before any folded softmax).
+    """
+
+    boundary: tf.Tensor
+    decision: tf.Tensor
+    logits: tf.Tensor
+
+
+def _tangents(lin: Linearized, trace, shape, p: float, fewest_directions: bool):
+    """Every neuron's and logit's derivatives along directions whose dual-norm reduction
+    is the input gradient's: the `D` input axes, or (l2) the rows of a Gram factor of a
+    first Dense layer with fewer units, pushed from its output."""
+    entry = factored_entry(lin.program, 0) if p == 2 and fewest_directions else None
+    if entry is None or entry.units >= entry.depth:
+        return lin.axes_tangent(trace, tf.constant(0, tf.int32), int(np.prod(shape)),
+                                tf.constant(shape, tf.int32), per_neuron=True)
+    factor = gram_factor(entry.kernel(lin.dtype))  # R^T R = W^T W: sum (R_i . g)^2 = ||W g||^2
+    return lin.interpreter.tangent(trace, factor, True, concat=False, start=entry.index,
+                                   start_op=1)
+
+
+@tf.autograph.experimental.do_not_convert
+def mmr_distances(lin: Linearized, x: tf.Tensor, labels: tf.Tensor, p: float,
+                  fewest_directions: bool = True) -> MMRDistances:
+    """The distances `d_B` and `d_D` of `MMRConfig` for a batch, in the caller's graph.
+
+    One forward pass of the twin and one tangent pass along the `D` input axes
+    (every neuron's and logit's full input gradient, reduced to its dual norm),
+    or, in l2 with `fewest_directions`, along the `H1 < D` rows of a Gram factor
+    of a first Dense layer (the same norms, `MMRConfig.fewest_directions`).
+
+    Args:
+        lin: the twin of the model.
+        x: `[B, *input_shape]` checked inputs (`lin.check_input`), static shape.
+        labels: `[B]` int class indices.
+        p: 1.0, 2.0 or inf.
+        fewest_directions: see `MMRConfig.fewest_directions`.
+
+    Returns:
+        `MMRDistances`.
+
+    Example:
+
+    ```python
+    dist = mmr_distances(keras_roll.linearize(model), x, tf.constant(y), 2.0)
+    dist.boundary.shape, dist.decision.shape        # [B, N], [B, L]
+    ```
+    """
+    shape = tuple(x.shape[1:])
+    if any(d is None for d in shape):
+        raise ValueError(f"MMR pushes every input axis and needs a fixed per-example input "
+                         f"shape; got {shape}.")
+    fwd = lin.primal(x)
+    logits = tf.reshape(fwd.logits, [-1, int(np.prod(fwd.logits.shape[1:]))])
+    jvp = _tangents(lin, fwd.trace, shape, p, fewest_directions)
+    blocks = [_dual_reduce(block, p, axis=1) for block in jvp.neurons]
+    neurons = fwd.neurons
+    reduced = tf.concat(blocks, axis=-1) if blocks else tf.zeros_like(neurons.z)
+    dist = tf.minimum(neurons.below, neurons.above)
+    boundary = _distances(dist, reduced, p, neurons.valid & tf.math.is_finite(dist))
+
+    labels = tf.cast(labels, tf.int32)
+    own = tf.gather(jvp.logits, labels, axis=2, batch_dims=1)           # [B, D]
+    diff = _dual_reduce(own[:, :, None] - jvp.logits, p, axis=1)        # [B, L]
+    margin = tf.gather(logits, labels, axis=1, batch_dims=1)[:, None] - logits
+    others = tf.not_equal(tf.range(tf.shape(logits)[1])[None, :], labels[:, None])
+    decision = _distances(margin, diff, p, others)
+    return MMRDistances(boundary, decision, fwd.logits)
+
+
+def _smallest_hinge(dist, k: int, gamma: float):
+    """Mean over the `k` smallest distances of `max(0, 1 - d / gamma)` per row."""
+    k = min(k, int(dist.shape[-1]))
+    if k == 0:
+        return tf.zeros(tf.shape(dist)[:1], dist.dtype)
+    smallest = -tf.math.top_k(-dist, k=k, sorted=False).values
+    return tf.reduce_mean(tf.nn.relu(1.0 - smallest / gamma), axis=-1)
+
+
+def mmr_per_example(dist: MMRDistances, config: MMRConfig):
+    """`MMR(x)` per example from its distances (`[B]`, without `lam`)."""
+    k_d = config.k_D if config.k_D is not None else int(dist.decision.shape[-1])
+    return (_smallest_hinge(dist.boundary, config.k_B, config.gamma_B)
+            + _smallest_hinge(dist.decision, k_d, config.gamma_D))
+
+
+class MMRTerm:
+    """MMR of one model as a regularizer term: `term(x, y, training) -> TermResult`.
+
+    Example:
+
+    ```python
+    term = MMRConfig().term(model)
+    result = term(x, y, training=True)     # result.per_example [B], result.outputs
+    ```
+    """
+
+    def __init__(self, lin: Linearized, config: MMRConfig):
+        num_classes = int(np.prod(lin.model.outputs[0].shape[1:]))
+        if num_classes < 2:
+            raise ValueError(f"MMR measures distances to the decision boundaries between "
+                             f"classes and needs a model with at least 2 output logits; "
+                             f"'{lin.model.name}' has {num_classes}.")
+        self.lin = lin
+        self.config = config
+        self.num_classes = num_classes
+
+    def __call__(self, x, y, training: bool) -> TermResult:
+        lin = self.lin
+        x = lin.check_input(x)
+        labels = class_indices(y, self.num_classes, "MMR")
+        dist = mmr_distances(lin, x, labels, self.config.p, self.config.fewest_directions)
+        per_example = mmr_per_example(dist, self.config)
+        if not training or lin.inference_equals_training:
+            dtype = keras.backend.standardize_dtype(lin.model.outputs[0].dtype)
+            outputs = tf.cast(lin.apply_output_link(dist.logits), dtype)
+        else:
+            outputs = lin.model(x, training=training)
+        return TermResult(per_example, outputs)
+
+
+def mmr_loss(model, x, y, config: MMRConfig | None = None, **overrides) -> tf.Tensor:
+    """MMR per example (`[B]`, without `lam`): Croce et al., AISTATS 2019.
+
+    Differentiable with respect to the model's weights (the activation pattern
+    of each example is a constant), so it can be added to a custom training
+    loss; `keras_roll.wrap(model, regularizer=MMRConfig(...))` does so in `fit`.
+
+    Args:
+        model: a Keras model the twin can linearize, or its `Linearized`.
+        x: `[B, *input_shape]` inputs.
+        y: `[B]` int labels, or `[B, L]` one-hot labels.
+        config: an `MMRConfig` (default `MMRConfig()`).
+        **overrides: `MMRConfig` fields replacing those of `config`.
+
+    Returns:
+        `[B]` float tensor.
+
+    Example:
+
+    ```python
+    with tf.GradientTape() as tape:
+        reg = tf.reduce_mean(mmr_loss(model, x, y, p="inf", k_B=50, gamma_B=0.1))
+    grads = tape.gradient(reg, model.trainable_variables)
+    ```
+    """
+    config = resolve_mmr_config(config, **overrides)
+    lin = model if isinstance(model, Linearized) else linearize(model)
+    return MMRTerm(lin, config)(x, y, training=False).per_example
+
+
+def resolve_mmr_config(config: MMRConfig | None = None, **overrides) -> MMRConfig:
+    """`config` (default `MMRConfig()`) with `overrides` replaced, validated.
+
+    Raises:
+        TypeError: `config` is not an `MMRConfig`, or an unknown field.
+        ValueError: a bad value (see `MMRConfig`).
+
+    Example:
+
+    ```python
+    resolve_mmr_config(None, p="inf", k_B=20)
+    ```
+    """
+    return resolve_term_config(MMRConfig, config, overrides)
