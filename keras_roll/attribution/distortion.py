@@ -27,9 +27,9 @@ from keras_roll.attribution.genetic import genetic_search, survivors
 from keras_roll.attribution.gradients import (
     LogitGradients,
     check_count,
-    check_inputs,
-    check_labels,
+    select_logits,
 )
+from keras_roll.attribution.targets import read_examples
 from keras_roll.compile.chunking import plan_directions
 from keras_roll.options import RunOptions, check_seed, fixed_budget
 
@@ -186,12 +186,13 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
         raise ValueError(f"callback must be callable, got {callback!r}.")
     engine = LogitGradients.of(model)
     lin = engine.lin
-    x = check_inputs(lin, x, "x")
+    x, y = read_examples(x, y, engine.spec)
     eps = _check_eps(eps)
     lo, hi, domain_used = sampling_box(x, eps, domain)
     b_total = x.shape[0]
-    index, sign = check_labels(y, b_total, engine.num_logits(x.shape[1:]), lin.output_link,
-                               default_logits=_logits(engine, x) if y is None else None)
+    index, sign = select_logits(y, b_total, engine.num_logits(x.shape[1:]), lin.output_link,
+                                lin.model.name,
+                                default_logits=_logits(engine, x) if y is None else None)
 
     seq = np.random.SeedSequence(seed)
     streams = [np.random.default_rng(s) for s in seq.spawn(b_total)]
