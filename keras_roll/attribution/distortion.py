@@ -136,8 +136,10 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
 
     Args:
         model: a Keras model or a `Linearized`.
-        x: `[B, *input_shape]` inputs.
-        y: `[B]` integer labels (the logit to differentiate); None: the predicted
+        x: `[B, *input_shape]` inputs, or a stream (`tf.data.Dataset`, generator,
+            `PyDataset`) of `x` or `(x, y)` elements, read whole.
+        y: `[B]` integer labels, or one integer for every example (the logit to
+            differentiate; a stream's labels if it has them); None: the predicted
             class. A single sigmoid output takes 0 / 1 (class 0 is the negated logit).
         eps: radius of the l_inf ball, > 0.
         domain: `(low, high)` box of valid inputs (scalars or arrays broadcastable
@@ -162,7 +164,8 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
 
     Raises:
         ValueError: naming the argument, for wrong label shapes, labels out of
-            range, `eps <= 0`, `x` outside `domain`, NaN and other bad input.
+            range, `eps <= 0`, `x` outside `domain`, NaN (naming the rows), an input
+            without examples and other bad input.
 
     Example:
 

@@ -183,7 +183,7 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
 
     Raises:
         ValueError: for bad norms, methods, options, directions or inputs
-            (wrong shape, NaN or inf).
+            (wrong shape, NaN or inf: the rows are named; no example at all).
         TypeError: for an unknown keyword argument.
 
     Example:

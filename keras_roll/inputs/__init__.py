@@ -71,4 +71,5 @@ def input_batches(x, spec: InputSpec, batch_size: int | None = None):
     warnings.warn("keras_roll.inputs.input_batches is deprecated; use "
                   "keras_roll.inputs.read_batches, whose batches hold x, y, directions and "
                   "index.", DeprecationWarning, stacklevel=2)
-    return (batch.x for batch in read_batches(x, spec, batch_size=batch_size))
+    batches = read_batches(x, spec, batch_size=batch_size)
+    return InputBatches((batch.x for batch in batches), batches.total, batches.stream)

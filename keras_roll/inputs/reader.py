@@ -292,6 +292,8 @@ def read_batches(x, spec: InputSpec, *, y=None, labels: LabelSpec | None = None,
         y_all = check_labels(y_all, n, labels)
     dirs = check_directions(directions, xt, spec.dtype)
     size = int(batch_size or DEFAULT_STREAM_BATCH) if split else n
+    if size >= n:  # one batch: no copy
+        return InputBatches([Batch(xt, y_all, dirs, slice(0, n))], n, False)
     batches = []
     for start in range(0, n, size):
         index = slice(start, min(start + size, n))
