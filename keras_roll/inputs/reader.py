@@ -213,10 +213,7 @@ class _Reading:
             if yb.shape[0] != b:
                 raise ValueError(f"y has {self.y.shape[0]} labels but the input has more "
                                  f"examples; pass one label per example.")
-        elif isinstance(yb, list):
-            raise ValueError("Some stream elements have labels and some do not; yield x or "
-                             "(x, y) throughout.")
-        elif self.labelled is not None and self.labelled != (yb is not None):
+        elif isinstance(yb, list) or self.labelled not in (None, yb is not None):
             raise ValueError("Some stream elements have labels and some do not; yield x or "
                              "(x, y) throughout.")
         self.labelled = yb is not None
