@@ -215,3 +215,18 @@ def test_riemann_sums_behind_a_convolution_prefix_equal_a_tape_sum():
     t, w = riemann_points(9, "trapezoid")
     want = sum(wi * _tape(model, base + ti * (x - base), np.eye(3)[y]) for ti, wi in zip(t, w))
     np.testing.assert_allclose(ig.attributions, (x - base) * want, rtol=1e-10, atol=1e-13)
+
+
+def test_a_streams_labels_are_checked_with_their_positions(relu):
+    model, _, x = relu
+    y = np.array([0, 2, 1, 5])
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(3)
+    for run in (lambda: saliency(model, ds),
+                lambda: integrated_gradients(model, ds, steps=3, verbose=False),
+                lambda: saliency(model, x, y)):
+        with pytest.raises(ValueError, match=r"y must be in \[0, 3\).*\[5\] at positions \[3\]"):
+            run()
+    replaced = saliency(model, ds, np.array([0, 2, 1, 1]))  # y= replaces the stream's labels
+    np.testing.assert_array_equal(replaced.labels, [0, 2, 1, 1])
+    with pytest.raises(ValueError, match="no examples"):
+        saliency(model, tf.data.Dataset.from_tensor_slices((x[:0], y[:0])).batch(3))

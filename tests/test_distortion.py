@@ -219,7 +219,7 @@ def test_bad_input_names_the_argument(setup):
     model, _, x, y = setup
     kw = dict(samples=10, verbose=False)
     cases = [
-        (dict(y=y[:, None]), "y must have shape"),
+        (dict(y=y[None, :]), "y must have shape"),
         (dict(y=y[:3]), "y must have shape"),
         (dict(y=np.array([0, 1, 4, 0])), r"y must be in \[0, 4\)"),
         (dict(y=np.array([0, -1, 2, 0])), "y must be"),
@@ -228,8 +228,9 @@ def test_bad_input_names_the_argument(setup):
         (dict(eps=-0.1), "eps must be"),
         (dict(eps=float("nan")), "eps must be"),
         (dict(x=x + 1.0), "x lies outside domain"),
-        (dict(x=np.where(np.eye(4, 10, dtype=bool), np.nan, x)), "x contains 4 non-finite"),
-        (dict(x=x[:, :5]), "x must have shape"),
+        (dict(x=np.where(np.eye(4, 10, dtype=bool), np.nan, x)),
+         "Rows 0, 1, 2, 3 of x hold non-finite"),
+        (dict(x=x[:, :5]), r"expects inputs of shape \(batch, 10\), got x of shape"),
         (dict(domain=(1.0, 0.0)), "domain must satisfy low < high"),
         (dict(domain=(0.0,)), "domain must be a"),
         (dict(mode="mean"), "mode must be"),

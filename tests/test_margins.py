@@ -510,18 +510,15 @@ def test_bad_inputs(mlp_case):
         certify(lin, x, directions=np.full((6, 1, 6), np.inf))
 
 
-def test_empty_batch(mlp_case):
+def test_empty_input_is_an_error(mlp_case):
     _, lin, _ = mlp_case
     empty = np.zeros((0, 6), "float32")
-    cert = certify(lin, empty, directions=np.zeros((0, 2, 6)), verbose=False)
-    assert cert.n == 0
-    for p in NORMS:
-        assert cert.margins[p].shape == (0,) and cert.binding[p] == []
-    assert cert.directional.shape == (0, 2)
-    assert cert.logits.shape == (0, 3)
-    cert.summary(print_fn=lambda s: None)
-    assert stability_bounds(lin, empty, verbose=False).upper.shape == (0, 6)
-    assert l2_margins(lin, empty).shape == (0,)
+    for run in (lambda: certify(lin, empty, directions=np.zeros((0, 2, 6)), verbose=False),
+                lambda: stability_bounds(lin, empty, verbose=False),
+                lambda: l2_margins(lin, empty),
+                lambda: certify(lin, iter([]), verbose=False)):
+        with pytest.raises(ValueError, match="no examples"):
+            run()
 
 
 def test_progress_bar_is_shown_when_asked(mlp_case, capsys):

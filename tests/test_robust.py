@@ -188,16 +188,19 @@ def test_bad_arguments(trained):
         (dict(max_regions=0), ValueError, "max_regions"),
         (dict(exact_rtol=2.0), ValueError, "exact_rtol"),
         (dict(bisect_tol=0.0), ValueError, "bisect_tol"),
-        (dict(y=y[:2]), ValueError, "integer class labels"),
-        (dict(y=y[:4].astype(float)), ValueError, "integer class labels"),
+        (dict(y=y[:2]), ValueError, r"y must have shape \[B\] = \(4,\)"),
+        (dict(y=y[:4] + 0.5), ValueError, "integer class labels"),
+        (dict(y=np.full(4, 12)), ValueError, r"y must be in \[0, 3\).*\[12, 12, 12, 12\]"),
     ]
     for kwargs, err, match in cases:
         with pytest.raises(err, match=match):
             keras_roll.robust_radius(model, x[:4], **{"verbose": False, **kwargs})
     with pytest.raises(ValueError, match="expects inputs of shape"):
         keras_roll.robust_radius(model, x[:, :5], verbose=False)
-    with pytest.raises(ValueError, match="pass the labels inside the stream"):
-        keras_roll.robust_radius(model, iter([x[:2]]), y=y[:2], verbose=False)
+    with pytest.raises(ValueError, match="y has 3 labels but the input stream yielded 2"):
+        keras_roll.robust_radius(model, iter([x[:2]]), y=y[:3], verbose=False)
+    with pytest.raises(ValueError, match="no examples"):
+        keras_roll.robust_radius(model, x[:0], verbose=False)
     inp = keras.Input((4,))
     single = keras.Model(inp, keras.layers.Dense(1, activation="sigmoid")(inp))
     with pytest.raises(ValueError, match="at least 2 classes"):

@@ -27,9 +27,9 @@ from keras_roll.attribution.genetic import genetic_search, survivors
 from keras_roll.attribution.gradients import (
     LogitGradients,
     check_count,
-    check_inputs,
-    check_labels,
+    select_logits,
 )
+from keras_roll.attribution.targets import read_examples
 from keras_roll.compile.chunking import plan_directions
 from keras_roll.compile.units import INPUT_UNITS, Units, resolve_units
 from keras_roll.options import RunOptions, check_seed, fixed_budget
@@ -141,8 +141,10 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
 
     Args:
         model: a Keras model or a `Linearized`.
-        x: `[B, *input_shape]` inputs.
-        y: `[B]` integer labels (the logit to differentiate); None: the predicted
+        x: `[B, *input_shape]` inputs, or a stream (`tf.data.Dataset`, generator,
+            `PyDataset`) of `x` or `(x, y)` elements, read whole.
+        y: `[B]` integer labels, or one integer for every example (the logit to
+            differentiate; a stream's labels if it has them); None: the predicted
             class. A single sigmoid output takes 0 / 1 (class 0 is the negated logit).
         eps: radius of the l_inf ball, > 0.
         domain: `(low, high)` box of valid inputs (scalars or arrays broadcastable
@@ -170,7 +172,8 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
 
     Raises:
         ValueError: naming the argument, for wrong label shapes, labels out of
-            range, `eps <= 0`, `x` outside `domain`, NaN and other bad input.
+            range, `eps <= 0`, `x` outside `domain`, NaN (naming the rows), an input
+            without examples and other bad input.
 
     Example:
 
@@ -195,7 +198,7 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
     engine = LogitGradients.of(model)
     lin = engine.lin
     units = resolve_units(lin.program, wrt)
-    x = check_inputs(lin, x, "x")
+    x, y = read_examples(x, y, engine.spec)
     eps = _check_eps(eps)
     if units.is_input:
         lo, hi, domain_used = sampling_box(x, eps, domain)
@@ -208,8 +211,9 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
                              f"the model's input units, where x is read.)") from None
         domain_used = domain if domain is None else tuple(domain)
     b_total = x.shape[0]
-    index, sign = check_labels(y, b_total, engine.num_logits(x.shape[1:]), lin.output_link,
-                               default_logits=_logits(engine, x) if y is None else None)
+    index, sign = select_logits(y, b_total, engine.num_logits(x.shape[1:]), lin.output_link,
+                                lin.model.name,
+                                default_logits=_logits(engine, x) if y is None else None)
 
     seq = np.random.SeedSequence(seed)
     streams = [np.random.default_rng(s) for s in seq.spawn(b_total)]

@@ -40,7 +40,7 @@ from keras_roll.attribution.tape_gradients import gradient_engine
 from keras_roll.attribution.targets import (
     check_baseline,
     check_scalar,
-    read_inputs,
+    read_examples,
     resolve_targets,
 )
 from keras_roll.compile.caches import compiled_call
@@ -160,8 +160,7 @@ def faithfulness(model, x, y, attributions, metrics=METRICS, baseline=0.0,
         raise ValueError(f"score must be 'model' or 'logit', got {score!r}.")
     check_seed(seed)
     engine = gradient_engine(model)
-    x, y = read_inputs(x, y, engine.input_shape)
-    x = engine.check(x, "x")
+    x, y = read_examples(x, y, engine.spec)
     n = x.shape[0]
     attr = np.asarray(attributions.numpy() if tf.is_tensor(attributions) else attributions,
                       np.float64)
@@ -171,7 +170,8 @@ def faithfulness(model, x, y, attributions, metrics=METRICS, baseline=0.0,
     base = check_baseline(baseline, x, engine.check)
     scorer = _Scorer(engine, model, score, budget)
     logits = engine.logits(x, budget) if y is None else None
-    targets = resolve_targets(y, n, engine.num_logits(x.shape[1:]), engine.output_link, logits)
+    targets = resolve_targets(y, n, engine.num_logits(x.shape[1:]), engine.output_link, logits,
+                              engine.spec.name)
     features = _Features(x, attr, channel_axis)
     seq = np.random.SeedSequence(seed)
     result = Faithfulness({}, {}, np.zeros(0), score, step_size, subset_fraction, samples,

@@ -11,7 +11,8 @@ linear region are known to have *exactly* the same gradient.
 
 Points are pushed through in chunks sized from the twin's activation sizes so that
 a chunk's live tensors stay under a memory budget. This module also holds the
-argument checks shared by `keras_roll.attribution` and `keras_roll.attribution.distortion`.
+logit selection of labels (`select_logits`) and the count check shared by
+`keras_roll.attribution` and `keras_roll.attribution.distortion`.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.attribution.targets import class_labels
 from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_directions
 from keras_roll.compile.twin import Linearized, linearize
+from keras_roll.inputs import LabelSpec, check_input, check_labels
 
 __all__ = [
     "LogitGradients",
@@ -33,12 +34,10 @@ __all__ = [
     "check_count",
     "chunked_gradients",
     "chunked_logits",
-    "check_inputs",
-    "check_labels",
-    "label_classes",
     "predictions",
     "predictions_np",
     "same_pattern",
+    "select_logits",
 ]
 
 # Elements per point kept live by a compiled chunk: the activations kept for the
@@ -106,6 +105,7 @@ class LogitGradients:
         self.lin = lin
         self.dtype = lin.dtype
         self.input_shape = lin.input_shape
+        self.spec = lin.input_spec
         self.output_link = lin.output_link
         self._wgrad_fn = tf.function(self.objective_gradient, reduce_retracing=True,
                                      autograph=False)
@@ -209,8 +209,8 @@ class LogitGradients:
         return chunked_logits(self._logits_fn, self, x, memory_budget)
 
     def check(self, x, name: str = "x") -> np.ndarray:
-        """`check_inputs` for this model."""
-        return check_inputs(self.lin, x, name)
+        """A checked, private copy of `x` in the model dtype (`keras_roll.inputs.check_input`)."""
+        return np.array(check_input(x, self.spec, name=name))
 
     def _grad_impl(self, x, index, sign):
         grad, logits, neurons = self.select(x, index, sign)
@@ -355,50 +355,28 @@ def predictions_np(logits: np.ndarray) -> np.ndarray:
     return np.argmax(logits, axis=-1).astype(np.int64)
 
 
-# ---------------------------------------------------------------------- checks
+# ---------------------------------------------------------------------- labels
 
 
-def check_inputs(lin: Linearized, x, name: str = "x") -> np.ndarray:
-    """A checked, private float copy of `x` in the model dtype.
-
-    Raises:
-        ValueError: naming `name`, for a wrong shape or non-finite values.
-    """
-    try:
-        arr = np.array(x.numpy() if tf.is_tensor(x) else x, copy=True)
-    except Exception as e:  # ragged lists and the like
-        raise ValueError(f"{name} could not be read as an array: {e}") from None
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number)
-                                   or arr.dtype == bool):
-        raise ValueError(f"{name} must be a numeric array of shape [B, "
-                         f"{', '.join(map(str, lin.input_shape))}], got dtype {arr.dtype}.")
-    want = lin.input_shape
-    if arr.ndim != len(want) + 1 or any(w is not None and s != w
-                                         for s, w in zip(arr.shape[1:], want)):
-        raise ValueError(
-            f"{name} must have shape [B, {', '.join(str(w) for w in want)}] for model "
-            f"'{lin.model.name}', got shape {arr.shape}."
-        )
-    arr = arr.astype(lin.dtype)
-    bad = ~np.isfinite(arr)
-    if bad.any():
-        raise ValueError(f"{name} contains {int(bad.sum())} non-finite values (NaN or inf); "
-                         f"gradients are undefined there. Clean the data first.")
-    return arr
-
-
-def check_labels(y, n: int, num_logits: int, output_link: str | None,
-                 default_logits=None) -> tuple[np.ndarray, np.ndarray]:
-    """Validates labels; returns the selected logit index and sign per example.
+def select_logits(y, n: int, num_logits: int, output_link: str | None, model: str = "",
+                  default_logits=None) -> tuple[np.ndarray, np.ndarray]:
+    """The logit index and sign per example that labels select.
 
     `y[i]` selects logit `y[i]` of the flattened output. A model with a single
     sigmoid logit takes labels 0 / 1: class 1 is the logit, class 0 its negative
     (the log-odds of class 0). `y=None` selects the predicted class
-    (`default_logits`, `[n, L]`).
+    (`default_logits`, `[n, L]`). Labels are checked by
+    `keras_roll.inputs.check_labels`.
 
     Raises:
         ValueError: naming `y`, for a wrong shape, non-integer values or labels
             out of range.
+
+    Example:
+
+    ```python
+    index, sign = select_logits(np.array([3, 1]), 2, 10, "softmax")   # [3, 1], [1, 1]
+    ```
     """
     binary = num_logits == 1 and output_link == "sigmoid"
     if y is None:
@@ -407,26 +385,11 @@ def check_labels(y, n: int, num_logits: int, output_link: str | None,
         logits = np.asarray(default_logits)
         pred = predictions_np(logits.reshape(n, int(np.prod(logits.shape[1:]))))
         y = pred if binary or num_logits > 1 else np.zeros(n, np.int64)
-    arr = np.asarray(y.numpy() if tf.is_tensor(y) else y)
-    if arr.dtype == object or arr.dtype == bool or not np.issubdtype(arr.dtype, np.number):
-        raise ValueError(f"y must be integer class labels, got dtype {arr.dtype}.")
-    if arr.shape != (n,):
-        hint = (" (one-hot labels: pass y.argmax(-1))" if arr.ndim == 2 and arr.shape[0] == n
-                and arr.shape[1] > 1 else " (pass y.reshape(-1))" if arr.size == n else "")
-        raise ValueError(f"y must have shape [B] = ({n},), one integer label per example, "
-                         f"got shape {arr.shape}{hint}.")
-    arr = class_labels(arr, num_logits, binary)
+    spec = LabelSpec(num_logits, sigmoid=output_link == "sigmoid", model=model)
+    labels = check_labels(y, n, spec)
     if binary:
-        return np.zeros(n, np.int32), np.where(arr == 1, 1.0, -1.0)
-    return arr.astype(np.int32), np.ones(n)
-
-
-def label_classes(index: np.ndarray, sign: np.ndarray, num_logits: int,
-                  output_link: str | None) -> np.ndarray:
-    """The class labels `[n]` that `check_labels` turned into `(index, sign)`."""
-    if num_logits == 1 and output_link == "sigmoid":
-        return (np.asarray(sign) > 0).astype(np.int64)
-    return np.asarray(index, np.int64)
+        return np.zeros(n, np.int32), np.where(labels == 1, 1.0, -1.0)
+    return labels.astype(np.int32), np.ones(n)
 
 
 def check_count(value, name: str, minimum: int = 1) -> int:

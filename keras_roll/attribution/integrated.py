@@ -23,7 +23,7 @@ import tensorflow as tf
 from keras_roll.attribution.gradients import check_count
 from keras_roll.attribution.path_walk import exact_walk
 from keras_roll.attribution.tape_gradients import gradient_engine
-from keras_roll.attribution.targets import check_baseline, read_inputs, resolve_targets
+from keras_roll.attribution.targets import check_baseline, read_examples, resolve_targets
 from keras_roll.compile.caches import cached
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.options import RunOptions, fixed_budget
@@ -145,13 +145,13 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
         riemann_points(steps, rule)  # checks the rule
     max_regions = check_count(max_regions, "max_regions")
     engine = _engine(model, exact=steps is None)
-    x, y = read_inputs(x, y, engine.input_shape)
-    x = engine.check(x, "x")
+    x, y = read_examples(x, y, engine.spec)
     n = x.shape[0]
     base = check_baseline(baseline, x, engine.check)
     logits = engine.logits(np.concatenate([x, base]), budget).astype(np.float64)
     logits_x, logits_b = logits[:n], logits[n:]
-    targets = resolve_targets(y, n, logits.shape[1], engine.output_link, logits_x)
+    targets = resolve_targets(y, n, logits.shape[1], engine.output_link, logits_x,
+                              engine.spec.name)
     f_x = np.sum(targets.weights * logits_x, axis=1)
     f_b = np.sum(targets.weights * logits_b, axis=1)
     with opts.progress(n, "integrated gradients") as bar:

@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 
 from keras_roll.attribution.tape_gradients import gradient_engine
-from keras_roll.attribution.targets import read_inputs, resolve_targets
+from keras_roll.attribution.targets import read_examples, resolve_targets
 from keras_roll.certification.margins import certify
 from keras_roll.compile.units import resolve_units
 from keras_roll.errors import UnsupportedModelError
@@ -182,11 +182,10 @@ def target_gradients(model, x, y, budget):
     targets resolved (the predicted class for `y=None`) and the gradient of the
     targets' weighted logits at `x`, in chunks of `budget` bytes."""
     engine = gradient_engine(model)
-    x, y = read_inputs(x, y, engine.input_shape)
-    x = engine.check(x, "x")
+    x, y = read_examples(x, y, engine.spec)
     logits = engine.logits(x, budget) if y is None else None
     targets = resolve_targets(y, x.shape[0], engine.num_logits(x.shape[1:]),
-                              engine.output_link, logits)
+                              engine.output_link, logits, engine.spec.name)
     grad, logits = engine.weighted_gradients(x, targets.weights, budget)
     return engine, x, targets, grad, logits
 
@@ -225,6 +224,5 @@ def stable_radius(model, x, norms=(2, np.inf), options: RunOptions | None = None
     opts = RunOptions.of(options, **overrides)
     engine = gradient_engine(model, need_linear=True)
     resolve_units(engine.lin.program, wrt)  # a bad wrt fails before the inputs are read
-    x, _ = read_inputs(x, None, engine.input_shape)
-    x = engine.check(x, "x")
+    x, _ = read_examples(x, None, engine.spec)
     return certify(engine.lin, x, norms=norms, options=opts, wrt=wrt).margins

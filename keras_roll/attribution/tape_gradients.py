@@ -28,7 +28,6 @@ import tensorflow as tf
 
 from keras_roll.attribution.gradients import (
     LogitGradients,
-    check_inputs,
     chunked_gradients,
     chunked_logits,
 )
@@ -36,6 +35,7 @@ from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_directions
 from keras_roll.compile.twin import Linearized, unwrap
 from keras_roll.errors import UnsupportedModelError
+from keras_roll.inputs import InputSpec, check_input
 
 __all__ = ["NOT_PIECEWISE_LINEAR", "TapeGradients", "gradient_engine"]
 
@@ -71,15 +71,6 @@ def _why_not_linear(model) -> str:
     return "no reason"
 
 
-class _InputSpec:
-    """What `check_inputs` reads of a model: its input shape, dtype and name."""
-
-    def __init__(self, model, dtype):
-        self.input_shape = tuple(model.inputs[0].shape[1:])
-        self.dtype = dtype
-        self.model = model
-
-
 class TapeGradients:
     """Compiled, chunked input gradients of weighted logits of any Keras model.
 
@@ -103,10 +94,9 @@ class TapeGradients:
         self.model = model
         dtype = keras.backend.standardize_dtype(model.inputs[0].dtype)
         self.dtype = dtype if dtype in ("float32", "float64") else "float32"
-        self.lin = _InputSpec(model, self.dtype)  # what check_inputs reads
-        self.input_shape = self.lin.input_shape
+        self.input_shape = tuple(model.inputs[0].shape[1:])
+        self.spec = InputSpec(self.input_shape, self.dtype, model.name)
         self.output_link, self._logits = _logit_function(model)
-        self.lin.output_link = self.output_link
         self.note = NOT_PIECEWISE_LINEAR.format(reason=_why_not_linear(model))
         self._grad_fn = tf.function(self.objective_gradient, reduce_retracing=True,
                                     autograph=False)
@@ -114,7 +104,8 @@ class TapeGradients:
         self._sizes: dict = {}
 
     def check(self, x, name: str = "x") -> np.ndarray:
-        return check_inputs(self.lin, x, name)
+        """A checked, private copy of `x` in the engine's dtype."""
+        return np.array(check_input(x, self.spec, name=name))
 
     def num_logits(self, example_shape) -> int:
         return self._size(example_shape)[0]

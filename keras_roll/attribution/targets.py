@@ -1,5 +1,4 @@
-"""What the attribution functions attribute, and what they read: targets, baselines,
-and inputs given as arrays or streams.
+"""What the attribution functions attribute: targets and baselines.
 
 A *target* is a weighted sum of the model's (flattened) logits per example,
 `sum_c w_c logit_c`, as a `[B, L]` weight matrix:
@@ -11,14 +10,15 @@ A *target* is a weighted sum of the model's (flattened) logits per example,
 * `[B, L]` one-hot or multi-hot targets (or any weights): the sum of the hot
   logits, as captum's and xplique's multi-label targets.
 
-Inputs may be arrays or streams (`tf.data.Dataset`, generators, `PyDataset`s) of
-`x`, `(x, y)` or `(x, y, w)` elements; a stream's labels are the targets unless
-`y` is given. Baselines may be a scalar, one example, or one per example.
+Labels are checked by `keras_roll.inputs.check_labels`, as everywhere; inputs
+(arrays or streams, whose labels are the targets unless `y` is given) are read
+by `keras_roll.inputs.read_all`. Baselines may be a scalar, one example, or one
+per example.
 
 Example:
 
 ```python
-x, y = read_inputs(ds, y=None, input_shape=(784,))       # the stream's labels
+x, y = read_examples(ds, None, engine.spec)              # the stream's labels
 t = resolve_targets(y, len(x), num_logits=10, output_link="softmax", logits=None)
 t.weights.shape, t.labels                                  # (B, 10), [B] classes
 ```
@@ -29,13 +29,12 @@ from __future__ import annotations
 import numbers
 from typing import NamedTuple
 
-import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.inputs import is_stream
+from keras_roll.inputs import InputSpec, LabelSpec, check_labels, read_all
 
-__all__ = ["Targets", "check_baseline", "read_inputs", "resolve_targets"]
+__all__ = ["Targets", "check_baseline", "read_examples", "resolve_targets"]
 
 
 class Targets(NamedTuple):
@@ -52,7 +51,7 @@ class Targets(NamedTuple):
 
 
 def resolve_targets(y, n: int, num_logits: int, output_link: str | None,
-                    logits=None) -> Targets:
+                    logits=None, model: str = "") -> Targets:
     """Validates `y` (see the module docstring) and returns the `Targets`.
 
     Args:
@@ -61,9 +60,17 @@ def resolve_targets(y, n: int, num_logits: int, output_link: str | None,
         num_logits: L.
         output_link: "sigmoid" for a model whose single logit feeds a sigmoid.
         logits: `[B, L]` logits at the inputs, for `y=None`.
+        model: the model's name, for the error messages.
 
     Raises:
-        ValueError: naming `y`, for wrong shapes, values or classes out of range.
+        ValueError: naming `y`, for wrong shapes, values or classes out of range
+            (`keras_roll.inputs.check_labels`).
+
+    Example:
+
+    ```python
+    resolve_targets(np.array([2, 0]), 2, 3, "softmax").weights    # one-hot rows
+    ```
     """
     binary = num_logits == 1 and output_link == "sigmoid"
     if y is None:
@@ -71,20 +78,11 @@ def resolve_targets(y, n: int, num_logits: int, output_link: str | None,
             raise ValueError("y is required here: pass integer class labels of shape [B].")
         flat = np.asarray(logits).reshape(n, -1)
         y = (flat[:, 0] > 0).astype(np.int64) if binary else np.argmax(flat, axis=1)
-    arr = np.asarray(y.numpy() if tf.is_tensor(y) else y)
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
-        raise ValueError(f"y must be integer class labels or [B, L] one-hot / multi-hot "
-                         f"targets, got dtype {arr.dtype}.")
-    if arr.ndim == 0:
-        arr = np.full(n, arr)
-    if arr.ndim == 2 and arr.shape == (n, num_logits) and not binary:
-        return _hot_targets(arr.astype(np.float64))
-    if arr.dtype == bool or arr.shape != (n,):
-        raise ValueError(
-            f"y must have shape [B] = ({n},) (one integer label per example), or "
-            f"[B, L] = ({n}, {num_logits}) one-hot / multi-hot targets, got shape {arr.shape}"
-            f"{' (pass y.reshape(-1))' if arr.size == n else ''}.")
-    labels = class_labels(arr, num_logits, binary)
+    spec = LabelSpec(num_logits, hot=True, sigmoid=output_link == "sigmoid", model=model)
+    labels = check_labels(y, n, spec)
+    if labels.ndim == 2:  # one-hot / multi-hot weights
+        single = (np.count_nonzero(labels, axis=1) == 1) & (labels.max(axis=1) == 1.0)
+        return Targets(labels, np.where(single, np.argmax(labels, axis=1), -1).astype(np.int64))
     weights = np.zeros((n, num_logits))
     if binary:
         weights[:, 0] = np.where(labels == 1, 1.0, -1.0)
@@ -93,38 +91,23 @@ def resolve_targets(y, n: int, num_logits: int, output_link: str | None,
     return Targets(weights, labels)
 
 
-def class_labels(arr: np.ndarray, num_logits: int, binary: bool) -> np.ndarray:
-    """`[B]` int64 class labels from a numeric `[B]` array `y`.
+def read_examples(x, y, spec: InputSpec) -> tuple[np.ndarray, object]:
+    """`(x, y)`: every example of `x` (an array or a stream, read by
+    `keras_roll.inputs.read_all`) as a checked, private numpy copy in `spec.dtype`,
+    and the labels (`y` if given, else a stream's, else None), not yet checked.
 
     Raises:
-        ValueError: naming `y`, for non-integer values or classes out of range (0 / 1
-            for a model with one sigmoid output, else `[0, num_logits)`).
+        ValueError: for bad or non-finite inputs (naming the rows) and an input
+            without examples.
+
+    Example:
+
+    ```python
+    x, y = read_examples(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), None, spec)
+    ```
     """
-    if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
-        raise ValueError(f"y must hold integer class labels, got values such as "
-                         f"{arr[(~np.isfinite(arr)) | (arr != np.round(arr))][:3]}.")
-    labels = arr.astype(np.int64)
-    top = 2 if binary else num_logits
-    bad = (labels < 0) | (labels >= top)
-    if bad.any():
-        what = ("0 or 1 for a model with one sigmoid output" if binary
-                else f"in [0, {num_logits}) for a model with {num_logits} logits")
-        raise ValueError(f"y must be {what}; got {labels[bad][:5].tolist()} at positions "
-                         f"{np.flatnonzero(bad)[:5].tolist()}.")
-    return labels
-
-
-def _hot_targets(weights: np.ndarray) -> Targets:
-    if not np.all(np.isfinite(weights)):
-        raise ValueError("y (one-hot / multi-hot targets) contains NaN or inf.")
-    empty = ~np.any(weights != 0, axis=1)
-    if empty.any():
-        raise ValueError(f"y has rows without any target class at positions "
-                         f"{np.flatnonzero(empty)[:5].tolist()}; every example needs at "
-                         f"least one class.")
-    single = (np.count_nonzero(weights, axis=1) == 1) & (weights.max(axis=1) == 1.0)
-    labels = np.where(single, np.argmax(weights, axis=1), -1).astype(np.int64)
-    return Targets(weights, labels)
+    batch = read_all(x, spec, y=y)
+    return np.array(batch.x), batch.y
 
 
 def check_baseline(baseline, x: np.ndarray, check) -> np.ndarray:
@@ -145,54 +128,6 @@ def check_baseline(baseline, x: np.ndarray, check) -> np.ndarray:
         raise ValueError(f"baseline must be a number, shaped like one example "
                          f"{x.shape[1:]} or like x {x.shape}, got shape {arr.shape}.")
     return check(arr, "baseline")
-
-
-def read_inputs(x, y, input_shape: tuple):
-    """`(x, y)` as arrays: a stream is read whole (its labels become `y` unless
-    `y` is given; None if it has none); arrays pass through.
-
-    Raises:
-        ValueError: for elements that fit neither one example nor a batch, or a
-            stream whose elements mix labelled and unlabelled ones.
-    """
-    if not is_stream(x):
-        return x, y
-    xs, ys = [], []
-    if isinstance(x, keras.utils.PyDataset):
-        source = (x[i] for i in range(len(x)))
-    else:
-        source = iter(x)
-    for element in source:
-        xb, yb = _split(element)
-        xb = np.asarray(xb.numpy() if tf.is_tensor(xb) else xb)
-        single = xb.ndim == len(input_shape)
-        xs.append(xb[None] if single else xb)
-        if yb is not None:
-            yb = np.asarray(yb.numpy() if tf.is_tensor(yb) else yb)
-            ys.append(yb[None] if single else yb)
-    if not xs:
-        raise ValueError("The input stream is empty: it yielded no examples.")
-    if ys and len(ys) != len(xs):
-        raise ValueError("Some stream elements have labels and some do not; yield x or "
-                         "(x, y) throughout.")
-    for xb in xs:
-        if xb.ndim != len(input_shape) + 1:
-            raise ValueError(f"A stream element has inputs of shape {xb.shape[1:]}; the model "
-                             f"takes examples of shape {tuple(input_shape)}.")
-    x_all = np.concatenate(xs)
-    y_all = np.concatenate(ys) if ys and y is None else y
-    return x_all, y_all
-
-
-def _split(element):
-    if isinstance(element, dict):
-        raise ValueError(f"A stream element is a dict with keys {sorted(element)}; keras_roll "
-                         f"models have one input: yield x or (x, y).")
-    if isinstance(element, (tuple, list)):
-        if not element:
-            raise ValueError("A stream element is an empty tuple; yield x or (x, y).")
-        return element[0], (element[1] if len(element) > 1 else None)
-    return element, None
 
 
 def check_scalar(value, name: str, low: float = 0.0, low_open: bool = True) -> float:

@@ -52,7 +52,7 @@ from keras_roll.certification.zero_radii import explain_zeros
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.twin import Linearized, linearize
 from keras_roll.compile.units import resolve_units
-from keras_roll.inputs import Array, ModelOrTwin, check_directions, input_batches
+from keras_roll.inputs import Array, Batch, ModelOrTwin, read_batches
 from keras_roll.options import (
     Method,
     Norm,
@@ -196,8 +196,8 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
 
     Raises:
         ValueError: for bad norms, methods, options, directions or inputs
-            (wrong shape, NaN or inf), or a `wrt` that names no leading
-            Rescaling / Normalization with a scalar scale.
+            (wrong shape, NaN or inf: the rows are named; no example at all), or a
+            `wrt` that names no leading Rescaling / Normalization with a scalar scale.
         TypeError: for an unknown keyword argument.
 
     Example:
@@ -221,24 +221,18 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
     if not norms and directions is None:
         raise ValueError("norms=() and no directions: there is nothing to certify. Pass "
                          "norms=(1, 2, np.inf) (or a subset), or directions=.")
-    batches = input_batches(x, run.lin.input_spec, opts.batch_size)
-    if (batches.stream and directions is not None
-            and np.ndim(directions) != len(run.lin.input_shape) + 1):
-        raise ValueError(f"With a stream of batches, directions must be shared by all "
-                         f"examples: shape [K, *input_shape], got shape "
-                         f"{np.shape(directions)}.")
+    batches = read_batches(x, run.lin.input_spec, directions=directions,
+                           batch_size=opts.batch_size)
     parts = []
     kept: list | None = []  # the inputs, for Certificate.binding_direction
     kept_bytes = 0
     with opts.progress(batches.total, "certify") as bar:
-        for xb in batches:
-            parts.append(_certify_batch(run, xb, directions, bar))
+        for batch in batches:
+            parts.append(_certify_batch(run, batch, bar))
             if kept is not None:
-                kept_bytes += int(np.prod(xb.shape)) * xb.dtype.size
+                kept_bytes += int(np.prod(batch.x.shape)) * batch.x.dtype.size
                 keep = not batches.stream or kept_bytes <= KEEP_STREAM_BYTES
-                kept = kept + [xb] if keep else None
-    if not parts:
-        raise ValueError("x is an empty stream: there is nothing to certify.")
+                kept = kept + [batch.x] if keep else None
     cert = Certificate.concat(parts)
     warn_nonfinite(int(cert.nonfinite.sum()), cert.n, cert.evaluation, "margins")
     if not units.is_input:  # radii in the chosen units; t along directions unchanged
@@ -306,15 +300,13 @@ class _BatchArrays:
             mask=mask, nonfinite=bad, zero_cause=causes)
 
 
-def _certify_batch(run: _Run, x, directions, bar) -> Certificate:
+def _certify_batch(run: _Run, batch: Batch, bar) -> Certificate:
     """Certifies one checked batch: a `Certificate` of its examples."""
+    x, dirs = batch.x, batch.directions
     b_total = int(x.shape[0])
     twin = run.twin
-    dirs = check_directions(directions, x, twin.dtype)
     acc = _BatchArrays.empty(b_total, run.norms, None if dirs is None else dirs.shape[1])
-    if b_total == 0:
-        acc.logits.append(twin.forward(x).logits.numpy())
-    elif not twin.num_neurons(x.shape[1:]):  # no activation: one region, the whole space
+    if not twin.num_neurons(x.shape[1:]):  # no activation: one region, the whole space
         acc.logits.extend(_plain_logits(twin, x, run.options.batch_size))
         acc.bad[:] = ~np.all(np.isfinite(np.concatenate(acc.logits).reshape(b_total, -1)),
                              axis=1)
@@ -414,10 +406,11 @@ def lp_margins(model: ModelOrTwin, x, p: Norm = 2, options: RunOptions | None = 
     twin = guard.twin(lin)
     budget = opts.budget(lin.memory_budget)
     outs, bad_total = [], 0
-    for xb in input_batches(x, lin.input_spec, opts.batch_size):
+    for batch in read_batches(x, lin.input_spec, batch_size=opts.batch_size):
+        xb = batch.x
         out = np.full(int(xb.shape[0]), INF)
         outs.append(out)
-        if not int(xb.shape[0]) or not twin.num_neurons(xb.shape[1:]):
+        if not twin.num_neurons(xb.shape[1:]):
             continue
         for sl, fwd, gn, err in errors_and_norms(twin, xb, opts.batch_size, budget, opts.rigor,
                                                  (p,)):
@@ -428,7 +421,7 @@ def lp_margins(model: ModelOrTwin, x, p: Norm = 2, options: RunOptions | None = 
             bad = nonfinite(fwd, valid, None if err is None else err.overflow)
             out[sl][bad] = np.nan
             bad_total += int(bad.sum())
-    out = np.concatenate(outs) if outs else np.zeros(0)
+    out = np.concatenate(outs)
     warn_nonfinite(bad_total, out.size, guard.evaluation(twin), "margins")
     return out
 

@@ -30,7 +30,7 @@ from keras_roll.certification.runs import nonfinite
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.twin import linearize
 from keras_roll.compile.units import resolve_units
-from keras_roll.inputs import ModelOrTwin, input_batches
+from keras_roll.inputs import ModelOrTwin, read_batches
 from keras_roll.options import RunOptions
 from keras_roll.rounding.guard import guard_for
 
@@ -165,20 +165,17 @@ def count_regions(model: ModelOrTwin, x, rtol: float = 1e-5, projections: int = 
     keys: dict[bytes, int] = {}
     pattern_ids, boundary, reps = [], [], []  # reps: the first point of every pattern
     seen = 0
-    batches = input_batches(x, lin.input_spec, opts.batch_size)
+    batches = read_batches(x, lin.input_spec, batch_size=opts.batch_size)
     with opts.progress(batches.total, "count_regions") as bar:
-        for xb in batches:
+        for xb in (batch.x for batch in batches):
             part = _patterns_of_batch(twin, xb, keys, opts, budget, bar, seen)
             pattern_ids.append(part.ids)
             boundary.append(part.boundary)
             reps.extend(part.new)
             seen += int(xb.shape[0])
-    pattern_ids = np.concatenate(pattern_ids) if pattern_ids else np.zeros(0, np.int64)
-    boundary = np.concatenate(boundary) if boundary else np.zeros(0, bool)
+    pattern_ids = np.concatenate(pattern_ids)
+    boundary = np.concatenate(boundary)
     b_total = int(pattern_ids.size)
-    if b_total == 0:
-        empty = np.zeros(0, np.int64)
-        return RegionCount(0, 0, 0, 0, empty, empty.copy(), np.zeros(0, bool))
     if not keys:  # an affine model: a single region
         zeros = np.zeros(b_total, np.int64)
         return RegionCount(1, 1, 0, b_total, zeros, zeros.copy(), np.zeros(b_total, bool))

@@ -30,7 +30,7 @@ from keras_roll.certification.margin_math import neuron_arrays
 from keras_roll.certification.runs import nonfinite, warn_nonfinite
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.twin import Linearized, linearize
-from keras_roll.inputs import ModelOrTwin, input_batches
+from keras_roll.inputs import ModelOrTwin, read_batches
 from keras_roll.options import Method, RunOptions, check_bisect_tol
 from keras_roll.rounding.guard import guard_for
 
@@ -81,18 +81,16 @@ def stability_bounds(model: ModelOrTwin, x, method: Method | str = "analytic",
     twin = guard.twin(lin)
     budget = opts.budget(lin.memory_budget)
     parts = []
-    batches = input_batches(x, lin.input_spec, opts.batch_size)
+    batches = read_batches(x, lin.input_spec, batch_size=opts.batch_size)
     with opts.progress(batches.total, "stability bounds") as bar:
-        for xb in batches:
-            if not int(xb.shape[0]) or not twin.num_neurons(xb.shape[1:]):
+        for xb in (batch.x for batch in batches):
+            if not twin.num_neurons(xb.shape[1:]):
                 parts.append(_free(xb, method, opts))  # no neuron: every coordinate is free
                 bar.update(int(xb.shape[0]))
             elif method is Method.ANALYTIC:
                 parts.append(_axis_bounds(twin, xb, opts, budget, bar))
             else:
                 parts.append(_bisected_bounds(twin, xb, opts, budget, bisect_tol, bar))
-    if not parts:
-        raise ValueError("x is an empty stream: there are no bounds to compute.")
     sb = StabilityBounds.concat(parts)
     bad = sb.nonfinite
     warn_nonfinite(int(bad.sum()), bad.size, guard.evaluation(twin), "bounds")

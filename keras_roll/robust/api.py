@@ -35,11 +35,10 @@ from keras_roll.certification.margins import certify
 from keras_roll.compile.twin import linearize
 from keras_roll.compile.units import resolve_units
 from keras_roll.errors import UnsupportedModelError
-from keras_roll.inputs import ModelOrTwin, is_stream, stream_length
+from keras_roll.inputs import LabelSpec, ModelOrTwin, read_batches
 from keras_roll.options import Norms, Rigor, RunOptions, Verbose, check_bisect_tol, parse_norms
 from keras_roll.robust.adversarial import predict_classes
 from keras_roll.robust.backward import op_graph
-from keras_roll.robust.batches import iter_labelled_batches
 from keras_roll.robust.intervals import check_supported
 from keras_roll.robust.region import decision_terms, link_gap, region_bounds
 from keras_roll.robust.relaxation import margin_bounds
@@ -334,7 +333,9 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
         x: `[B, *input_shape]` inputs, or a stream of batches (`tf.data.Dataset`,
             generator, `keras.utils.PyDataset` of `x` or `(x, y)`); rows with NaN /
             inf get NaN bounds and a warning.
-        y: optional `[B]` integer labels (for streams, taken from `(x, y)` elements).
+        y: optional labels: `[B]` integer classes in `[0, L)`, or one integer for
+            every input (checked as by every function: `keras_roll.inputs.check_labels`);
+            for streams, taken from `(x, y)` elements unless given here.
         norms: any of 1, 2, np.inf (or 'l1', 'l2', 'linf').
         method: "best", "region", "walk", "relaxation" or "interval".
         rigor: "float64" (default), "strict" or "float32" (a `keras_roll.Rigor`).
@@ -357,8 +358,9 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
         A `RobustRadius` (numpy arrays).
 
     Raises:
-        ValueError: bad arguments, a model that is not a classifier, or a `wrt`
-            that names no leading Rescaling / Normalization with a scalar scale.
+        ValueError: bad arguments or labels, an input without examples, a model that
+            is not a classifier, or a `wrt` that names no leading Rescaling /
+            Normalization with a scalar scale.
         keras_roll.UnsupportedModelError: layers the chosen method cannot bound.
 
     Example:
@@ -381,16 +383,18 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     _check_arguments(method, max_regions, bisect_tol, exact_rtol)
     lin = linearize(model)
     units = resolve_units(lin.program, wrt)
-    _check_classifier(lin)
+    classes = _check_classifier(lin)
     _warn_saturating_link(lin, run_options.rigor)
     search = SearchOptions(int(max_regions), float(bisect_tol), float(exact_rtol))
     run = _Run(lin, norms, method, run_options, search)
-    total = stream_length(x) if is_stream(x) else int(np.shape(x)[0])
+    labels = LabelSpec(classes, model=lin.model.name)
+    batches = read_batches(x, lin.input_spec, y=y, labels=labels,
+                           batch_size=run_options.batch_size, split=True, finite=False)
     parts = []
-    with run_options.progress(None if total is None else total * len(norms),
+    with run_options.progress(None if batches.total is None else batches.total * len(norms),
                               "robust radius") as bar:
-        for xb, yb in iter_labelled_batches(x, y, lin.input_shape, run_options.batch_size):
-            parts.append(run.batch(xb, yb, bar) + (yb,))
+        for batch in batches:
+            parts.append(run.batch(batch.x.numpy(), batch.y, bar) + (batch.y,))
     return _assemble(parts, norms, method, str(run_options.rigor), float(exact_rtol), lin,
                      units)
 
@@ -399,12 +403,11 @@ def _assemble(parts, norms, method, rigor, exact_rtol, lin, units) -> RobustRadi
     fields = {f: {} for f in FIELDS}
     for p in norms:
         for f in FIELDS:
-            fields[f][p] = np.concatenate([q[0][p][f] for q in parts]) if parts else \
-                np.zeros((0,) + ((len(lin.input_shape) * (0,)) if f == "adversarial" else ()))
-    predicted = np.concatenate([q[1] for q in parts]) if parts else np.zeros(0, np.int64)
-    bad = np.concatenate([q[2] for q in parts]) if parts else np.zeros(0, bool)
+            fields[f][p] = np.concatenate([q[0][p][f] for q in parts])
+    predicted = np.concatenate([q[1] for q in parts])
+    bad = np.concatenate([q[2] for q in parts])
     labels = None
-    if parts and parts[0][3] is not None:
+    if parts[0][3] is not None:
         labels = np.concatenate([q[3] for q in parts])
     if bad.any():
         warnings.warn(f"{int(bad.sum())} of {bad.size} inputs have non-finite values (NaN / "

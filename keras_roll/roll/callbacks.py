@@ -9,17 +9,11 @@ import tensorflow as tf
 from keras_roll.certification.margins import l2_margins
 from keras_roll.compile.twin import linearize
 from keras_roll.compile.units import resolve_units
-from keras_roll.inputs import is_stream
+from keras_roll.inputs import is_stream, stream_elements
 from keras_roll.options import Rigor
 from keras_roll.roll import regularizer
 
 PERCENTILES = (25, 50, 75, 100)
-
-
-def _x_elements(stream):
-    """The inputs of every element of a stream: `x` of `x`, `(x, y)` or `(x, y, w)`."""
-    for element in stream:
-        yield element[0] if isinstance(element, (tuple, list)) else element
 
 
 def _write_scalar(tag, value, step):
@@ -89,7 +83,7 @@ class MarginMonitor(keras.callbacks.Callback):
         if isinstance(x_val, (tf.data.Dataset, keras.utils.PyDataset)):
             self.x_val = x_val  # re-iterable: read at every monitored epoch
         elif is_stream(x_val):  # a generator can be read once: keep its batches
-            self.x_val = [np.asarray(b) for b in _x_elements(x_val)]
+            self.x_val = [xe for xe, _ in stream_elements(x_val)]
             if not self.x_val:
                 raise ValueError("x_val is an empty stream; pass at least one example.")
         else:
