@@ -32,16 +32,16 @@ import numpy as np
 
 from keras_roll.certification.margin_math import dual_norm, to_numpy
 from keras_roll.certification.margins import certify
+from keras_roll.compile.bounds import BoundPass, check_bounds
+from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.inputs import ModelOrTwin, is_stream, stream_length
 from keras_roll.options import Norms, Rigor, RunOptions, Verbose, check_bisect_tol, parse_norms
 from keras_roll.robust.adversarial import predict_classes
-from keras_roll.robust.backward import op_graph
 from keras_roll.robust.batches import iter_labelled_batches
-from keras_roll.robust.intervals import check_supported
+from keras_roll.robust.bounds import margin_bounds
 from keras_roll.robust.region import decision_terms, link_gap, region_bounds
-from keras_roll.robust.relaxation import margin_bounds
 from keras_roll.robust.result import RobustRadius
 from keras_roll.robust.search import largest_certified
 from keras_roll.robust.walk import walk_bounds
@@ -96,7 +96,7 @@ def _relaxation_available(twin, method) -> bool:
     if method not in ("best", "relaxation", "interval"):
         return False
     try:
-        check_supported(op_graph(twin.program))
+        check_bounds(structure_of(twin.program), tuple(BoundPass))
     except UnsupportedModelError as e:
         if method != "best":
             raise

@@ -29,11 +29,14 @@ import tensorflow as tf
 
 from keras_roll.certification.bisection import steepest_directions
 from keras_roll.certification.margin_math import dual_norm, to_numpy
+from keras_roll.compile.bounds.ibp import abs_sum
+from keras_roll.compile.bounds.traversal import capture, pull_back
 from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_chunks
+from keras_roll.compile.structure import structure_of
 from keras_roll.robust.adversarial import confirm
-from keras_roll.robust.backward import capture, compile_batched, op_graph, pull_back
-from keras_roll.robust.float_error import OpRounding, abs_sum
+from keras_roll.robust.compiled import compile_batched
+from keras_roll.robust.float_error import OpRounding
 from keras_roll.rounding import rules
 from keras_roll.rounding.precision import evaluation_precision, unit_roundoff
 
@@ -93,7 +96,7 @@ def margin_rows(pred: tf.Tensor, classes: int, dtype) -> tuple:
 
 def _terms_fn(twin, guard: bool, x, pred):
     """The compiled body of `decision_terms` for one chunk."""
-    graph = op_graph(twin.program)
+    graph = structure_of(twin.program)
     values = capture(twin.interpreter, x)
     logits = values.value(graph, graph.output_key)
     rows, others = margin_rows(pred, int(logits.shape[-1]), logits.dtype)
