@@ -30,7 +30,7 @@ import tensorflow as tf
 from keras_roll.certification.bisection import steepest_directions
 from keras_roll.certification.margin_math import dual_norm, to_numpy
 from keras_roll.compile.bounds.ibp import abs_sum
-from keras_roll.compile.bounds.traversal import capture, pull_back
+from keras_roll.compile.bounds.traversal import capture, forward_nodes, pull_back
 from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.structure import structure_of
@@ -103,12 +103,10 @@ def _terms_fn(twin, guard: bool, x, pred):
     visit, e0, e1 = None, [], []
     if guard:
         opr = OpRounding(evaluation_precision(twin.program))
-        growth = {graph.input_key: tf.ones_like(x)}
-        for i, node in enumerate(graph.nodes):
+        for node in graph.nodes:
             opr.check(node)
-            growth[node.output] = rules.magnitude(node.op, [growth[k] for k in node.inputs],
-                                                  values.records[i], False, values.masks[i],
-                                                  values.inputs[i])
+        growth = forward_nodes(graph, tf.ones_like(x), lambda node, i, ins: rules.magnitude(
+            node.op, ins, values.records[i], False, values.masks[i], values.inputs[i]))
 
         def visit(node, index, lam):
             mags = [tf.abs(v) for v in values.inputs[index]]

@@ -40,7 +40,8 @@ from keras_roll.compile.rules.activations import Activation
 from keras_roll.compile.rules.base import NO_RECORD, Tangent
 from keras_roll.compile.structure import Node, ProgramStructure
 
-__all__ = ["PullBack", "Values", "capture", "frozen_slopes", "linear_transpose", "pull_back"]
+__all__ = ["PullBack", "Values", "capture", "forward_nodes", "frozen_slopes", "linear_transpose",
+           "pull_back"]
 
 
 class Values(NamedTuple):
@@ -107,6 +108,25 @@ def capture(interpreter, x: tf.Tensor) -> Values:
             masks.append(step.mask)
     return Values(x, tuple(transform.op_inputs), tuple(transform.op_outputs),
                   tuple(records), tuple(masks))
+
+
+def forward_nodes(structure: ProgramStructure, initial, fn: Callable) -> dict:
+    """A forward walk over the program's ops with values of the caller's kind: the
+    input gets `initial`, every op `fn(node, index, input_values) -> value`.
+
+    Returns:
+        `{key: value}` for the input and every op's output.
+
+    Example:
+
+    ```python
+    growth = forward_nodes(structure, tf.ones_like(x), lambda node, i, ins: magnitude(...))
+    ```
+    """
+    env = {structure.input_key: initial}
+    for index, node in enumerate(structure.nodes):
+        env[node.output] = fn(node, index, [env[k] for k in node.inputs])
+    return env
 
 
 def _merge(t: tf.Tensor) -> tf.Tensor:
