@@ -25,6 +25,7 @@ from keras_roll.compile.bounds.rules import (
     bound_rule,
     check_bounds,
     register_bound_rule,
+    relaxation_lines,
     supported_passes,
     unregister_bound_rule,
 )
@@ -33,6 +34,6 @@ from keras_roll.compile.bounds.traversal import Values, capture, pull_back
 __all__ = [
     "ActivationBounds", "AffineBounds", "Arithmetic", "BoundMethod", "BoundPass", "BoundRule",
     "Box", "RelaxationLines", "Values", "bound_rule", "capture", "check_bounds",
-    "lower_bounds", "pull_back", "register_bound_rule", "supported_passes",
+    "lower_bounds", "pull_back", "register_bound_rule", "relaxation_lines", "supported_passes",
     "unregister_bound_rule",
 ]

@@ -41,6 +41,7 @@ import enum
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.rules.activations import Activation
@@ -187,11 +188,15 @@ class ActivationBounds(BoundRule):
 
 def activation_vertices(op: Activation, lo: tf.Tensor, hi: tf.Tensor) -> list:
     """The points where a piecewise-linear activation on `[lo, hi]` takes its extremes
-    and where any linear function minus it does: the ends and the breakpoints inside
-    (breakpoints outside are clipped to an end)."""
+    and where any linear function minus it does: the ends, and each breakpoint inside
+    with the next float above it (a ReLU with a threshold jumps there: the value just
+    above is the limit from the right, within the lines' float64 safety); breakpoints
+    outside are clipped to an end."""
     out = [lo, hi]
     for b in op.breakpoints:
-        out.append(tf.clip_by_value(tf.cast(b, lo.dtype) + tf.zeros_like(lo), lo, hi))
+        at = tf.cast(b, lo.dtype) + tf.zeros_like(lo)
+        above = tf.math.nextafter(at, tf.fill(tf.shape(at), tf.constant(np.inf, lo.dtype)))
+        out += [tf.clip_by_value(at, lo, hi), tf.clip_by_value(above, lo, hi)]
     return out
 
 

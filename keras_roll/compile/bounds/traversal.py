@@ -181,7 +181,8 @@ class PullBack(NamedTuple):
 
     Attributes:
         lam_input: `[B, C, *input_shape]`, the functionals pulled back to the input
-            (their gradients in a frozen pattern).
+            (their gradients in a frozen pattern); `B = 1` while functionals shared by
+            the batch met no op that makes them per example.
         const: `[B, C]`, the constant terms that `relax` and `visit` added.
     """
 
