@@ -57,7 +57,7 @@ from keras_roll.robust.bounds import arithmetic_of
 __all__ = ["PassSupport", "RuleCheck", "check_bounds", "check_rule", "tape_jacobian"]
 
 BOUND_SAMPLES = 64  # points sampled in the box around each input (besides two corners)
-MAX_TIGHTNESS_SIZE = 4096  # Jacobian entries of an op checked for exact intervals at most
+MAX_TIGHTNESS_SIZE = 2**16  # Jacobian entries of an op checked for exact intervals at most
 
 
 class PassSupport(NamedTuple):
@@ -471,18 +471,18 @@ def _affine_gap(node, inputs, boxes) -> float:
     if sum(int(np.prod(v.shape)) for v in ins) * int(np.prod(
             boxes[node.output].lo.shape[1:])) > MAX_TIGHTNESS_SIZE:
         return 0.0
-    with tf.GradientTape(persistent=True) as tape:
-        tape.watch(ins)
-        y = tf.reshape(node.op.forward(ins, None)[0], [-1])
     centre = radius = 0.0
-    for key, v in zip(node.inputs, ins):
-        jac = tape.jacobian(y, v)
-        jac = np.zeros((y.shape[0], int(np.prod(v.shape)))) if jac is None else \
-            jac.numpy().reshape(y.shape[0], -1)
+    for i, key in enumerate(node.inputs):
+
+        def fn(t, i=i):
+            args = [t if j == i else tf.repeat(v, tf.shape(t)[0], 0) for j, v in enumerate(ins)]
+            return node.op.forward(args, None)[0]
+
+        _, jac = tape_jacobian(fn, inputs[i][:1].numpy())
         box = boxes[key]
         lo, hi = box.lo.numpy()[:1].reshape(-1), box.hi.numpy()[:1].reshape(-1)
-        centre = centre + jac @ ((lo + hi) / 2.0)
-        radius = radius + np.abs(jac) @ ((hi - lo) / 2.0)
+        centre = centre + jac[0] @ ((lo + hi) / 2.0)
+        radius = radius + np.abs(jac[0]) @ ((hi - lo) / 2.0)
     out = boxes[node.output]
     got_lo, got_hi = out.lo.numpy()[:1].reshape(-1), out.hi.numpy()[:1].reshape(-1)
     scale = max(float(np.max(radius, initial=0.0)), 1e-12)
