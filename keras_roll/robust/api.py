@@ -9,10 +9,10 @@ bound and the smaller upper bound of those that apply; docs/design.md, section
   certified region, else the region margin is the lower bound. About one `certify`.
 * `"walk"` (`keras_roll.robust.walk`): an upper bound, a real adversarial point
   found by walking region by region toward the decision boundary.
-* `"relaxation"` (`keras_roll.robust.relaxation`): a sound lower bound beyond the
+* `"relaxation"` (`keras_roll.robust.bounds`): a sound lower bound beyond the
   region by a CROWN-style linear relaxation, the largest certified radius by
   bisection (`keras_roll.robust.search`); `"interval"` is the same search with interval
-  bounds alone (`keras_roll.robust.intervals`), the usual baseline.
+  bounds alone (`keras_roll.compile.bounds.ibp`), the usual baseline.
 
 Example:
 
