@@ -17,7 +17,15 @@ that do not use the twin's tangent rules:
 * the rounding guards of `rigor="strict"` and `rigor="float64"` are finite,
   not vacuous, and cover the observed error of the float32 neurons;
 * each op's `training_dependent` flag says whether its layer computes something
-  else with `training=True` (the layer's state is restored afterwards).
+  else with `training=True` (the layer's state is restored afterwards);
+* where every op has a bound rule (`keras_roll.compile.bounds`): the intervals of
+  every value and the linear relaxation's bounds of the output over a box around
+  each input contain the values at points sampled in the box (and at its corners),
+  and the interval of every affine op's output is exact: `J c +- |J| r` with the
+  op's Jacobian `J` taken by `tf.GradientTape` (`keras_roll.testing.check_bounds`).
+
+`RuleCheck.passes` says which passes accept each layer call: the twin (its
+tangent pass), the rounding guards, the interval bounds and the linear relaxation.
 
 A failure raises one `AssertionError` that lists every check that failed and
 names the first layer whose own output Jacobian differs from the tape's.
@@ -33,9 +41,39 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.certification.margins import rounding_errors
+from keras_roll.compile.bounds import (
+    BoundMethod,
+    BoundPass,
+    bound_rule,
+    capture,
+    ibp,
+    lower_bounds,
+)
+from keras_roll.compile.bounds import supported_passes as bound_passes
+from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import Linearized, linearize
+from keras_roll.robust.bounds import arithmetic_of
 
-__all__ = ["RuleCheck", "check_rule", "tape_jacobian"]
+__all__ = ["PassSupport", "RuleCheck", "check_bounds", "check_rule", "tape_jacobian"]
+
+BOUND_SAMPLES = 64  # points sampled in the box around each input (besides two corners)
+MAX_TIGHTNESS_SIZE = 2**16  # Jacobian entries of an op checked for exact intervals at most
+
+
+class PassSupport(NamedTuple):
+    """Which passes accept one layer call.
+
+    Attributes:
+        twin: the twin's forward and tangent passes (checked against the tape).
+        rounding: the rounding guards (`rigor="strict"` and `"float64"`) were checked.
+        intervals: its ops have bound rules for interval bounds.
+        relaxation: its ops have bound rules for the linear relaxation.
+    """
+
+    twin: bool
+    rounding: bool
+    intervals: bool
+    relaxation: bool
 
 _VISIBLE_ACTIVATIONS = (keras.layers.ReLU, keras.layers.LeakyReLU, keras.layers.PReLU,
                         keras.layers.Activation)
@@ -57,6 +95,7 @@ class RuleCheck(NamedTuple):
         training_flags: per layer call, `(step name, the ops' flag, what the
             layer does)`, whether it computes something else with `training=True`.
         inference_equals_training: what the twin says of the whole model.
+        passes: per layer call (step name), the `PassSupport` of its ops.
     """
 
     model: keras.Model
@@ -64,6 +103,7 @@ class RuleCheck(NamedTuple):
     errors: dict[str, float]
     training_flags: list[tuple[str, bool, bool]]
     inference_equals_training: bool
+    passes: dict[str, PassSupport]
 
     def failures(self, rtol: float) -> list[str]:
         """One line per check that failed with tolerance `rtol`."""
@@ -122,10 +162,15 @@ def check_rule(layer_or_model, input_shape=None, input_data=None, *, batch_size:
     model = _model_for(layer_or_model, input_shape, input_data, seed)
     x = _inputs_for(model, input_data, batch_size, seed)
     lin = linearize(model)
+    passes = {step.name: PassSupport(True, bool(rounding), *(
+        all(p in bound_passes(op) for op in step.ops) for p in BoundPass))
+        for step in lin.program.steps if step.ops}
+    bounded = all(s.intervals and s.relaxation for s in passes.values())
     errors = {**_float32_errors(model, x, lin), **_float64_errors(model, x, lin),
-              **(_guard_errors(lin, x) if rounding else {})}
+              **(_guard_errors(lin, x) if rounding else {}),
+              **(check_bounds(lin, x, seed=seed) if bounded else {})}
     flags = _training_flags(model, x, lin)
-    result = RuleCheck(model, x, errors, flags, lin.inference_equals_training)
+    result = RuleCheck(model, x, errors, flags, lin.inference_equals_training, passes)
     failed = result.failures(rtol)
     if failed:
         culprit = _first_deviating_layer(model, x, rtol)
@@ -357,3 +402,89 @@ def _first_deviating_layer(model, x, rtol) -> str | None:
         if not _relative(lin.output_jacobian(x), ref) <= rtol:
             return f"'{layer.name}' ({type(layer).__name__})"
     return None
+
+
+def check_bounds(model, x, eps: float = 0.1, seed: int = 0) -> dict[str, float]:
+    """The bound passes of a model against sampled points and the tape, in float64.
+
+    Over the box `|x' - x| <= eps` around every input: the largest excess of a value
+    at a sampled point (`BOUND_SAMPLES` uniform points and the two corners `x +- eps`)
+    over its interval (every op's output) and over the linear relaxation's bounds of
+    the output, relative to the interval's width; and, for every affine op with at
+    most `MAX_TIGHTNESS_SIZE` Jacobian entries, how far its interval is from the exact
+    `J c +- |J| r` (relative to `|J| r`), `J` the tape's Jacobian of its forward pass
+    (every op whose bound rule says it is linear).
+
+    Args:
+        model: a Keras model or its `Linearized`; every op needs a bound rule.
+        x: `[B, *input_shape]` inputs.
+        eps: the half width of the box.
+        seed: seed of the sampled points.
+
+    Returns:
+        `{check name: relative error}` (0 where the bounds hold and are exact).
+
+    Example:
+
+    ```python
+    errors = keras_roll.testing.check_bounds(model, x[:2])
+    ```
+    """
+    twin = linearize(model).at_dtype("float64")
+    structure = structure_of(twin.program)
+    x = np.asarray(x, np.float64)
+    b = x.shape[0]
+    values = capture(twin.interpreter, tf.constant(x))
+    arithmetic = arithmetic_of(twin, guard=False)
+    boxes = ibp.interval_pass(structure, values, tf.fill([b], eps), arithmetic).boxes
+    rng = np.random.default_rng(seed)
+    u = rng.uniform(-1.0, 1.0, (BOUND_SAMPLES + 2, *x.shape))
+    u[0], u[1] = 1.0, -1.0
+    points = capture(twin.interpreter, tf.constant((x[None] + eps * u).reshape(-1, *x.shape[1:])))
+
+    def excess(key, lo, hi):
+        d = points.value(structure, key).numpy().reshape(len(u), b, -1) - \
+            values.value(structure, key).numpy().reshape(1, b, -1)
+        lo, hi = lo.reshape(1, b, -1), hi.reshape(1, b, -1)
+        width = max(float(np.max(hi - lo, initial=0.0)), 1e-12)
+        return float(np.max(np.maximum(d - hi, lo - d), initial=0.0).clip(0.0)) / width
+
+    errors = {"intervals at sampled points": max(
+        excess(n.output, boxes[n.output].lo.numpy(), boxes[n.output].hi.numpy())
+        for n in structure.nodes)}
+    out = values.value(structure, structure.output_key)
+    n_out = int(np.prod(out.shape[1:]))
+    eye = np.eye(n_out)[None]
+    low = lower_bounds(structure, values, tf.constant(np.concatenate([eye, -eye], 1)),
+                       tf.fill([b], eps), np.inf, BoundMethod.RELAXATION, arithmetic).numpy()
+    errors["relaxation at sampled points"] = excess(structure.output_key, low[:, :n_out],
+                                                   -low[:, n_out:])
+    errors["intervals of affine ops (exact)"] = max(
+        [_affine_gap(n, values.inputs[i], boxes) for i, n in enumerate(structure.nodes)
+         if bound_passes(n.op) and bound_rule(n.op).linear] + [0.0])
+    return errors
+
+
+def _affine_gap(node, inputs, boxes) -> float:
+    """How far the interval of an affine op's output is from `J c +- |J| r` (example 0)."""
+    ins = [tf.constant(v[:1]) for v in inputs]
+    if sum(int(np.prod(v.shape)) for v in ins) * int(np.prod(
+            boxes[node.output].lo.shape[1:])) > MAX_TIGHTNESS_SIZE:
+        return 0.0
+    centre = radius = 0.0
+    for i, key in enumerate(node.inputs):
+
+        def fn(t, i=i):
+            args = [t if j == i else tf.repeat(v, tf.shape(t)[0], 0) for j, v in enumerate(ins)]
+            return node.op.forward(args, None)[0]
+
+        _, jac = tape_jacobian(fn, inputs[i][:1].numpy())
+        box = boxes[key]
+        lo, hi = box.lo.numpy()[:1].reshape(-1), box.hi.numpy()[:1].reshape(-1)
+        centre = centre + jac[0] @ ((lo + hi) / 2.0)
+        radius = radius + np.abs(jac[0]) @ ((hi - lo) / 2.0)
+    out = boxes[node.output]
+    got_lo, got_hi = out.lo.numpy()[:1].reshape(-1), out.hi.numpy()[:1].reshape(-1)
+    scale = max(float(np.max(radius, initial=0.0)), 1e-12)
+    return float(max(np.max(np.abs(got_lo - (centre - radius)), initial=0.0),
+                     np.max(np.abs(got_hi - (centre + radius)), initial=0.0))) / scale

@@ -123,3 +123,84 @@ def test_the_checks_see_violations():
     assert len(underscored_accesses("m.py", code)) == 3
     assert len(keras_src_imports("m.py", code)) == 1
     assert len(budget_divisions("m.py", code)) == 1
+
+
+# --------------------------------------------------------------------------- graph walks
+
+COMPILER = "keras_roll/compile/"
+WALKED = ("steps", "nodes")  # what a program's ops are listed under (Program, ProgramStructure)
+
+
+def _walked_iterable(node: ast.AST) -> bool:
+    """Whether a loop iterates over `<x>.steps` / `<x>.nodes`, possibly inside
+    `enumerate`, `zip` or `reversed`."""
+    if isinstance(node, ast.Attribute):
+        return node.attr in WALKED
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("enumerate", "zip",
+                                                                         "reversed"):
+        return any(_walked_iterable(a) for a in node.args)
+    return False
+
+
+def _target_names(target: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+def graph_walks(rel: str, tree: ast.AST) -> list[str]:
+    """`file:line` of every walk along a program's edges: a loop or comprehension over a
+    program's steps or nodes (`_walked_iterable`) that reads its loop variable's `inputs`
+    or assigns to a subscript keyed by its loop variable's `output` (an environment of
+    values by key, as `interpreter.propagate` keeps)."""
+    found = []
+    loops = [(n, n.iter, n.target, n.body) for n in ast.walk(tree)
+             if isinstance(n, (ast.For, ast.AsyncFor))]
+    loops += [(n, g.iter, g.target, [n]) for n in ast.walk(tree)
+              if isinstance(n, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp))
+              for g in n.generators]
+    for loop, iterable, target, body in loops:
+        if not _walked_iterable(iterable):
+            continue
+        names = _target_names(target)
+        for part in body:
+            for node in ast.walk(part):
+                edge = (isinstance(node, ast.Attribute) and node.attr == "inputs"
+                        and isinstance(node.value, ast.Name) and node.value.id in names)
+                keyed = (isinstance(node, (ast.Assign, ast.AugAssign)) and any(
+                    isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Attribute)
+                    and t.slice.attr == "output" and isinstance(t.slice.value, ast.Name)
+                    and t.slice.value.id in names
+                    for t in (node.targets if isinstance(node, ast.Assign) else [node.target])))
+                if edge or keyed:
+                    found.append(f"{rel}:{loop.lineno} {ast.unparse(iterable)}")
+                    break
+            else:
+                continue
+            break
+    return found
+
+
+def test_graph_walks_live_in_the_compiler():
+    """No module outside keras_roll/compile/ walks a program's edges itself: forward
+    passes are `Transform`s for `interpreter.propagate`, bound passes and backward walks
+    are in `compile/bounds/` (docs/design.md, "Architecture rules")."""
+    found = [hit for rel, tree in _modules() if not rel.startswith(COMPILER)
+             for hit in graph_walks(rel, tree)]
+    assert found == [], "graph walks outside keras_roll/compile/:\n" + "\n".join(found)
+    inside = [hit for rel, tree in _modules() if rel.startswith(COMPILER)
+              for hit in graph_walks(rel, tree)]
+    assert inside, "the detector finds none of the compiler's own walks"
+
+
+def test_the_graph_walk_check_sees_violations():
+    code = ast.parse(
+        "env = {}\n"
+        "for i, node in enumerate(structure.nodes):\n"
+        "    env[node.output] = f([env[k] for k in node.inputs])\n"
+        "for step in program.steps:\n"
+        "    out = step.inputs\n"
+        "readers = [i for i, s in enumerate(program.steps) if key in s.inputs]\n"
+        "names = [s.name for s in program.steps]\n"
+        "for step in trace.steps:\n"
+        "    masks.append(step.mask)\n"
+    )
+    assert len(graph_walks("m.py", code)) == 3

@@ -37,7 +37,9 @@ from keras_roll.compile.interpreter import (
     Trace,
     propagate,
 )
+from keras_roll.compile.prefix import affine_prefix
 from keras_roll.compile.rules import NO_RECORD, Activation, Tangent
+from keras_roll.compile.rules.recurrent import MaskingOp
 
 __all__ = ["HYPERPLANE_EPSILONS", "PathTwin", "first_crossings", "in_hyperplanes"]
 
@@ -85,27 +87,18 @@ class _PathTangent(TangentTransform):
 
 
 def _affine_prefix(program) -> tuple[list, object]:
-    """The ops before the first neuron-owning op, when they form a chain from the
-    input (each step reading only the previous one, read by nothing else), and that
-    op if it is a pointwise activation with constant breakpoints (else None)."""
-    readers: dict[int, int] = {}
-    for step in program.steps:
-        for key in step.inputs:
-            readers[key] = readers.get(key, 0) + 1
-    ops, key = [], program.input_key
-    for step in program.steps:
-        if step.inputs != [key] or readers.get(key) != 1 or getattr(step.layer, "supports_masking",
-                                                                    False) and "Masking" in type(
-                step.layer).__name__:
-            return [], None
-        for op in step.ops:
-            if op.owns_neurons:
-                plain = isinstance(op, Activation) and all(
-                    isinstance(b, (int, float)) for b in op.breakpoints)
-                return ops, op if plain else None
-            ops.append(op)
-        key = step.output
-    return ops, None
+    """The ops of the program's affine prefix (`keras_roll.compile.prefix`), and the op
+    after them if it is a pointwise activation with constant breakpoints (else None);
+    no prefix before a Masking layer (its mask reads the values themselves)."""
+    prefix = affine_prefix(program)
+    if prefix is None:
+        return [], None
+    op = program.steps[prefix.start].ops[prefix.start_op]
+    if isinstance(op, MaskingOp):
+        return [], None
+    plain = isinstance(op, Activation) and all(
+        isinstance(b, (int, float)) for b in op.breakpoints)
+    return list(prefix.ops), op if plain else None
 
 
 class PathTwin:

@@ -40,6 +40,7 @@ import tensorflow as tf
 from keras_roll.compile.graph import Program, Step
 from keras_roll.compile.records import Record
 from keras_roll.compile.rules.base import Neurons, Op, Tangent, static_dims
+from keras_roll.compile.structure import structure_of
 
 __all__ = [
     "ForwardPass",
@@ -301,17 +302,15 @@ def batch_norm_folds(program: Program) -> dict[int, Step]:
     (`Linear.can_scale`: Dense, convolutions) whose output is read by one step
     only, a single per-channel scaling op (`Linear.channel_scale`:
     BatchNormalization) of that output alone."""
-    readers: dict[int, list[int]] = {}
-    for index, step in enumerate(program.steps):
-        for key in step.inputs:
-            readers.setdefault(key, []).append(index)
+    structure = structure_of(program)
     folds = {}
     for step in program.steps:
         if len(step.ops) != 1 or not getattr(step.ops[0], "can_scale", False):
             continue
-        if step.output == program.output_key or len(readers.get(step.output, [])) != 1:
+        readers = structure.readers(step.output)
+        if step.output == program.output_key or len(readers) != 1:
             continue
-        after = program.steps[readers[step.output][0]]
+        after = program.steps[readers[0]]
         if after.inputs == [step.output] and len(after.ops) == 1 \
                 and getattr(after.ops[0], "scales_channels", False):
             folds[id(step)] = after

@@ -26,6 +26,8 @@ import dataclasses
 
 import tensorflow as tf
 
+from keras_roll.compile.structure import structure_of
+
 __all__ = ["AffinePrefix", "affine_prefix"]
 
 
@@ -65,8 +67,9 @@ class AffinePrefix:
 def affine_prefix(program) -> AffinePrefix | None:
     """The program's `AffinePrefix`, or None when its first op has a pattern.
 
-    The prefix follows a single chain from the input: each step reads one value,
-    which no other step reads, and its ops are affine without Keras masks. It
+    The prefix follows the single chain from the input
+    (`ProgramStructure.leading_chain`: each step reads one value, which no other
+    step reads), and its ops are affine without Keras masks. It
     ends at the first op that is not (an activation, a max pooling, a merge).
     A program that is affine throughout gives None (nothing to gain).
 
@@ -76,17 +79,15 @@ def affine_prefix(program) -> AffinePrefix | None:
     affine_prefix(keras_roll.linearize(mlp).program)   # the first Dense layer's matmul
     ```
     """
-    key, ops = program.input_key, []
-    for index, step in enumerate(program.steps):
-        readers = [i for i, other in enumerate(program.steps) if key in other.inputs]
-        if step.inputs != [key] or readers != [index]:
-            return _entry(ops, index, 0)
-        for position, op in enumerate(step.ops):
+    steps = program.steps
+    chain = structure_of(program).leading_chain()
+    ops = []
+    for index in chain:
+        for position, op in enumerate(steps[index].ops):
             if not op.affine or op.needs_mask:
                 return _entry(ops, index, position)
             ops.append(op)
-        key = step.output
-    return None
+    return _entry(ops, len(chain), 0) if len(chain) < len(steps) else None
 
 
 def _entry(ops, start: int, start_op: int) -> AffinePrefix | None:

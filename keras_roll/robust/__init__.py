@@ -2,13 +2,16 @@
 
 `robust_radius` (`keras_roll.robust.api`) combines three methods, one module each:
 `region` (exact inside the linear region), `walk` (adversarial points across
-regions), `relaxation` (a CROWN-style lower bound beyond the region, with
-`intervals` as the fallback and baseline); `backward` is the backward pass they
-share, `float_error` the rounding bound, `search` the bisection, `result` the
-`RobustRadius` they fill. See docs/design.md, section "Robustness radius".
+regions), `bounds` (a CROWN-style lower bound beyond the region, with interval
+bounds as the fallback and baseline: the passes of `keras_roll.compile.bounds`
+with the rounding bound of `float_error`); `search` the bracketing search, `result`
+the `RobustRadius` they fill. `interval_bounds` is the same bound passes as a
+differentiable function, for certified training. See docs/design.md, section
+"Robustness radius".
 """
 
 from keras_roll.robust.api import robust_radius
+from keras_roll.robust.bounds import MarginBounds, interval_bounds
 from keras_roll.robust.result import RobustRadius
 
-__all__ = ["RobustRadius", "robust_radius"]
+__all__ = ["MarginBounds", "RobustRadius", "interval_bounds", "robust_radius"]

@@ -9,10 +9,10 @@ bound and the smaller upper bound of those that apply; docs/design.md, section
   certified region, else the region margin is the lower bound. About one `certify`.
 * `"walk"` (`keras_roll.robust.walk`): an upper bound, a real adversarial point
   found by walking region by region toward the decision boundary.
-* `"relaxation"` (`keras_roll.robust.relaxation`): a sound lower bound beyond the
+* `"relaxation"` (`keras_roll.robust.bounds`): a sound lower bound beyond the
   region by a CROWN-style linear relaxation, the largest certified radius by
   bisection (`keras_roll.robust.search`); `"interval"` is the same search with interval
-  bounds alone (`keras_roll.robust.intervals`), the usual baseline.
+  bounds alone (`keras_roll.compile.bounds.ibp`), the usual baseline.
 
 Example:
 
@@ -32,16 +32,16 @@ import numpy as np
 
 from keras_roll.certification.margin_math import dual_norm, to_numpy
 from keras_roll.certification.margins import certify
+from keras_roll.compile.bounds import BoundPass, check_bounds
+from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
 from keras_roll.compile.units import resolve_units
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.inputs import LabelSpec, ModelOrTwin, read_batches
 from keras_roll.options import Norms, Rigor, RunOptions, Verbose, check_bisect_tol, parse_norms
 from keras_roll.robust.adversarial import predict_classes
-from keras_roll.robust.backward import op_graph
-from keras_roll.robust.intervals import check_supported
+from keras_roll.robust.bounds import margin_bounds
 from keras_roll.robust.region import decision_terms, link_gap, region_bounds
-from keras_roll.robust.relaxation import margin_bounds
 from keras_roll.robust.result import RobustRadius
 from keras_roll.robust.search import largest_certified
 from keras_roll.robust.walk import walk_bounds
@@ -96,7 +96,7 @@ def _relaxation_available(twin, method) -> bool:
     if method not in ("best", "relaxation", "interval"):
         return False
     try:
-        check_supported(op_graph(twin.program))
+        check_bounds(structure_of(twin.program), tuple(BoundPass))
     except UnsupportedModelError as e:
         if method != "best":
             raise

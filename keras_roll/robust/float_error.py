@@ -25,8 +25,6 @@ d = delta(node, [tf.abs(a) for a in node_inputs], record, mask)   # [B, *out] or
 
 from __future__ import annotations
 
-import tensorflow as tf
-
 from keras_roll.compile.rules.recurrent import SimpleRNNOp
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.rounding import rules
@@ -37,7 +35,7 @@ from keras_roll.rounding.precision import (
     unit_roundoff,
 )
 
-__all__ = ["OpRounding", "abs_sum"]
+__all__ = ["OpRounding"]
 
 _U64 = unit_roundoff("float64")
 _ETA64 = underflow_unit("float64")
@@ -104,9 +102,3 @@ class OpRounding:
         s = self.shift(node)
         m = rules.magnitude(node.op, [b + s for b in magnitudes], record, True, mask, values)
         return g * m + e
-
-
-def abs_sum(lam: tf.Tensor, delta: tf.Tensor) -> tf.Tensor:
-    """`[B, C]`: `sum |Lambda| Delta` over the elements of every row."""
-    prod = tf.abs(lam) * delta[:, None]
-    return tf.reduce_sum(tf.reshape(prod, tf.concat([tf.shape(prod)[:2], [-1]], 0)), -1)

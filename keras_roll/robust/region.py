@@ -34,12 +34,15 @@ import tensorflow as tf
 
 from keras_roll.certification.bisection import steepest_directions
 from keras_roll.certification.margin_math import dual_norm, to_numpy
+from keras_roll.compile.bounds.ibp import abs_sum
+from keras_roll.compile.bounds.traversal import capture, forward_nodes, pull_back
 from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_chunks
+from keras_roll.compile.structure import structure_of
 from keras_roll.options import Rigor
 from keras_roll.robust.adversarial import confirm
-from keras_roll.robust.backward import capture, compile_batched, op_graph, pull_back
-from keras_roll.robust.float_error import OpRounding, abs_sum
+from keras_roll.robust.compiled import compile_batched
+from keras_roll.robust.float_error import OpRounding
 from keras_roll.rounding import rules
 from keras_roll.rounding.guard import BOUND_SAFETY
 from keras_roll.rounding.noise import LAMBDA
@@ -147,12 +150,10 @@ class _LogitGuard:
     def __init__(self, graph, values, x, precision, mode: str):
         self.values, self.mode = values, mode
         self.opr = OpRounding(precision)
-        self.growth = {graph.input_key: tf.ones_like(x)}
-        for i, node in enumerate(graph.nodes):
+        for node in graph.nodes:
             self.opr.check(node)
-            self.growth[node.output] = rules.magnitude(
-                node.op, [self.growth[k] for k in node.inputs], values.records[i], False,
-                values.masks[i], values.inputs[i])
+        self.growth = forward_nodes(graph, tf.ones_like(x), lambda node, i, ins: rules.magnitude(
+            node.op, ins, values.records[i], False, values.masks[i], values.inputs[i]))
         self.strict = ([], [])
         self.noise = ([], [])  # sums of squares, at x and per radius
         self.twin = ([], [])  # the float64 twin's rigorous terms
@@ -198,7 +199,7 @@ class _LogitGuard:
 
 def _terms_fn(twin, mode: str, x, pred):
     """The compiled body of `decision_terms` for one chunk."""
-    graph = op_graph(twin.program)
+    graph = structure_of(twin.program)
     values = capture(twin.interpreter, x)
     logits = values.value(graph, graph.output_key)
     rows, others = margin_rows(pred, int(logits.shape[-1]), logits.dtype)

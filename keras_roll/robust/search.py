@@ -1,6 +1,6 @@
 """The largest certified radius, searched for every example at once.
 
-A bound pass (`keras_roll.robust.relaxation.margin_bounds`) answers, for a radius
+A bound pass (`keras_roll.robust.bounds.margin_bounds`) answers, for a radius
 `eps`, with a lower bound `v(eps)` of the smallest margin `f_y - f_j` over the ball:
 the ball is certified when `v(eps) > 0`. The search keeps what it has *verified*:
 `lo` is always a radius the pass certified (or a lower bound known beforehand),

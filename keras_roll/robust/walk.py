@@ -36,7 +36,7 @@ from keras_roll.certification.bisection import steepest_directions
 from keras_roll.certification.margin_math import directional_margins, dual_norm, to_numpy
 from keras_roll.compile.caches import cached
 from keras_roll.robust.adversarial import confirm, lp_norm, predict_classes
-from keras_roll.robust.backward import compile_batched
+from keras_roll.robust.compiled import compile_batched
 from keras_roll.robust.region import NormBounds, decision_terms, margin_rows
 
 __all__ = ["line_probe", "walk_bounds"]

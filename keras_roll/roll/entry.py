@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.rules.recurrent import MaskingOp
+from keras_roll.compile.structure import structure_of
 
 __all__ = ["AFFINE_ENTRY_LAYERS", "affine_problem", "entry_readers", "padding_mask",
            "tangent_entry"]
@@ -35,16 +36,9 @@ AFFINE_ENTRY_LAYERS = (keras.layers.Rescaling, keras.layers.Normalization)
 
 
 def entry_readers(program, entry: int) -> list[int]:
-    """The indices of the steps that read the value tangents enter at (step `entry`'s input)."""
-    return _readers(program, _entry_key(program, entry))
-
-
-def _readers(program, key) -> list[int]:
-    return [i for i, step in enumerate(program.steps) if key in step.inputs]
-
-
-def _entry_key(program, entry: int):
-    return program.input_key if entry == 0 else program.steps[entry - 1].output
+    """The indices of the steps that read the value tangents enter at (step `entry`'s
+    input; `ProgramStructure.entry_readers`)."""
+    return structure_of(program).entry_readers(entry)
 
 
 def _broadcasts_elementwise(value, example_shape) -> bool:
@@ -82,14 +76,11 @@ def _leading_chain(program) -> list[tuple[str, int]]:
     value, and it is a Rescaling or Normalization that acts elementwise.
     """
     chain = []
-    key = program.input_key
-    for i, step in enumerate(program.steps):
-        if step.inputs != [key] or _readers(program, key) != [i]:
-            break
+    for i in structure_of(program).leading_chain():
+        step = program.steps[i]
         if affine_problem(step, program.input_shape) is not None:
             break
         chain.append((step.name, i))
-        key = step.output
     return chain
 
 

@@ -1,0 +1,39 @@
+"""Bound passes over the compiled program, in the manner of jax_verify: one traversal, one
+module per bound method.
+
+    traversal.py   capture (the primal pass keeping every op's values), linear_transpose,
+                   pull_back (the reverse walk)
+    rules.py       BoundRule and its table (register_bound_rule), Box, RelaxationLines,
+                   check_bounds
+    ibp.py         interval bound propagation
+    crown.py       the linear relaxation's backward pass (CROWN)
+    methods.py     BoundMethod and lower_bounds: intervals, CROWN-IBP, CROWN
+
+The passes walk the same `Program` the twin runs (`keras_roll.compile.structure` gives
+its ops as nodes). docs/design.md, section "Robustness radius".
+"""
+
+from keras_roll.compile.bounds.methods import BoundMethod, lower_bounds
+from keras_roll.compile.bounds.rules import (
+    ActivationBounds,
+    AffineBounds,
+    Arithmetic,
+    BoundPass,
+    BoundRule,
+    Box,
+    RelaxationLines,
+    bound_rule,
+    check_bounds,
+    register_bound_rule,
+    relaxation_lines,
+    supported_passes,
+    unregister_bound_rule,
+)
+from keras_roll.compile.bounds.traversal import Values, capture, pull_back
+
+__all__ = [
+    "ActivationBounds", "AffineBounds", "Arithmetic", "BoundMethod", "BoundPass", "BoundRule",
+    "Box", "RelaxationLines", "Values", "bound_rule", "capture", "check_bounds",
+    "lower_bounds", "pull_back", "register_bound_rule", "relaxation_lines", "supported_passes",
+    "unregister_bound_rule",
+]

@@ -1,0 +1,163 @@
+"""The linear relaxation's backward pass (CROWN): sound lower bounds of linear functionals
+of any value over an lp ball.
+
+Over the ball of radius `eps` around `x`, every op that is not linear and whose input
+stays in `[l, u]` lies between two lines, `a_L z + b_L <= sigma(z) <= a_U z + b_U` (its
+`BoundRule.lines`). Pulling functionals `Lambda` of a value back through the network
+(`keras_roll.compile.bounds.traversal.pull_back`), such an op passes
+`Lambda+ a_L + Lambda- a_U` on for a lower bound and adds the matching offsets; every
+linear op passes `Lambda A` on (the transpose of its own tangent); at the input the
+linear function is minimised over the ball in closed form, `-eps ||Lambda_x||_q`
+(Zhang et al., "Efficient Neural Network Robustness Certification with General
+Activation Functions", NeurIPS 2018; Singh et al., DeepPoly, POPL 2019). The bounds
+`[l, u]` of every relaxed op's input come either from the same backward pass started
+at that input (all its units, both signs), intersected with interval bounds, layer by
+layer (`relaxation_refiner`: CROWN), or from the interval bounds alone (CROWN-IBP,
+Zhang et al., ICLR 2020).
+
+Rounding: with an `Arithmetic.rounding`, the bound of every op's rounding enters as
+`- sum |Lambda_l| Delta_l` (and widens the intervals). See docs/design.md, section
+"Robustness radius".
+
+Example:
+
+```python
+lines = RelaxedOps(values)
+boxes = interval_pass(structure, values, eps, arithmetic,
+                      refine=relaxation_refiner(structure, values, lines, eps, p, budget, b))
+lower = relaxed_lower_bounds(structure, values, structure.output_key, rows, lines,
+                             boxes.deltas, eps, p)
+```
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from keras_roll.compile.bounds.ibp import abs_sum
+from keras_roll.compile.bounds.rules import Box, bound_rule
+from keras_roll.compile.bounds.traversal import Values, pull_back
+from keras_roll.compile.chunking import plan_chunks
+from keras_roll.compile.structure import ProgramStructure
+
+__all__ = ["RelaxedOps", "dual_norm", "relaxation_refiner", "relaxed_lower_bounds"]
+
+
+class RelaxedOps:
+    """The lines of every relaxed op, relative to the values at `x`, filled in as the
+    layers are bounded; its `__call__` is `pull_back`'s `relax`.
+
+    Example:
+
+    ```python
+    lines = RelaxedOps(values)
+    lines.set(index, node, box)            # box: the op's input interval, relative
+    ```
+    """
+
+    def __init__(self, values: Values):
+        self.values = values
+        self.lines: dict = {}
+
+    def set(self, index: int, node, box: Box) -> None:
+        """Relaxes op `index` on the interval `box` of its input (relative to `x`)."""
+        z0, h0 = self.values.inputs[index][0], self.values.outputs[index]
+        a_l, b_l, a_u, b_u = bound_rule(node.op).lines(node.op, z0 + box.lo, z0 + box.hi)
+        # sigma(z) - h0 >= a_L (z - z0) + (a_L z0 + b_L - h0), likewise above.
+        self.lines[index] = (a_l, a_l * z0 + b_l - h0, a_u, a_u * z0 + b_u - h0)
+
+    def __call__(self, node, lam, values, index):
+        lines = self.lines.get(index)
+        if lines is None:
+            return None
+        a_l, c_l, a_u, c_u = lines
+        pos, neg = tf.maximum(lam, 0.0), tf.minimum(lam, 0.0)
+        new = pos * a_l[:, None] + neg * a_u[:, None]
+        const = pos * c_l[:, None] + neg * c_u[:, None]
+        const = tf.reduce_sum(tf.reshape(const, tf.concat([tf.shape(const)[:2], [-1]], 0)), -1)
+        return new, const
+
+
+def dual_norm(lam_input: tf.Tensor, p) -> tf.Tensor:
+    """`[B, C]`: `||Lambda_x||_q` of every row (`1/p + 1/q = 1`), with a finite gradient
+    at zero (the l2 norm's square root is taken of positive sums only)."""
+    flat = tf.reshape(lam_input, tf.concat([tf.shape(lam_input)[:2], [-1]], 0))
+    if p == 2:
+        sq = tf.reduce_sum(flat * flat, -1)
+        pos = sq > 0
+        return tf.where(pos, tf.sqrt(tf.where(pos, sq, tf.ones_like(sq))), tf.zeros_like(sq))
+    if p == 1:
+        return tf.reduce_max(tf.abs(flat), -1)
+    return tf.reduce_sum(tf.abs(flat), -1)
+
+
+def relaxed_lower_bounds(structure: ProgramStructure, values: Values, key: int,
+                         lam: tf.Tensor, lines: RelaxedOps, deltas: list, eps, p) -> tf.Tensor:
+    """`[B, C]` lower bounds of `lam . (value(x') - value(x))` over the ball.
+
+    Args:
+        structure, values: the program's structure and a `capture` of the batch.
+        key: the value the functionals act on.
+        lam: `[B, C, *shape]` functionals (`B = 1`: shared by the batch).
+        lines: the relaxation of every op `key` depends on through a nonlinear op.
+        deltas: per node, the rounding bound of its output or None (`Boxes.deltas`).
+        eps: `[B]` radii; p: the norm of the ball.
+    """
+
+    def visit(node, index, out_lam):
+        d = deltas[index] if index < len(deltas) else None
+        return None if d is None else -abs_sum(out_lam, d)
+
+    res = pull_back(structure, values, key, lam, relax=lines, visit=visit)
+    eps = tf.cast(eps, lam.dtype)
+    eps = eps[:, None] if eps.shape.rank else eps
+    return res.const - eps * dual_norm(res.lam_input, p)
+
+
+def _rows_per_chunk(values, index, n, budget, b) -> int:
+    """Functionals per pull-back for the `2 n` bounds of one op's input (`b` examples at
+    most per call)."""
+    largest = max([int(np.prod(values.x.shape[1:]))]
+                  + [int(np.prod(v.shape[1:])) for v in values.outputs[:index + 1]])
+    plan = plan_chunks(b, 2 * n, 3 * 8 * largest, budget, batch_size=b)
+    return max(1, min(plan.per_chunk, n))
+
+
+def relaxation_refiner(structure: ProgramStructure, values: Values, lines: RelaxedOps,
+                       eps, p, budget: int, examples: int):
+    """`interval_pass`'s `refine` for CROWN: the relaxation's bounds of a nonlinear op's
+    input (`+-I` rows pulled back, in chunks of at most `budget` bytes for `examples`
+    examples), intersected with its interval; the op's lines are set from the result.
+
+    Example:
+
+    ```python
+    refine = relaxation_refiner(structure, values, lines, eps, p, 64 * 2**20, 64)
+    ```
+    """
+
+    def refine(node, index, box, boxes, deltas):
+        key = node.inputs[0]
+        shape = [int(d) for d in values.inputs[index][0].shape[1:]]
+        n = int(np.prod(shape))
+        if n == 0:
+            return box
+        k = _rows_per_chunk(values, index, n, budget, examples)
+        dtype = values.x.dtype
+        bounds = []
+        for sign in (1.0, -1.0):
+            parts = []
+            for start in range(0, n, k):
+                eye = sign * tf.one_hot(tf.range(start, min(start + k, n)), n, dtype=dtype)
+                # One copy for the batch: the functionals stay shared until an
+                # activation makes them per example (broadcasting does the rest).
+                lam = tf.reshape(eye, [1, -1, *shape])
+                parts.append(relaxed_lower_bounds(structure, values, key, lam, lines, deltas,
+                                                  eps, p))
+            bounds.append(sign * tf.reshape(tf.concat(parts, 1), [-1, *shape]))
+        tight = Box(tf.maximum(box.lo, bounds[0]), tf.minimum(box.hi, bounds[1]))
+        lines.set(index, node, tight)
+        return tight
+
+    return refine

@@ -1,0 +1,103 @@
+"""One entry point for the bound methods: lower bounds of linear functionals of a model's
+output over an lp ball, by intervals, CROWN-IBP or CROWN.
+
+* `BoundMethod.INTERVAL`: interval bound propagation (`keras_roll.compile.bounds.ibp`),
+  the functionals folded into the last linear op (Gowal et al., 2018);
+* `BoundMethod.CROWN_IBP`: the intervals bound every nonlinear op's input, and one
+  backward pass of the linear relaxation bounds the functionals (Zhang et al., ICLR
+  2020), kept where it beats the intervals;
+* `BoundMethod.RELAXATION`: the relaxation bounds every nonlinear op's input too, layer
+  by layer, intersected with the intervals (CROWN: Zhang et al., NeurIPS 2018).
+
+`lower_bounds` is pure TensorFlow on the values of a `capture`: it runs in a caller's
+graph (a training step) and is differentiable with respect to the model's weights.
+docs/design.md, section "Robustness radius".
+
+Example:
+
+```python
+values = capture(lin.interpreter, x)
+low = lower_bounds(structure_of(lin.program), values, rows, eps, np.inf,
+                   BoundMethod.CROWN_IBP, arithmetic)            # [B, C]
+```
+"""
+
+from __future__ import annotations
+
+import enum
+
+import tensorflow as tf
+
+from keras_roll.compile.bounds.crown import RelaxedOps, relaxation_refiner, relaxed_lower_bounds
+from keras_roll.compile.bounds.ibp import interval_lower_bounds, interval_pass
+from keras_roll.compile.bounds.rules import Arithmetic, BoundPass, bound_rule, check_bounds
+from keras_roll.compile.bounds.traversal import Values
+from keras_roll.compile.chunking import DEFAULT_EXAMPLES
+from keras_roll.compile.structure import ProgramStructure
+
+__all__ = ["DEFAULT_BUDGET", "BoundMethod", "lower_bounds"]
+
+DEFAULT_BUDGET = 64 * 2**20  # bytes of functionals per pull-back of CROWN's layer bounds
+
+
+class BoundMethod(enum.Enum):
+    """How `lower_bounds` bounds the functionals (see the module docstring)."""
+
+    INTERVAL = "interval"
+    CROWN_IBP = "crown_ibp"
+    RELAXATION = "relaxation"
+
+    @property
+    def passes(self) -> tuple:
+        """The `BoundPass`es the method runs."""
+        if self is BoundMethod.INTERVAL:
+            return (BoundPass.INTERVAL,)
+        return (BoundPass.INTERVAL, BoundPass.RELAXATION)
+
+
+def lower_bounds(structure: ProgramStructure, values: Values, rows: tf.Tensor, eps, p,
+                 method: BoundMethod, arithmetic: Arithmetic, budget: int = DEFAULT_BUDGET,
+                 examples: int | None = None) -> tf.Tensor:
+    """`[B, C]` lower bounds of `rows . (f(x') - f(x))` over the lp ball of radius `eps`.
+
+    Args:
+        structure: the program's `ProgramStructure`.
+        values: a `capture` of the batch `x`.
+        rows: `[B, C, L]` functionals of the flattened output `f` (e.g. `e_y - e_j`).
+        eps: `[B]` radii (or a scalar).
+        p: the norm of the ball (1, 2 or `np.inf`); intervals use its bounding box.
+        method: a `BoundMethod`.
+        arithmetic: the ops' `|A|` and optional rounding (`Arithmetic`).
+        budget: bytes of functionals per pull-back of CROWN's layer bounds.
+        examples: examples per call, for CROWN's chunks (default the static batch
+            size, else 64).
+
+    Raises:
+        UnsupportedModelError: an op the method's passes do not bound, naming it.
+
+    Example:
+
+    ```python
+    low = lower_bounds(structure, values, rows, eps, 2, BoundMethod.RELAXATION, arithmetic)
+    ```
+    """
+    method = BoundMethod(method)
+    check_bounds(structure, method.passes, values.masks)
+    out = values.value(structure, structure.output_key)
+    rows = tf.reshape(rows, tf.concat([tf.shape(rows)[:2], tf.shape(out)[1:]], 0))
+    if method is BoundMethod.INTERVAL:
+        boxes = interval_pass(structure, values, eps, arithmetic)
+        return interval_lower_bounds(structure, values, boxes, rows)
+    lines = RelaxedOps(values)
+    refine = None
+    if method is BoundMethod.RELAXATION:
+        b = examples or values.x.shape[0] or DEFAULT_EXAMPLES
+        refine = relaxation_refiner(structure, values, lines, eps, p, budget, int(b))
+    boxes = interval_pass(structure, values, eps, arithmetic, refine=refine)
+    if method is BoundMethod.CROWN_IBP:
+        for i, node in enumerate(structure.nodes):
+            if not bound_rule(node.op).linear:
+                lines.set(i, node, boxes.boxes[node.inputs[0]])
+    low = relaxed_lower_bounds(structure, values, structure.output_key, rows, lines,
+                               boxes.deltas, eps, p)
+    return tf.maximum(low, interval_lower_bounds(structure, values, boxes, rows))

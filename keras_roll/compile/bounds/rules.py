@@ -1,0 +1,327 @@
+"""How each op is bounded over a set of inputs: the per-op rules of the bound passes.
+
+The bound passes (`keras_roll.compile.bounds.ibp`, intervals;
+`keras_roll.compile.bounds.crown`, the linear relaxation) walk the program's ops and,
+at every op, ask its `BoundRule`, in the manner of jax_verify's per-primitive bound
+rules:
+
+* `interval`: from elementwise intervals of the op's inputs (relative to their values
+  at `x`, `Box`), an interval of its output (relative too);
+* `linear`: whether the op is linear in its inputs on the whole set (then the
+  relaxation pulls functionals back through the transpose of its own tangent, and
+  nothing else is needed);
+* `lines`: otherwise, two lines below and above the op on an interval of its input
+  (`RelaxationLines`), for an elementwise op.
+
+Rules are kept in a table keyed by op class (the class itself or its nearest base
+class with a rule): `Activation` (every ReLU-family activation) gets
+`ActivationBounds`; any other op that says it is `affine` (`Linear`, `LayerCall`,
+`Identity`, and the ops of a custom rule built from them) gets `AffineBounds`.
+`register_bound_rule` adds or replaces a rule. An op without one (max pooling,
+recurrent layers, masking, a custom `Op`) makes `check_bounds` raise an
+`UnsupportedModelError` that names the layer and the pass (docs/design.md, sections
+"Robustness radius" and "Extension points").
+
+What the passes need of an op's arithmetic beyond its own rules (`|A| m` for the
+linear part `A` of an affine op, and optionally the rounding of the model's
+evaluation) is given by the caller as an `Arithmetic`: `keras_roll.robust` takes both
+from the rounding rules of `keras_roll.rounding`.
+
+Example:
+
+```python
+rule = bound_rule(op)                       # None: no pass bounds this op
+box = rule.interval(op, [Box(-r, r)], at, arithmetic)
+```
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from keras_roll.compile.rules.activations import Activation
+from keras_roll.compile.rules.base import NO_RECORD, Op, Tangent
+from keras_roll.errors import UnsupportedModelError
+
+__all__ = [
+    "ActivationBounds",
+    "AffineBounds",
+    "Arithmetic",
+    "BoundPass",
+    "BoundRule",
+    "Box",
+    "OpValues",
+    "RelaxationLines",
+    "activation_vertices",
+    "bound_rule",
+    "check_bounds",
+    "register_bound_rule",
+    "relaxation_lines",
+    "supported_passes",
+    "unregister_bound_rule",
+]
+
+_U64 = 2.0**-53  # the unit roundoff of float64, in which the bounds are computed
+
+
+class BoundPass(enum.Enum):
+    """The bound passes over a program, by the name their errors use."""
+
+    INTERVAL = "interval bounds"
+    RELAXATION = "linear relaxation"
+
+
+class Box(NamedTuple):
+    """Elementwise bounds on `value(x') - value(x)` over the set, `[B, *shape]` each."""
+
+    lo: tf.Tensor
+    hi: tf.Tensor
+
+
+class RelaxationLines(NamedTuple):
+    """`a_l z + b_l <= op(z) <= a_u z + b_u` on an interval of `z`, `[B, *shape]` each."""
+
+    a_l: tf.Tensor
+    b_l: tf.Tensor
+    a_u: tf.Tensor
+    b_u: tf.Tensor
+
+
+class OpValues(NamedTuple):
+    """What a rule sees of an op at `x`: its input values, output, record and mask."""
+
+    inputs: list
+    output: tf.Tensor
+    record: object = NO_RECORD
+    mask: object = None
+
+
+class Arithmetic(NamedTuple):
+    """What the bound passes need of an op's arithmetic, supplied by their caller.
+
+    Attributes:
+        magnitude: `magnitude(op, bounds, record, mask, values) -> [B, *out]`, a bound
+            on `|A d|` for the linear part `A` of an affine op given `|d| <= bounds`
+            (one `[B, *in]` tensor per input): `|A| bounds`.
+        rounding: optional `rounding(node, magnitudes, record, mask, values=...)
+            -> [B, *out] or None`, a bound on the rounding error of the op's output in
+            the model's evaluation given bounds on the absolute values of its inputs
+            (None: exact arithmetic).
+    """
+
+    magnitude: Callable
+    rounding: Callable | None = None
+
+
+class BoundRule:
+    """How one kind of op is bounded. Subclass it and override what the passes need.
+
+    Attributes:
+        linear: whether the op is linear in its inputs everywhere (its frozen-pattern
+            tangent is its linear map): the relaxation then needs no `lines`.
+        passes: the `BoundPass`es the rule serves.
+
+    Example:
+
+    ```python
+    class NegateBounds(BoundRule):
+        linear = True
+        passes = frozenset(BoundPass)
+
+        def interval(self, op, boxes, at, arithmetic):
+            return Box(-boxes[0].hi, -boxes[0].lo)
+
+    register_bound_rule(NegateOp, NegateBounds())
+    ```
+    """
+
+    linear = False
+    passes: frozenset = frozenset()
+
+    def interval(self, op: Op, boxes: list, at: OpValues, arithmetic: Arithmetic) -> Box:
+        """The interval of `op(x') - op(x)` given `boxes` of its inputs' differences.
+
+        Must contain `op(a') - op(a)` for every `a'` with `a' - a` in the boxes, where
+        `a` are the inputs at `x` (`at.inputs`) and `op(a) = at.output`.
+        """
+        raise NotImplementedError
+
+    def lines(self, op: Op, lo: tf.Tensor, hi: tf.Tensor) -> RelaxationLines:
+        """Sound lines below and above an elementwise op on `[lo, hi]` (absolute values)."""
+        raise NotImplementedError
+
+
+class AffineBounds(BoundRule):
+    """An affine op `y = A a + b`: centre `A c`, radius `|A| r` (`Arithmetic.magnitude`)."""
+
+    linear = True
+    passes = frozenset(BoundPass)
+
+    def interval(self, op, boxes, at, arithmetic):
+        centres = [Tangent((b.lo + b.hi) / 2.0, shared=True) for b in boxes]
+        radii = [(b.hi - b.lo) / 2.0 for b in boxes]
+        c = op.tangent(centres, NO_RECORD, None)[0].value
+        r = arithmetic.magnitude(op, radii, NO_RECORD, None, None)
+        return Box(c - r, c + r)
+
+
+class ActivationBounds(BoundRule):
+    """A pointwise piecewise-linear `Activation`: its range over the vertices of the
+    interval, and the adaptive lines of `relaxation_lines`."""
+
+    passes = frozenset(BoundPass)
+
+    def interval(self, op, boxes, at, arithmetic):
+        z0, h0, box = at.inputs[0], at.output, boxes[0]
+        lo, hi = z0 + box.lo, z0 + box.hi
+        vals = tf.stack([tf.cast(op.fn(v), lo.dtype) for v in activation_vertices(op, lo, hi)])
+        return Box(tf.reduce_min(vals, 0) - h0, tf.reduce_max(vals, 0) - h0)
+
+    def lines(self, op, lo, hi):
+        return relaxation_lines(op, lo, hi)
+
+
+def activation_vertices(op: Activation, lo: tf.Tensor, hi: tf.Tensor) -> list:
+    """The points where a piecewise-linear activation on `[lo, hi]` takes its extremes
+    and where any linear function minus it does: the ends, and each breakpoint inside
+    with the next float above it (a ReLU with a threshold jumps there: the value just
+    above is the limit from the right, within the lines' float64 safety); breakpoints
+    outside are clipped to an end."""
+    out = [lo, hi]
+    for b in op.breakpoints:
+        at = tf.cast(b, lo.dtype) + tf.zeros_like(lo)
+        above = tf.math.nextafter(at, tf.fill(tf.shape(at), tf.constant(np.inf, lo.dtype)))
+        out += [tf.clip_by_value(at, lo, hi), tf.clip_by_value(above, lo, hi)]
+    return out
+
+
+def relaxation_lines(op, lo: tf.Tensor, hi: tf.Tensor) -> RelaxationLines:
+    """Sound lines below and above `op.fn` on `[lo, hi]` (docs/design.md, "Robustness
+    radius"): for each candidate slope (the chord, the slopes of the pieces at `lo` and
+    at `hi`) the offsets are the extremes of `fn(v) - a v` over the vertices, so any
+    slope is sound; the line with the smaller area to the function wins (CROWN's
+    adaptive choice). The offsets get a float64 safety of `8 u` of their terms.
+
+    Args:
+        op: an `Activation` (breakpoints, slopes, `fn`).
+        lo, hi: `[B, *shape]` bounds of its input (`lo <= hi`).
+
+    Example:
+
+    ```python
+    a_l, b_l, a_u, b_u = relaxation_lines(relu_op, lo, hi)
+    ```
+    """
+    verts = activation_vertices(op, lo, hi)
+    vals = [tf.cast(op.fn(v), lo.dtype) for v in verts]
+    f_lo, f_hi = vals[0], vals[1]
+    width = hi - lo
+    flat = width <= 1e-12 * (1.0 + tf.abs(lo) + tf.abs(hi))
+    chord = tf.where(flat, op.slope(lo), (f_hi - f_lo) / tf.where(flat, tf.ones_like(width), width))
+    mid = (lo + hi) / 2.0
+    scale = tf.reduce_max(tf.stack([tf.abs(v) for v in vals + verts]), 0)
+    best_l = best_u = None
+    for a in (chord, op.slope(lo), op.slope(hi)):
+        a = tf.cast(a, lo.dtype) + tf.zeros_like(lo)
+        gaps = tf.stack([f - a * v for f, v in zip(vals, verts)])
+        safety = 8.0 * _U64 * scale * (1.0 + tf.abs(a))
+        b_l = tf.reduce_min(gaps, 0) - safety
+        b_u = tf.reduce_max(gaps, 0) + safety
+        if best_l is None:
+            best_l, best_u = (a, b_l), (a, b_u)
+            continue
+        better_l = a * mid + b_l > best_l[0] * mid + best_l[1]
+        better_u = a * mid + b_u < best_u[0] * mid + best_u[1]
+        best_l = (tf.where(better_l, a, best_l[0]), tf.where(better_l, b_l, best_l[1]))
+        best_u = (tf.where(better_u, a, best_u[0]), tf.where(better_u, b_u, best_u[1]))
+    return RelaxationLines(best_l[0], best_l[1], best_u[0], best_u[1])
+
+
+_AFFINE = AffineBounds()
+_RULES: dict[type, BoundRule] = {Activation: ActivationBounds()}
+
+
+def register_bound_rule(op_class: type, rule: BoundRule, *, override: bool = False) -> BoundRule:
+    """Registers how the bound passes bound the ops of `op_class` (and of its subclasses
+    without a rule of their own).
+
+    Args:
+        op_class: an `Op` subclass (what a rule made with `keras_roll.register_rule`
+            returns).
+        rule: a `BoundRule` instance.
+        override: allow replacing a registered rule.
+
+    Returns:
+        The rule.
+
+    Example:
+
+    ```python
+    keras_roll.compile.bounds.register_bound_rule(NegateOp, NegateBounds())
+    ```
+    """
+    if not (isinstance(op_class, type) and issubclass(op_class, Op)):
+        raise TypeError(f"register_bound_rule expects an Op subclass, got {op_class!r}; rules "
+                        f"are keyed by the op class a layer's rule returns.")
+    if not isinstance(rule, BoundRule):
+        raise TypeError(f"A bound rule must be a BoundRule instance, got {rule!r} of type "
+                        f"{type(rule).__name__}.")
+    if op_class in _RULES and not override and _RULES[op_class] is not rule:
+        raise ValueError(f"A bound rule for {op_class.__name__} is already registered; pass "
+                         f"override=True to replace it.")
+    _RULES[op_class] = rule
+    return rule
+
+
+def unregister_bound_rule(op_class: type) -> None:
+    """Removes the bound rule registered for `op_class` (no error if absent)."""
+    _RULES.pop(op_class, None)
+
+
+def bound_rule(op: Op) -> BoundRule | None:
+    """The `BoundRule` of `op`: its class's or nearest base class's, `AffineBounds` for
+    another op that says it is `affine`, else None."""
+    for cls in type(op).__mro__:
+        rule = _RULES.get(cls)
+        if rule is not None:
+            return rule
+    return _AFFINE if op.affine else None
+
+
+def supported_passes(op: Op) -> frozenset:
+    """The `BoundPass`es that bound `op` (without a Keras mask)."""
+    rule = bound_rule(op)
+    return frozenset() if rule is None else frozenset(rule.passes)
+
+
+def check_bounds(structure, bound_pass: BoundPass, masks=None) -> None:
+    """Refuses an op that `bound_pass` cannot bound, naming the layer and the pass.
+
+    Args:
+        structure: the program's `ProgramStructure`.
+        bound_pass: the pass (`BoundPass`), or a collection of passes.
+        masks: optional per-node Keras masks (`Values.masks`); a masked op is refused.
+
+    Raises:
+        UnsupportedModelError: for max pooling, recurrent layers, masking, custom ops
+            without a bound rule, sequence masks.
+    """
+    passes = [bound_pass] if isinstance(bound_pass, BoundPass) else list(bound_pass)
+    for i, node in enumerate(structure.nodes):
+        masked = masks is not None and masks[i] is not None
+        missing = [p for p in passes if p not in supported_passes(node.op)]
+        if missing or masked:
+            what = " and ".join(p.value for p in (missing or passes))
+            raise UnsupportedModelError(
+                f"Layer '{node.name}' ({type(node.layer).__name__}, op "
+                f"{type(node.op).__name__}) is not supported by the {what} of keras_roll, "
+                f"which cover Dense, convolutions, BatchNormalization, average pooling, "
+                f"reshapes, Add / Concatenate, ReLU-family activations and any op with a "
+                f"bound rule (keras_roll.compile.bounds.register_bound_rule)"
+                f"{' (without a sequence mask)' if masked else ''}. For robust_radius, use "
+                f"method='region' or 'walk' for this model; method='best' falls back to them.")
