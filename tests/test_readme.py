@@ -10,10 +10,10 @@ model is the README's). The guide's other blocks are fragments or need what a te
 cannot have; `GUIDE_SKIPPED` names them with the reason and the test file that
 covers them instead.
 
-The default suite runs two slow calls with smaller budgets (`SHORTER`: the
-genetic search's population, the robustness radius's method); each substitution
-must match the text exactly once, so a change of the snippet is noticed, and the
-tests marked `slow` run every block verbatim.
+The default suite runs the slow calls with smaller budgets (`SHORTER`: fewer
+epochs, a smaller genetic search, the robustness radius's region method); each
+substitution must match the text exactly once, so a change of the snippet is
+noticed, and the tests marked `slow` run every block verbatim.
 
 No documented call may print TensorFlow's "triggered tf.function retracing"
 warning: the README's certificate and `fit` with `MarginMonitor`, and integrated
@@ -27,6 +27,7 @@ import contextlib
 import logging
 import pathlib
 import re
+from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -86,13 +87,13 @@ SHORTER = (
 )
 
 
-class Block(tuple):
-    """`(section, index in its section, first line, source)` of a ```python block."""
+class Block(NamedTuple):
+    """A ```python block of a Markdown file."""
 
-    section = property(lambda self: self[0])
-    index = property(lambda self: self[1])
-    line = property(lambda self: self[2])
-    source = property(lambda self: self[3])
+    section: str  # its `## ` heading
+    index: int  # its place among the section's blocks
+    line: int  # the line of its first statement
+    source: str
 
 
 def python_blocks(path: pathlib.Path) -> list[Block]:
@@ -110,7 +111,7 @@ def python_blocks(path: pathlib.Path) -> list[Block]:
                 i += 1
             index = counts.get(section, 0)
             counts[section] = index + 1
-            blocks.append(Block((section, index, start + 1, "\n".join(lines[start:i]) + "\n")))
+            blocks.append(Block(section, index, start + 1, "\n".join(lines[start:i]) + "\n"))
         i += 1
     return blocks
 
@@ -125,7 +126,7 @@ def shortened(document: str, blocks: list[Block]) -> list[Block]:
         assert len(hits) == 1 and blocks[hits[0]].source.count(text) == 1, (
             f"{document}: {text!r} should occur once in the blocks that run; update SHORTER")
         b = blocks[hits[0]]
-        blocks[hits[0]] = Block((b.section, b.index, b.line, b.source.replace(text, short)))
+        blocks[hits[0]] = b._replace(source=b.source.replace(text, short))
     return blocks
 
 
@@ -231,7 +232,7 @@ def test_guide_main_examples_run_as_written():
 
 
 def test_a_failing_block_names_its_line():
-    block = Block(("Usage", 0, 42, "undefined_name\n"))
+    block = Block("Usage", 0, 42, "undefined_name\n")
     with pytest.raises(AssertionError, match=r"README.md, the block at line 42 .*NameError"):
         run_blocks("README.md", [block])
 
