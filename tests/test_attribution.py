@@ -352,7 +352,7 @@ def test_a_path_inside_a_relu_hyperplane_takes_the_limit_from_below(dtype):
     base = np.stack([b1, (-0.1 - 0.3 * b1) / 0.7], axis=1)  # on the plane z0 = 0
     x = base + np.array([0.7, -0.3]) * np.array([[1.3], [2.1], [-2.6]])  # along it
     y = np.zeros(3, int)
-    z0 = keras.Model(model.inputs, model.layers[1].output)
+    z0 = keras.Model(model.inputs[0], model.layers[1].output)
     assert np.any(z0(np.concatenate([base, x]).astype(dtype)).numpy()[:, 0] != 0)  # noise
     ig = integrated_gradients(model, x.astype(dtype), y, baseline=base.astype(dtype),
                               verbose=False)

@@ -70,7 +70,7 @@ def test_final_sigmoid_is_folded():
                    keras.layers.Activation("sigmoid"))
     lin = keras_roll.linearize(model)
     x = np.random.default_rng(0).normal(size=(3, 4)).astype("float32")
-    logits = keras.Model(model.inputs, model.layers[-2].output)(x).numpy()
+    logits = keras.Model(model.inputs[0], model.layers[-2].output)(x).numpy()
     np.testing.assert_allclose(lin(x).numpy(), logits, rtol=1e-6)
     assert lin.output_link == "sigmoid"
 

@@ -36,7 +36,7 @@ def _check_activation_layers(model, x, rtol=1e-5):
     lin = keras_roll.linearize(model)
     jac = lin.jacobian(x)
     acts = [layer for layer in model.layers if isinstance(layer, ACTIVATION_LAYERS)]
-    sub = keras.Model(model.inputs, [layer.input for layer in acts])
+    sub = keras.Model(model.inputs[0], [layer.input for layer in acts])
     values, ref = _tape_jacobian(lambda t: tf.nest.flatten(sub(t, training=False)), x)
     fwd = lin.forward(x)
     for layer, value, r in zip(acts, values, ref):
@@ -60,7 +60,7 @@ def test_mlp_matches_tape():
     _check_activation_layers(model, x)
     lin = keras_roll.linearize(model)
     assert lin.output_link == "softmax"
-    logits = keras.Model(model.inputs, model.get_layer("logits").output)
+    logits = keras.Model(model.inputs[0], model.get_layer("logits").output)
     # The softmax is folded: the output Jacobian is the Jacobian of the logits.
     (value,), (ref,) = _tape_jacobian(lambda t: [tf.math.log(logits(t))], x)
     sm = tf.nn.log_softmax(lin(x)).numpy()
@@ -82,7 +82,7 @@ def test_cnn_with_batchnorm_and_pooling_matches_tape():
     _check_outputs(model, x)
     # Max-pool neurons: v_winner - v_k for each 2x2 window, by numpy on the tape Jacobian.
     pool = model.get_layer("maxpool")
-    sub = keras.Model(model.inputs, pool.input)
+    sub = keras.Model(model.inputs[0], pool.input)
     (pv,), (pj,) = _tape_jacobian(lambda t: [sub(t, training=False)], x)
     pv = pv.reshape(3, 8, 8, 4)
     pj = pj.reshape(3, 8, 8, 4, -1)
@@ -115,7 +115,7 @@ def test_residual_relu6_prelu_matches_tape():
     _, jac = _check_activation_layers(model, x)
     _check_outputs(model, x)
     # ReLU6 saturates somewhere: both breakpoints are exercised.
-    z = keras.Model(model.inputs, model.get_layer("relu6").input)(x).numpy()
+    z = keras.Model(model.inputs[0], model.get_layer("relu6").input)(x).numpy()
     assert (z > 6).any() and (z < 0).any() and ((z > 0) & (z < 6)).any()
 
 
@@ -127,7 +127,7 @@ def test_nested_models_are_inlined():
     _check_outputs(model, x)
     inner = model.get_layer("block")
     seq = model.get_layer("seq")
-    a = keras.Model(inner.inputs, inner.get_layer("inner_relu").input)
+    a = keras.Model(inner.inputs[0], inner.get_layer("inner_relu").input)
     values, ref = _tape_jacobian(lambda t: [a(t)], x)
     jac = lin.jacobian(x)
     _assert_close(jac[:, :6], ref[0])
@@ -286,12 +286,12 @@ def test_units_expose_pre_activations_masks_and_argmax():
     lin = keras_roll.linearize(model)
     units = lin.units(lin.forward(x))
     assert list(units) == ["relu0", "maxpool", "leaky", "relu1"]
-    z = keras.Model(model.inputs, model.get_layer("relu0").input)(x).numpy()
+    z = keras.Model(model.inputs[0], model.get_layer("relu0").input)(x).numpy()
     np.testing.assert_allclose(units["relu0"]["z"].numpy(), z, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(units["relu0"]["slope"].numpy(), (z > 0).astype("float32"))
     np.testing.assert_array_equal(units["leaky"]["slope"].numpy() == 1.0,
                                   units["leaky"]["z"].numpy() > 0)
-    pool_in = keras.Model(model.inputs, model.get_layer("maxpool").input)(x).numpy()
+    pool_in = keras.Model(model.inputs[0], model.get_layer("maxpool").input)(x).numpy()
     windows = pool_in.reshape(2, 4, 2, 4, 2, 4).transpose(0, 1, 3, 2, 4, 5).reshape(2, 4, 4, 4, 4)
     np.testing.assert_array_equal(units["maxpool"]["argmax"].numpy(), windows.argmax(axis=3))
 
@@ -373,7 +373,7 @@ def test_affine_prefix_ends_at_the_first_op_with_a_pattern():
     assert (prefix.start, prefix.start_op) == (3, 0)
     x = np.random.default_rng(0).normal(size=(5, 6, 6, 2))
     u = prefix.apply(x, "float64")
-    cut = keras.Model(model.inputs, model.layers[3].output)
+    cut = keras.Model(model.inputs[0], model.layers[3].output)
     np.testing.assert_allclose(u, cut(x, training=False), rtol=1e-12, atol=1e-12)
     entered = lin.interpreter.primal(u, start=prefix.start, start_op=prefix.start_op)
     np.testing.assert_allclose(entered.logits, lin.forward(x).logits, rtol=1e-12, atol=1e-12)

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from keras_roll.attribution.gradients import check_count
 from keras_roll.attribution.path_walk import exact_walk
-from keras_roll.attribution.tape_gradients import gradient_engine
+from keras_roll.attribution.tape_gradients import TracedOnce, gradient_engine
 from keras_roll.attribution.targets import check_baseline, read_examples, resolve_targets
 from keras_roll.compile.caches import cached
 from keras_roll.errors import UnsupportedModelError
@@ -250,7 +250,11 @@ def _compile_riemann(engine):
             acc = tf.reshape(prefix.transpose(acc, x), tf.stack([tf.shape(x)[0], -1]))
         return acc
 
-    return tf.function(riemann, reduce_retracing=True, autograph=False)
+    x_spec = TracedOnce.batch_spec(engine.input_shape, engine.dtype)
+    t_spec = tf.TensorSpec((None,), tf.float64)
+    return TracedOnce(riemann, x_spec and [x_spec, x_spec, t_spec, t_spec,
+                                           tf.TensorSpec((None, None), engine.dtype),
+                                           tf.TensorSpec((), tf.int32)])
 
 
 def _riemann(engine, x, base, weights, steps, rule, budget, bar):

@@ -138,6 +138,7 @@ def exact_walk(engine, x, base, weights, max_regions, budget, bar):
     walk = _Walk(twin, u0, u1, crossings, weights.astype(dtype), tol)
     paths = walk.paths
     active = list(range(n))
+    done = [0.0] * n  # share of each path walked, as the progress bar shows it
     chunk = engine.chunk_size(ex_shape, budget, scale=2.0)  # + the tangent pass
     while active:
         owner, points, inside = [], [], []
@@ -149,13 +150,17 @@ def exact_walk(engine, x, base, weights, max_regions, budget, bar):
         owner, points = np.asarray(owner), np.asarray(points, np.float64)
         for c0 in range(0, owner.size, chunk):
             walk.run(owner[c0:c0 + chunk], points[c0:c0 + chunk], inside[c0:c0 + chunk])
-        still = []
+        still, shown = [], 0.0
         for e in active:
+            before = done[e]
             if paths[e].gaps(tol):
                 _check_limits(paths[e], e, max_regions)
                 still.append(e)
+                done[e] = min(paths[e].covered, 0.99)  # the share of the path walked
             else:
-                bar.update(1)
+                done[e] = 1.0
+            shown += done[e] - before
+        bar.update(shown)  # in examples, a walked share at a time: the bar's ETA moves
         active = still
     grad = twin.pull_back(walk.total, ex_shape).reshape(n, -1)
     attr = (d64 * grad).reshape(n, *ex_shape)

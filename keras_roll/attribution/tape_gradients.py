@@ -37,7 +37,7 @@ from keras_roll.compile.twin import Linearized, unwrap
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.inputs import InputSpec, check_input
 
-__all__ = ["NOT_PIECEWISE_LINEAR", "TapeGradients", "gradient_engine"]
+__all__ = ["NOT_PIECEWISE_LINEAR", "TapeGradients", "TracedOnce", "gradient_engine"]
 
 NOT_PIECEWISE_LINEAR = (
     "the model is not piecewise linear ({reason}); gradients come from tf.GradientTape on "
@@ -98,9 +98,11 @@ class TapeGradients:
         self.spec = InputSpec(self.input_shape, self.dtype, model.name)
         self.output_link, self._logits = _logit_function(model)
         self.note = NOT_PIECEWISE_LINEAR.format(reason=_why_not_linear(model))
-        self._grad_fn = tf.function(self.objective_gradient, reduce_retracing=True,
-                                    autograph=False)
-        self._logits_fn = tf.function(self._logits, reduce_retracing=True, autograph=False)
+        x_spec = TracedOnce.batch_spec(self.input_shape, self.dtype)
+        weights_spec = tf.TensorSpec((None, None), self.dtype)
+        self._grad_fn = TracedOnce(self.objective_gradient,
+                                   x_spec and [x_spec, weights_spec])
+        self._logits_fn = TracedOnce(self._logits, x_spec and [x_spec])
         self._sizes: dict = {}
 
     def check(self, x, name: str = "x") -> np.ndarray:
@@ -145,6 +147,52 @@ class TapeGradients:
     def weighted_gradients(self, x, weights, memory_budget: int | None = None):
         """`(grad [n, *input_shape], logits [n, L])` numpy, in chunks."""
         return chunked_gradients(self._grad_fn, self, x, weights, memory_budget)
+
+
+class TracedOnce:
+    """A `tf.function` of one input signature, traced once, before its first call.
+
+    The compiled functions of an engine or a twin are made afresh for each model from
+    the same Python code, and TensorFlow's retracing warning counts the traces of all
+    the functions made from one piece of code together: after five models it would
+    report the one trace each of them needs as "excessive retracing". Traced ahead
+    of its first call (`get_concrete_function`) for a signature whose batch axis is
+    free, a `TracedOnce` is never traced by a call, so it never counts. Without a
+    signature (inputs of variable length) it is a `reduce_retracing` function.
+    While functions run eagerly (`tf.config.run_functions_eagerly`) nothing is
+    traced.
+
+    Args:
+        fn: the traceable function.
+        signature: a `tf.TensorSpec` per positional argument, or None.
+
+    Example:
+
+    ```python
+    logits_fn = TracedOnce(model, [tf.TensorSpec((None, 784), "float32")])
+    logits_fn(tf.zeros((8, 784)))      # traced once (for any batch size), then run
+    ```
+    """
+
+    def __init__(self, fn, signature):
+        self._function = tf.function(fn, input_signature=signature,
+                                     reduce_retracing=signature is None, autograph=False)
+        self._ahead = signature is not None
+        self._traced = False
+
+    @staticmethod
+    def batch_spec(example_shape, dtype) -> tf.TensorSpec | None:
+        """The spec of a batch of examples of `example_shape`; None where an axis of
+        the example is unknown (no signature then)."""
+        if any(d is None for d in example_shape):
+            return None
+        return tf.TensorSpec((None, *example_shape), dtype)
+
+    def __call__(self, *args):
+        if self._ahead and not self._traced and not tf.config.functions_run_eagerly():
+            self._function.get_concrete_function()
+            self._traced = True
+        return self._function(*args)
 
 
 def _activation_elements(model) -> int:

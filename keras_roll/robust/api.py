@@ -128,6 +128,7 @@ class _Run:
         self.budget = run.budget(lin.memory_budget)
         self.search = search
         self.relax = _relaxation_available(self.twin, method)
+        self.bar, self.shown = None, 0
 
     def empty(self, x: np.ndarray) -> dict:
         b = x.shape[0]
@@ -144,6 +145,7 @@ class _Run:
     def batch(self, x: np.ndarray, y, bar) -> tuple:
         """Bounds of one batch: `(per-norm dicts, predicted, nonfinite)`."""
         b = x.shape[0]
+        self.bar, self.shown = bar, 0  # the relaxation reports the examples it finishes
         res = self.empty(x)
         bad = ~np.all(np.isfinite(x.reshape(b, -1)), axis=1)
         pred = np.full(b, -1, np.int64)
@@ -171,8 +173,13 @@ class _Run:
                 r[key][bad] = np.nan
             r["adversarial"][bad] = np.nan
             r["exact"][bad] = False
-            bar.update(b)
+        bar.update(b * len(self.norms) - self.shown)
         return res, pred, bad
+
+    def _finished(self, k: int) -> None:
+        """Moves the progress bar by `k` examples finished within the batch."""
+        self.bar.update(k)
+        self.shown += k
 
     def _solve(self, x, pred, idx, res) -> np.ndarray:
         """Runs the methods on correctly classified finite inputs; returns `nonfinite`."""
@@ -250,7 +257,8 @@ class _Run:
         with np.errstate(divide="ignore", invalid="ignore"):
             guess = np.min(np.where(gq > 0, m / gq, np.inf), axis=1)
         lo = largest_certified(values, known, r["upper"][idx[sub]], guess,
-                               self.search.bisect_tol, values_at_lower=at_known)
+                               self.search.bisect_tol, progress=self._finished,
+                               values_at_lower=at_known)
         better = lo > known
         target = idx[sub[better]]
         r["lower"][target] = lo[better]

@@ -100,8 +100,12 @@ def _probe(lin, shape, config, precompute, run) -> int:
                 grads = tape.gradient(loss, variables)
                 return tf.add_n([loss] + [tf.reduce_sum(g) for g in grads if g is not None])
 
-            return tf.function(step, input_signature=[tf.TensorSpec(x.shape, x.dtype)],
-                               autograph=False)
+            fn = tf.function(step, input_signature=[tf.TensorSpec(x.shape, x.dtype)],
+                             autograph=False)
+            # Each budget is its own graph, traced once here: a concrete function keeps
+            # these deliberate traces out of TensorFlow's retracing warning, which counts
+            # the traces of every function made from `step` together.
+            return fn if tf.config.functions_run_eagerly() else fn.get_concrete_function()
 
         def seconds(budget, plan):
             if budget not in steps:
