@@ -156,6 +156,21 @@ def test_gradient_distortion_reads_eps_and_domain_in_the_chosen_units(pair):
     assert "units of 'rescaling' output" in lines[0]
 
 
+def test_distortion_domain_in_units_holds_the_inputs_own_ends(pair):
+    # float32(1 / 255) is not 1 / 255: the box (0, 1) maps to (0, 254.99998) unless the
+    # conversion snaps, and pixels at 255 would be refused.
+    model, _, x, _ = pair
+    x = x.copy()
+    x[:, 0], x[:, 1] = 0.0, 255.0
+    res = keras_roll.gradient_distortion(model, x, eps=8 / 256, domain=(0.0, 1.0),
+                                         wrt="rescaling", mode="expected", samples=8, seed=0,
+                                         verbose=False)
+    assert res.points.min() >= 0.0 and res.points.max() <= 255.0
+    with pytest.raises(ValueError, match="outside domain"):
+        keras_roll.gradient_distortion(model, x, eps=8 / 256, domain=(0.0, 0.5),
+                                       wrt="rescaling", mode="expected", samples=8, seed=0)
+
+
 def test_margin_monitor_in_rescaled_units(pair):
     model, reference, x, u = pair
     monitor = MarginMonitor(x, wrt="rescaling")

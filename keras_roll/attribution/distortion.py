@@ -380,6 +380,9 @@ def _logits(engine: LogitGradients, x) -> np.ndarray:
     return engine.gradients(x, zeros, np.ones(x.shape[0]))[1]
 
 
+BOX_SLACK = 8 * float(np.finfo(np.float32).eps)  # relative; see _box_from_units
+
+
 def _box_from_units(domain, units: Units):
     """A `(low, high)` box given in `units`, in input units (None stays None)."""
     if domain is None:
@@ -389,7 +392,13 @@ def _box_from_units(domain, units: Units):
     except (TypeError, ValueError):
         raise ValueError(f"domain must be a (low, high) pair or None, got {domain!r}.") from None
     low, high = units.point_from_units(low), units.point_from_units(high)
-    return (low, high) if units.scale > 0 else (high, low)
+    low, high = (low, high) if units.scale > 0 else (high, low)
+    # The layer's scale is a float32 (1 / 255 is not one): (1 - b) / a lands a few float32
+    # ulps off the input's own bound (254.99998 for 255); a bound that close to an
+    # integer is that integer.
+    slack = BOX_SLACK * max(abs(float(low)), abs(float(high)), 1.0)
+    return tuple(float(np.round(v)) if abs(v - np.round(v)) <= slack else float(v)
+                 for v in (low, high))
 
 
 def _check_eps(eps) -> float:
