@@ -161,7 +161,7 @@ def test_the_family_takes_options_or_keywords(small_mlp):
     assert keras_roll.count_regions(model, x, options=opts).n == 5
     radius = keras_roll.stable_radius(model, x, norms=(2,), options=opts)
     np.testing.assert_array_equal(radius[2], by_options.margins[2])
-    sal = keras_roll.saliency(model, x, options=opts)
+    sal = keras_roll.saliency(model, x, options=opts, radius=True)
     np.testing.assert_array_equal(sal.radius[2], by_options.margins[2])
 
 

@@ -66,6 +66,9 @@ from keras_roll.rounding.guard import guard_for
 
 __all__ = ["Certificate", "certify", "l2_margins", "lp_margins"]
 
+MARGIN_FIELDS = ("batch_size", "memory_budget", "rigor")
+"""The run options `lp_margins` reads (it shows no progress bar)."""
+
 INF = math.inf
 KEEP_STREAM_BYTES = 512 * 2**20  # inputs of a stream kept for binding directions
 
@@ -85,7 +88,8 @@ class _Run:
     @classmethod
     def make(cls, model, norms, method, bisect_tol, options: RunOptions) -> _Run:
         lin = linearize(model)
-        return cls(lin, guard_for(options.rigor).twin(lin), norms, Method.parse(method),
+        return cls(lin, guard_for(options.rigor).twin(lin), norms,
+                   Method.parse(method, default=Method.ANALYTIC),
                    check_bisect_tol(bisect_tol), options, options.budget(lin.memory_budget))
 
     @property
@@ -96,7 +100,7 @@ class _Run:
 
 
 def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
-            directions: Array | None = None, method: Method | str = "analytic",
+            directions: Array | None = None, method: Method | str | None = "analytic",
             bisect_tol: float = 1e-4, options: RunOptions | None = None,
             **overrides) -> Certificate:
     """Certifies the lp and directional margins of every example.
@@ -163,7 +167,8 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
             unless `directions` are given.
         directions: optional `[B, K, *input_shape]` (or `[K, *input_shape]`
             shared; shared only for streams) directions for directional margins.
-        method: "analytic" or "bisect" (or a `keras_roll.options.Method`).
+        method: "analytic" (the default, also for None) or "bisect" (or a
+            `keras_roll.options.Method`).
         bisect_tol: relative tolerance of the bisection.
         options: a `keras_roll.RunOptions` (batch_size, memory_budget, verbose,
             rigor); the defaults if None.
@@ -197,7 +202,7 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
     keras_roll.certify(model, x, rigor="strict", batch_size=32)
     ```
     """
-    opts = RunOptions.of(options, **overrides)
+    opts = RunOptions.of(options, caller="certify", **overrides)
     norms = parse_norms(norms)
     run = _Run.make(model, norms, method, bisect_tol, opts)
     if not norms and directions is None:
@@ -378,7 +383,8 @@ def lp_margins(model: ModelOrTwin, x, p: Norm = 2, options: RunOptions | None = 
         p: 1, 2 or np.inf.
         options: a `keras_roll.RunOptions`, or None.
         **overrides: its fields (`batch_size`, `memory_budget`, `rigor`; see
-            `certify`); rigor "float32" is the fastest.
+            `certify`); rigor "float32" is the fastest. `verbose` is a
+            `TypeError` (there is no progress bar).
 
     Example:
 
@@ -387,7 +393,7 @@ def lp_margins(model: ModelOrTwin, x, p: Norm = 2, options: RunOptions | None = 
     ```
     """
     p = parse_norm(p)
-    opts = RunOptions.of(options, **overrides)
+    opts = RunOptions.of(options, uses=MARGIN_FIELDS, caller="lp_margins", **overrides)
     lin = linearize(model)
     guard = guard_for(opts.rigor)
     twin = guard.twin(lin)

@@ -27,6 +27,7 @@ import tensorflow as tf
 from keras_roll.certification.gradient_norms import iter_gradient_norms
 from keras_roll.certification.margin_math import neuron_arrays
 from keras_roll.certification.runs import nonfinite
+from keras_roll.certification.tables import Summary
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.twin import linearize
 from keras_roll.inputs import ModelOrTwin, input_batches
@@ -71,8 +72,9 @@ class RegionCount:
         return (f"RegionCount(n={self.n}, jacobians={self.jacobians} <= #CLR <= "
                 f"patterns={self.patterns}, on_boundary={self.on_boundary})")
 
-    def summary(self, print_fn=print) -> None:
-        """Prints the bounds as a small table.
+    def summary(self, print_fn=None) -> Summary:
+        """The bounds as a small table: a `Summary` (its `str` is the table; a
+        notebook shows it); `print_fn` also receives the text.
 
         Example:
 
@@ -91,7 +93,7 @@ class RegionCount:
         if not self.bounds_hold:
             lines.append(f"{self.on_boundary} point(s) lie on a region boundary: the bounds "
                          f"are not guaranteed.")
-        print_fn("\n".join(lines))
+        return Summary.emit(lines, print_fn)
 
 
 def count_regions(model: ModelOrTwin, x, rtol: float = 1e-5, projections: int = 16,
@@ -147,7 +149,7 @@ def count_regions(model: ModelOrTwin, x, rtol: float = 1e-5, projections: int = 
     print(rc.jacobians, "<= #CLR <=", rc.patterns)
     ```
     """
-    opts = RunOptions.of(options, **overrides)
+    opts = RunOptions.of(options, caller="count_regions", **overrides)
     if not (0 <= rtol < 1):
         raise ValueError(f"rtol must be in [0, 1), got {rtol!r}.")
     if int(projections) != projections or projections < 1:

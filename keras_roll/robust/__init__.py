@@ -9,6 +9,6 @@ share, `float_error` the rounding bound, `search` the bisection, `result` the
 """
 
 from keras_roll.robust.api import robust_radius
-from keras_roll.robust.result import RobustRadius
+from keras_roll.robust.result import RobustMethod, RobustRadius
 
-__all__ = ["RobustRadius", "robust_radius"]
+__all__ = ["RobustMethod", "RobustRadius", "robust_radius"]
