@@ -43,6 +43,7 @@ from keras_roll.compile.twin import Linearized, linearize, unwrap
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.options import Rigor, RunOptions
 from keras_roll.robust import RobustRadius, robust_radius
+from keras_roll.roll.config import RollConfig
 from keras_roll.roll.loss import roll_loss
 from keras_roll.roll.regularizer import RollModel, RollRegularizer, wrap
 
@@ -64,6 +65,7 @@ __all__ = [
     "faithfulness",
     "stable_radius",
     "MarginMonitor",
+    "RollConfig",
     "RollModel",
     "RollRegularizer",
     "Linearized",
