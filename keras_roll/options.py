@@ -33,7 +33,6 @@ from tqdm.auto import tqdm
 
 __all__ = [
     "AUTO",
-    "CERTIFY_FIELDS",
     "Choice",
     "FIELDS",
     "GRADIENT_FIELDS",
@@ -394,9 +393,6 @@ def progress_bar(total: int | None, verbose: Verbose, desc: str, unit: str = "ex
 
 FIELDS = ("batch_size", "memory_budget", "verbose", "rigor")
 """The fields of `RunOptions`, in order."""
-
-CERTIFY_FIELDS = FIELDS
-"""The fields a certificate reads (`certify`, `stability_bounds`, `count_regions`)."""
 
 GRADIENT_FIELDS = ("memory_budget", "verbose")
 """The fields a gradient method reads (`integrated_gradients`, `gradient_distortion`, ...)."""

@@ -35,7 +35,6 @@ __all__ = [
     "chunked_logits",
     "check_inputs",
     "check_labels",
-    "label_classes",
     "predictions",
     "predictions_np",
     "same_pattern",
@@ -419,14 +418,6 @@ def check_labels(y, n: int, num_logits: int, output_link: str | None,
     if binary:
         return np.zeros(n, np.int32), np.where(arr == 1, 1.0, -1.0)
     return arr.astype(np.int32), np.ones(n)
-
-
-def label_classes(index: np.ndarray, sign: np.ndarray, num_logits: int,
-                  output_link: str | None) -> np.ndarray:
-    """The class labels `[n]` that `check_labels` turned into `(index, sign)`."""
-    if num_logits == 1 and output_link == "sigmoid":
-        return (np.asarray(sign) > 0).astype(np.int64)
-    return np.asarray(index, np.int64)
 
 
 def check_count(value, name: str, minimum: int = 1) -> int:

@@ -39,6 +39,7 @@ from keras_roll.certification.margin_math import (
     exact_zeros,
     margins_from_norms,
     neuron_arrays,
+    neuron_distances,
     to_numpy,
 )
 from keras_roll.certification.rounding_errors import (  # noqa: F401  (rounding_errors re-exported)
@@ -324,7 +325,7 @@ def _certify_batch(run: _Run, x, directions, bar) -> Certificate:
 def _analytic_slice(run: _Run, xb, dirs_b, gs: GuardedSlice) -> SliceMargins:
     """The closed-form margins of one slice of examples."""
     below, above, valid, _ = neuron_arrays(gs.forward)
-    dist = np.minimum(below, above)
+    dist = neuron_distances(below, above)
     terms = () if gs.errors is None else gs.errors.terms()
     margins = {}
     for p in run.norms:
@@ -408,7 +409,7 @@ def lp_margins(model: ModelOrTwin, x, p: Norm = 2, options: RunOptions | None = 
                                                  (p,)):
             below, above, valid, _ = neuron_arrays(fwd)
             terms = () if err is None else err.terms()
-            eps, _ = margins_from_norms(np.minimum(below, above), gn.dual(p), valid, *terms)
+            eps, _ = margins_from_norms(neuron_distances(below, above), gn.dual(p), valid, *terms)
             out[sl] = to_numpy(eps)
             bad = nonfinite(fwd, valid, None if err is None else err.overflow)
             out[sl][bad] = np.nan

@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.certification.gradient_norms import iter_gradient_norms
-from keras_roll.certification.margin_math import neuron_arrays
+from keras_roll.certification.margin_math import neuron_arrays, neuron_distances
 from keras_roll.certification.runs import nonfinite
 from keras_roll.certification.tables import Summary
 from keras_roll.compile.chunking import plan_chunks
@@ -236,7 +236,7 @@ def _patterns_of_batch(twin, x, keys, opts: RunOptions, budget, bar, seen) -> _B
                 keys[key] = len(keys)
                 new.append((keys[key], x[sl.start + r].numpy()))
             pattern_ids[sl.start + r] = keys[key]
-        candidate[sl] = np.any(valid & (np.minimum(below, above) <= tol), axis=1)
+        candidate[sl] = np.any(valid & (neuron_distances(below, above) <= tol), axis=1)
         bar.update(code.shape[0])
     tolerance = np.concatenate(tolerances)
 
@@ -247,7 +247,7 @@ def _patterns_of_batch(twin, x, keys, opts: RunOptions, budget, bar, seen) -> _B
         xc = tf.gather(x, cand)
         for sl, fwd, gn in iter_gradient_norms(twin, xc, opts.batch_size, budget):
             below, above, valid, _ = neuron_arrays(fwd)
-            on = valid & (np.minimum(below, above) <= tolerance[cand[sl]]) & (gn.linf > 0)
+            on = valid & (neuron_distances(below, above) <= tolerance[cand[sl]]) & (gn.linf > 0)
             boundary[cand[sl]] = np.any(on, axis=1)
     return _BatchPatterns(pattern_ids, boundary, new)
 

@@ -24,7 +24,7 @@ from keras_roll.certification.certificates import NormDict, percentiles_of
 from keras_roll.certification.tables import Summary, format_table
 from keras_roll.options import Choice, Rigor, parse_norm
 
-__all__ = ["METHOD_NAMES", "RobustMethod", "RobustRadius"]
+__all__ = ["RobustMethod", "RobustRadius"]
 
 PER_NORM = ("lower", "upper", "adversarial", "exact", "runner_up", "lower_method",
             "upper_method")
@@ -55,14 +55,6 @@ class RobustMethod(Choice):
     INTERVAL = "interval"
 
 NORM_LABELS = {1: "l1", 2: "l2", np.inf: "linf"}
-METHOD_NAMES = {
-    "region": "the region margin (method 1)",
-    "decision": "the nearest decision hyperplane inside the region (method 1, exact)",
-    "relaxation": "the linear relaxation (method 3)",
-    "interval": "interval bounds",
-    "walk": "the region walk (method 2)",
-    "label": "misclassified: x itself",
-}
 
 
 @dataclasses.dataclass(repr=False)
