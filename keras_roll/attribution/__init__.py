@@ -11,7 +11,8 @@ ig.regions                                                  # regions the path c
 ```
 """
 
-from keras_roll.attribution.faithfulness import Faithfulness, faithfulness
+from keras_roll.attribution.distortion import DistortionMode
+from keras_roll.attribution.faithfulness import Faithfulness, Score, faithfulness
 from keras_roll.attribution.gradients import LogitGradients
 from keras_roll.attribution.integrated import (
     IntegratedGradients,
@@ -30,9 +31,11 @@ from keras_roll.attribution.smoothgrad import SmoothGrad, smoothgrad
 
 __all__ = [
     "Attribution",
+    "DistortionMode",
     "Faithfulness",
     "PathMethod",
     "RiemannRule",
+    "Score",
     "IntegratedGradients",
     "LogitGradients",
     "Saliency",

@@ -429,4 +429,5 @@ def l2_margins(model: ModelOrTwin, x, options: RunOptions | None = None,
     print("median l2 margin", np.median(l2_margins(model, x_val)))
     ```
     """
-    return lp_margins(model, x, 2, options, **overrides)
+    opts = RunOptions.of(options, uses=MARGIN_FIELDS, caller="l2_margins", **overrides)
+    return lp_margins(model, x, 2, opts)

@@ -189,8 +189,7 @@ class RobustRadius:
         """
         if not np.isfinite(eps) or eps < 0:
             raise ValueError(f"eps must be a finite radius >= 0, got {eps!r}.")
-        lower = self.lower[p]
-        ok = self.correct if eps == 0 else self.correct & (lower > eps)
+        ok = self.correct if eps == 0 else self.correct & (self.lower[p] > eps)
         return float(np.mean(ok)) if self.n else float("nan")
 
     def gap(self, p) -> np.ndarray:

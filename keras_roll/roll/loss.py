@@ -132,8 +132,8 @@ def neuron_grad_sq(model_or_lin: ModelOrTwin, x: Array, config: RollConfig | Non
     lin = linearize(model_or_lin)
     x = lin.check_input(x)
     plan = checked_plan(lin, x, config, overrides, caller="neuron_grad_sq")
-    plan = plan.with_config(tuned_config(lin, x, plan.config, False, lambda cfg, xb: (
-        loss_from_config(lin, xb, plan.with_config(cfg), 0))))
+    plan = tuned_config(lin, x, plan, False, lambda cfg, xb: (
+        loss_from_config(lin, xb, plan.with_config(cfg), 0)))
     fwd = forward if forward is not None else lin.primal(x)
     return grad_sq(lin, fwd, x, plan, plan.config.seed if seed is None else seed)
 
@@ -239,9 +239,8 @@ def loss_from_config(lin: Linearized, x: tf.Tensor, config: RollConfig | RollPla
     ```
     """
     plan = roll_plan(lin, config)
-    plan = plan.with_config(tuned_config(
-        lin, x, plan.config, precompute_gradient, lambda cfg, xb: loss_from_config(
-            lin, xb, plan.with_config(cfg), 0, precompute_gradient=precompute_gradient)))
+    plan = tuned_config(lin, x, plan, precompute_gradient, lambda cfg, xb: loss_from_config(
+        lin, xb, plan.with_config(cfg), 0, precompute_gradient=precompute_gradient))
     fwd = lin.primal(x)
     if x.shape[0] == 0:  # an empty batch has an empty loss
         loss = tf.zeros([0], lin.dtype)
@@ -367,8 +366,8 @@ def memory_plan(model_or_lin: ModelOrTwin, x: Array, config: RollConfig | None =
     lin = linearize(model_or_lin)
     x = lin.check_input(x)
     plan = checked_plan(lin, x, config, overrides, caller="memory_plan")
-    plan = plan.with_config(tuned_config(lin, x, plan.config, False, lambda cfg, xb: (
-        loss_from_config(lin, xb, plan.with_config(cfg), 0))))
+    plan = tuned_config(lin, x, plan, False, lambda cfg, xb: (
+        loss_from_config(lin, xb, plan.with_config(cfg), 0)))
     fwd = lin.primal(x)
     estimator = estimator_for(lin, x, plan, 0, trace=fwd.trace)
     return plan_directions_for(lin, fwd, x, estimator, roll_budget(lin, plan.config))
