@@ -24,16 +24,34 @@ __all__ = ["Saliency", "attribution_options", "certified_radius", "postprocess_s
 
 
 SALIENCY_FIELDS = ("memory_budget",)
-"""The run options of the maps; `radius=True` reads all of them (`certify`'s)."""
+"""The run options of the maps (no progress bar); `radius=True` reads all of them."""
 
 
-def attribution_options(options, overrides, radius: bool, caller: str) -> RunOptions:
-    """The `RunOptions` of an attribution with an optional radius: the gradients read
-    `memory_budget` (and `verbose` where a progress bar is shown), the radius
-    (`radius=True`) every field of `certify`."""
-    uses = FIELDS if radius else SALIENCY_FIELDS + (() if caller == "saliency" else ("verbose",))
+def attribution_options(options, overrides: dict, radius: bool, caller: str,
+                        uses: tuple = SALIENCY_FIELDS) -> RunOptions:
+    """The `RunOptions` of an attribution with an optional certified radius.
+
+    Args:
+        options: the caller's `options` (a `RunOptions` or None).
+        overrides: the caller's keyword overrides.
+        radius: whether the call certifies the radius too (then every field of
+            `certify` is read).
+        caller: the public function, for the error message.
+        uses: the fields the maps read without the radius.
+
+    Raises:
+        TypeError: a field the call does not read (the message says that the
+            certificate's fields need `radius=True`).
+
+    Example:
+
+    ```python
+    opts = attribution_options(None, {"memory_budget": 2**24}, False, "saliency")
+    ```
+    """
     try:
-        return RunOptions.of(options, uses=uses, caller=caller, **overrides)
+        return RunOptions.of(options, uses=FIELDS if radius else uses, caller=caller,
+                             **overrides)
     except TypeError as e:
         if radius or set(overrides) - set(FIELDS):
             raise
@@ -42,8 +60,18 @@ def attribution_options(options, overrides, radius: bool, caller: str) -> RunOpt
 
 
 def certified_radius(engine, x, opts: RunOptions, radius: bool) -> dict | None:
-    """`stable_radius` of `x` when `radius` is True (else None); refuses a model that is
-    not piecewise linear."""
+    """`stable_radius` of `x` when `radius` is True (else None).
+
+    Raises:
+        UnsupportedModelError: `radius=True` for a model that is not piecewise
+            linear (it has no linear regions).
+
+    Example:
+
+    ```python
+    radius = certified_radius(gradient_engine(model), x, RunOptions(), True)   # {2:, inf:}
+    ```
+    """
     if not radius:
         return None
     if not engine.piecewise_linear:

@@ -149,7 +149,8 @@ def smoothgrad(model, x, y=None, noise: float = 0.15, samples: int = 50,
     res.in_region
     ```
     """
-    opts = attribution_options(options, overrides, radius, "smoothgrad")
+    opts = attribution_options(options, overrides, radius, "smoothgrad",
+                               uses=("memory_budget", "verbose"))
     budget = fixed_budget(opts.memory_budget)
     noise = check_scalar(noise, "noise", 0.0, low_open=False)
     samples = check_count(samples, "samples")
