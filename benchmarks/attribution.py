@@ -167,7 +167,7 @@ def bench_exact(name):
     x, y = load_inputs(FLAGS.exact_examples, shape)
     new = keras_roll.integrated_gradients(model, x, y, verbose=False)
     old_attr, old_regions = previous_exact_ig(model, x, y)
-    err = np.abs(new.attributions - old_attr).max() / np.abs(old_attr).max()
+    err = np.abs(new.maps - old_attr).max() / np.abs(old_attr).max()
     same = np.array_equal(new.regions, old_regions)
     times = interleaved_medians({
         "new": lambda: keras_roll.integrated_gradients(model, x, y, verbose=False),
@@ -188,7 +188,7 @@ def bench_riemann(name, steps):
     for k in steps:
         ours = keras_roll.integrated_gradients(model, x, y, steps=k, verbose=False)
         ref = baseline(x, y, k)
-        err = np.abs(ours.attributions - ref).max() / np.abs(ref).max()
+        err = np.abs(ours.maps - ref).max() / np.abs(ref).max()
         times = interleaved_medians({
             "keras_roll": lambda k=k: keras_roll.integrated_gradients(model, x, y, steps=k,
                                                                       verbose=False),

@@ -68,6 +68,7 @@ __all__ = [
     "faithfulness",
     "stable_radius",
     "MarginMonitor",
+    "RollConfig",
     "RollModel",
     "RollRegularizer",
     "Linearized",

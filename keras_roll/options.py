@@ -33,6 +33,9 @@ from tqdm.auto import tqdm
 
 __all__ = [
     "AUTO",
+    "Choice",
+    "FIELDS",
+    "GRADIENT_FIELDS",
     "Method",
     "Norm",
     "Norms",
@@ -67,7 +70,56 @@ Seed = int | tf.Tensor | Sequence[int] | None
 """None (fresh randomness), an int, or a `[2]` int tensor for stateless sampling."""
 
 
-class Rigor(str, enum.Enum):
+class Choice(str, enum.Enum):
+    """A mode of a public function: a `str` enum whose members equal their strings.
+
+    The public functions accept a member or its string and parse it once at the
+    boundary (`parse`); inside the library members are compared with `is`.
+    docs/design.md, section "Options and results".
+
+    Example:
+
+    ```python
+    class Color(Choice):
+        RED = "red"
+
+    Color.parse("red") is Color.RED           # True
+    Color.parse("blue")         # ValueError: Unknown color='blue': color must be one of 'red' ...
+    ```
+    """
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value, name: str | None = None, default=None):
+        """The member named by `value` (a member or its string).
+
+        Args:
+            value: the member, its string, or None (then `default`, if given).
+            name: the argument's name in the error message (default: the class
+                name in lower case).
+            default: the member None stands for; None: None is refused.
+
+        Raises:
+            ValueError: anything else; the message echoes the value and lists the
+                valid strings.
+        """
+        if value is None and default is not None:
+            return cls(default)
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            for member in cls:
+                if member.value == value:
+                    return member
+        name = name or cls.__name__.lower()
+        choices = ", ".join(repr(m.value) for m in cls)
+        raise ValueError(f"Unknown {name}={value!r}: {name} must be one of {choices} (or a "
+                         f"{cls.__name__}).")
+
+
+class Rigor(Choice):
     """The rounding guard of a certificate (docs/design.md, "The rounding bound").
 
     * `FLOAT64` ("float64", the default): neurons and gradients in float64 from
@@ -93,16 +145,15 @@ class Rigor(str, enum.Enum):
     STRICT = "strict"
     FLOAT32 = "float32"
 
-    def __str__(self) -> str:
-        return self.value
-
     @classmethod
-    def parse(cls, rigor: Rigor | str) -> Rigor:
+    def parse(cls, rigor: Rigor | str, name: str = "rigor", default=None) -> Rigor:
         """The `Rigor` named by `rigor` (a `Rigor` or one of its strings).
 
         Raises:
             ValueError: anything else, with the three choices and what they do.
         """
+        if rigor is None and default is not None:
+            return cls(default)
         if isinstance(rigor, cls):
             return rigor
         if isinstance(rigor, str):
@@ -127,7 +178,7 @@ class Rigor(str, enum.Enum):
         return "float64" if self.guarded else own
 
 
-class Method(str, enum.Enum):
+class Method(Choice):
     """How `certify` and `stability_bounds` compute margins.
 
     * `ANALYTIC` ("analytic", the default): the closed forms, exact for
@@ -145,12 +196,12 @@ class Method(str, enum.Enum):
     ANALYTIC = "analytic"
     BISECT = "bisect"
 
-    def __str__(self) -> str:
-        return self.value
-
     @classmethod
-    def parse(cls, method: Method | str) -> Method:
-        """The `Method` named by `method`; a `ValueError` lists the choices otherwise."""
+    def parse(cls, method: Method | str, name: str = "method", default=None) -> Method:
+        """The `Method` named by `method` (None: `default` if given); a `ValueError`
+        lists the choices otherwise."""
+        if method is None and default is not None:
+            return cls(default)
         if isinstance(method, cls):
             return method
         if isinstance(method, str):
@@ -367,17 +418,29 @@ def progress_bar(total: int | None, verbose: Verbose, desc: str, unit: str = "ex
     return _Bar(total=total, disable=not verbose, **style)
 
 
+FIELDS = ("batch_size", "memory_budget", "verbose", "rigor")
+"""The fields of `RunOptions`, in order."""
+
+GRADIENT_FIELDS = ("memory_budget", "verbose")
+"""The fields a gradient method reads (`integrated_gradients`, `gradient_distortion`, ...)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
     """How a certify / evaluation run is executed, validated once on construction.
+
+    None stands for a field's default everywhere (`RunOptions(rigor=None).rigor is
+    Rigor.FLOAT64`, and `certify(model, x, rigor=None)` runs the default).
 
     Attributes:
         batch_size: examples per chunk (None: from the memory budget); for
             streams of single examples, also the batch they are grouped into.
         memory_budget: bytes of tangents a chunk may hold; None (the twin's own
             budget, see `keras_roll.linearize`) or "auto" (chosen for the twin).
-        verbose: progress bar: "auto" (only for runs over a second), True or False.
-        rigor: the rounding guard of certificates (`Rigor`; strings accepted).
+        verbose: progress bar: "auto" (the default; only for runs over a
+            second), True or False.
+        rigor: the rounding guard of certificates (`Rigor`; strings accepted;
+            default "float64").
 
     Example:
 
@@ -397,30 +460,51 @@ class RunOptions:
         set_field = object.__setattr__  # frozen: normalise the validated values once
         set_field(self, "batch_size", check_batch_size(self.batch_size))
         set_field(self, "memory_budget", check_memory_budget(self.memory_budget))
-        set_field(self, "verbose", check_verbose(self.verbose))
-        set_field(self, "rigor", Rigor.parse(self.rigor))
+        set_field(self, "verbose", AUTO if self.verbose is None else check_verbose(self.verbose))
+        set_field(self, "rigor", Rigor.parse(self.rigor, default=Rigor.FLOAT64))
 
     @classmethod
-    def of(cls, options: RunOptions | None = None, **overrides) -> RunOptions:
+    def of(cls, options: RunOptions | None = None, *, uses: Sequence[str] = FIELDS,
+           caller: str | None = None, **overrides) -> RunOptions:
         """`options` (or the defaults) with the given fields replaced.
 
         The public functions call this with their `options=` and keyword
-        arguments; an unknown keyword raises a `TypeError` naming the fields.
+        arguments. A keyword that names no field, or a field the function does
+        not read (`uses`), is a `TypeError` naming it; a `RunOptions` object may
+        carry fields a function does not read (one object serves a whole
+        analysis), and they are ignored. None means the field's default.
+
+        Args:
+            options: a `RunOptions`, or None (the defaults).
+            uses: the fields the caller reads.
+            caller: the caller's name, for the error message.
+            **overrides: the fields to replace.
+
+        Raises:
+            TypeError: `options` is not a `RunOptions`, or a keyword names no field,
+                or a field outside `uses`.
+            ValueError: a bad value (the field's validator).
 
         Example:
 
         ```python
         RunOptions.of(None, rigor="float32").rigor     # Rigor.FLOAT32
+        RunOptions.of(None, uses=("verbose",), rigor="strict")   # TypeError: rigor
         ```
         """
         if options is not None and not isinstance(options, RunOptions):
             raise TypeError(f"options must be a keras_roll.RunOptions or None, got "
                             f"{type(options).__name__}: {options!r}.")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(overrides) - names)
+        unknown = sorted(set(overrides) - set(FIELDS))
         if unknown:
             raise TypeError(f"Unexpected keyword argument(s) {unknown}; the run options are "
-                            f"{sorted(names)} (or options=keras_roll.RunOptions(...)).")
+                            f"{sorted(FIELDS)} (or options=keras_roll.RunOptions(...)).")
+        unused = [f for f in FIELDS if f in overrides and f not in uses]
+        if unused:
+            who = f"{caller}()" if caller else "This function"
+            raise TypeError(f"{who} does not use the run option(s) {unused}: it reads "
+                            f"{[f for f in FIELDS if f in uses] or 'none'}; leave "
+                            f"{unused} out.")
         if options is None:
             return cls(**overrides)
         return dataclasses.replace(options, **overrides) if overrides else options

@@ -204,3 +204,106 @@ def test_the_graph_walk_check_sees_violations():
         "    masks.append(step.mask)\n"
     )
     assert len(graph_walks("m.py", code)) == 3
+
+
+# --------------------------------------------------------------------------- layering
+# docs/design.md, "Module map" and "Architecture rules": every top-level unit of
+# keras_roll (a subpackage or a top-level module) sits on a floor, and imports only
+# units on a lower floor (its own modules aside). `models`, `layers` and `data` are
+# plain Keras and numpy: they import only one another. Imports under
+# `if TYPE_CHECKING:` are annotations, not dependencies.
+
+FLOORS = {
+    # 0: shared by every job, no dependency on the core
+    "errors": 0, "options": 0, "inputs": 0, "layers": 0, "data": 0,
+    # 1: the compiler (and the model builders, on top of `layers`)
+    "compile": 1, "models": 1,
+    # 2: the rounding guards, passes over the compiled program
+    "rounding": 2,
+    # 3: what a certificate says about one region
+    "certification": 3,
+    # 4: the uses of certificates and of the twin, independent of one another
+    "roll": 4, "attribution": 4, "robust": 4,
+    # 5: drawing results, checking rules, the names kept for a release
+    "plots": 5, "testing": 5, "callbacks": 5, "evaluate": 5,
+    # 6: the package's public names
+    "__init__": 6,
+}
+INDEPENDENT = {"models", "layers", "data"}
+
+
+def _unit(dotted: str) -> str:
+    """The top-level unit of `keras_roll.<unit>...` (`__init__` for the package)."""
+    parts = dotted.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                lines |= {n.lineno for n in ast.walk(child) if hasattr(n, "lineno")}
+    return lines
+
+
+def unit_imports(rel: str, tree: ast.AST) -> list[tuple[int, str]]:
+    """`(line, unit)` of every keras_roll unit that the module `rel` imports."""
+    skip = _type_checking_lines(tree)
+    found = []
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+                node.module.split(".")[0] == "keras_roll":
+            if node.module == "keras_roll":
+                found += [(node.lineno, alias.name) for alias in node.names]
+            else:
+                found.append((node.lineno, _unit(node.module)))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, _unit(a.name)) for a in node.names
+                      if a.name.split(".")[0] == "keras_roll"]
+    return found
+
+
+def layering_violations(rel: str, tree: ast.AST) -> list[str]:
+    """`file:line` for every import against the floors (or of a unit without one)."""
+    own = _unit(".".join(pathlib.PurePosixPath(rel).with_suffix("").parts))
+    if own not in FLOORS:
+        return [f"{rel}: unit {own!r} has no floor: add it to FLOORS and to docs/design.md"]
+    found = []
+    for line, unit in unit_imports(rel, tree):
+        if unit == own:
+            continue
+        if unit not in FLOORS:
+            found.append(f"{rel}:{line} imports {unit!r}, which has no floor")
+        elif own in INDEPENDENT and unit not in INDEPENDENT:
+            found.append(f"{rel}:{line} {own} (independent of the core) imports {unit}")
+        elif FLOORS[unit] >= FLOORS[own]:
+            found.append(f"{rel}:{line} {own} (floor {FLOORS[own]}) imports {unit} "
+                         f"(floor {FLOORS[unit]})")
+    return found
+
+
+def test_every_unit_imports_only_from_lower_floors():
+    found = [hit for rel, tree in _modules() for hit in layering_violations(rel, tree)]
+    assert found == [], "imports against the layering of docs/design.md:\n" + "\n".join(found)
+
+
+def test_the_layering_check_sees_violations():
+    code = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "from keras_roll.compile.twin import linearize\n"        # down: fine
+        "from keras_roll.roll.loss import roll_loss\n"           # a peer of floor 4
+        "import keras_roll.plots\n"                               # up
+        "from keras_roll import options\n"                        # down: fine
+        "from keras_roll.attribution.saliency import saliency\n"  # its own unit: fine
+        "if TYPE_CHECKING:\n"
+        "    from keras_roll.plots import canvas\n"               # an annotation: fine
+    )
+    hits = layering_violations("keras_roll/attribution/m.py", code)
+    assert len(hits) == 2 and "roll (floor 4)" in hits[0] and "plots" in hits[1], hits
+    models = layering_violations("keras_roll/models/m.py",
+                                 ast.parse("from keras_roll.options import RunOptions\n"))
+    assert len(models) == 1 and "independent" in models[0]
+    assert "no floor" in layering_violations("keras_roll/newjob/m.py", ast.parse(""))[0]

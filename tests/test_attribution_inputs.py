@@ -84,15 +84,15 @@ def test_riemann_rules_equal_a_tape_sum(relu, rule):
     onehot = np.eye(3)[y]
     for ti, wi in zip(t, w):
         want += wi * _tape(logits, base + ti * (x - base), onehot)
-    np.testing.assert_allclose(ig.attributions, (x - base) * want, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(ig.maps, (x - base) * want, rtol=1e-12, atol=1e-14)
     assert ig.rule == rule and ig.steps == 7 and ig.method == "riemann"
 
 
 def test_riemann_chunks_do_not_change_the_sum(relu):
     model, _, x = relu
-    full = integrated_gradients(model, x, steps=64, verbose=False).attributions
+    full = integrated_gradients(model, x, steps=64, verbose=False).maps
     small = integrated_gradients(model, x, steps=64, memory_budget=20_000,
-                                 verbose=False).attributions
+                                 verbose=False).maps
     np.testing.assert_allclose(small, full, rtol=1e-12, atol=1e-15)
 
 
@@ -106,9 +106,9 @@ def test_multi_hot_targets_sum_the_logits(relu):
     np.testing.assert_allclose(sal.gradient, _tape(logits, x, hot), rtol=1e-12)
     np.testing.assert_array_equal(sal.labels, [-1, -1, -1, -1])
     exact = integrated_gradients(model, x, hot, verbose=False)
-    parts = sum(integrated_gradients(model, x, np.full(4, c), verbose=False).attributions
+    parts = sum(integrated_gradients(model, x, np.full(4, c), verbose=False).maps
                 * hot[:, c:c + 1] for c in range(3))
-    np.testing.assert_allclose(exact.attributions, parts, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(exact.maps, parts, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(exact.delta, 0, atol=1e-12)
 
 
@@ -131,12 +131,12 @@ def test_baselines_scalar_one_example_or_per_example(relu):
     model, _, x = relu
     a = integrated_gradients(model, x, 0, baseline=0.5, verbose=False)
     b = integrated_gradients(model, x, 0, baseline=np.full(6, 0.5), verbose=False)
-    np.testing.assert_array_equal(a.attributions, b.attributions)
+    np.testing.assert_array_equal(a.maps, b.maps)
     per = np.random.default_rng(3).uniform(-1, 1, x.shape)
     c = integrated_gradients(model, x, 0, baseline=per, verbose=False)
     for i in range(len(x)):
         one = integrated_gradients(model, x[i:i + 1], 0, baseline=per[i], verbose=False)
-        np.testing.assert_allclose(c.attributions[i], one.attributions[0], rtol=1e-12,
+        np.testing.assert_allclose(c.maps[i], one.maps[0], rtol=1e-12,
                                    atol=1e-15)
 
 
@@ -156,7 +156,7 @@ def test_datasets_and_generators_give_the_array_results(relu):
     np.testing.assert_array_equal(saliency(model, gen).labels, pred)
     ig_ds = integrated_gradients(model, ds, steps=5, verbose=False)
     ig = integrated_gradients(model, x, y, steps=5, verbose=False)
-    np.testing.assert_array_equal(ig_ds.attributions, ig.attributions)
+    np.testing.assert_array_equal(ig_ds.maps, ig.maps)
     radius = keras_roll.stable_radius(model, tf.data.Dataset.from_tensor_slices(x).batch(2),
                                       verbose=False)
     np.testing.assert_array_equal(radius[2], keras_roll.stable_radius(model, x,
@@ -180,7 +180,7 @@ def test_smooth_models_use_the_tape(fused):
     ig = integrated_gradients(model, x, y, steps=16, rule="midpoint", verbose=False)
     t, w = riemann_points(16, "midpoint")
     want = sum(wi * _tape(logits, ti * x, onehot) for ti, wi in zip(t, w))
-    np.testing.assert_allclose(ig.attributions, x * want, rtol=1e-12)
+    np.testing.assert_allclose(ig.maps, x * want, rtol=1e-12)
     assert not ig.piecewise_linear and ig.regions is None
     np.testing.assert_allclose(ig.f_x, np.sum(logits(x).numpy() * onehot, axis=1))
 
@@ -214,7 +214,7 @@ def test_riemann_sums_behind_a_convolution_prefix_equal_a_tape_sum():
                               verbose=False)
     t, w = riemann_points(9, "trapezoid")
     want = sum(wi * _tape(model, base + ti * (x - base), np.eye(3)[y]) for ti, wi in zip(t, w))
-    np.testing.assert_allclose(ig.attributions, (x - base) * want, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(ig.maps, (x - base) * want, rtol=1e-10, atol=1e-13)
 
 
 def test_a_streams_labels_are_checked_with_their_positions(relu):

@@ -21,7 +21,7 @@ CALLS = {
     "roll_loss": lambda m: keras_roll.roll_loss(m, X),
     "integrated_gradients": lambda m: keras_roll.integrated_gradients(m, X, verbose=False),
     "riemann": lambda m: keras_roll.integrated_gradients(m, X, steps=4, verbose=False),
-    "saliency": lambda m: keras_roll.saliency(m, X, verbose=False),
+    "saliency": lambda m: keras_roll.saliency(m, X, radius=True, verbose=False),
     "smoothgrad": lambda m: keras_roll.smoothgrad(m, X, samples=3, seed=0, verbose=False),
     "faithfulness": lambda m: keras_roll.faithfulness(m, X, None, np.ones_like(X),
                                                       metrics=("deletion",), step_size=0.5,
@@ -63,7 +63,7 @@ def test_a_dropped_model_is_freed(name):
 def test_a_dropped_smooth_model_is_freed():
     """Models that are not piecewise linear take the tape path (its own engine)."""
     model = _model("tanh")
-    keras_roll.saliency(model, X, verbose=False)
+    keras_roll.saliency(model, X)
     keras_roll.integrated_gradients(model, X, steps=4, verbose=False)
     ref = weakref.ref(model)
     del model

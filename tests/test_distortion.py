@@ -284,7 +284,7 @@ def test_conv_model_and_summary(capsys):
     want = np.abs(g - g0).reshape(20, -1).sum(axis=1)
     np.testing.assert_allclose(np.concatenate([d for _, d in seen])[:20], want,
                                rtol=1e-4, atol=1e-5)
-    res.summary()
+    print(res.summary())
     out = capsys.readouterr().out
     assert "max l1 (GA)" in out and "Prediction changed" in out and "P50" in out
     assert "Distortion(n=3, mode='max'" in repr(res)

@@ -180,7 +180,7 @@ def test_mnist_example_scores_the_table1_models(tmp_path):
     vanilla = train.build_model(config, 784, 3)
     vanilla.load_weights(tmp_path / "runs" / "vanilla.weights.h5")
     ig = keras_roll.integrated_gradients(vanilla, x[:6], verbose=False)
-    want = faithfulness(vanilla, x[:6], ig.labels, ig.attributions, seed=config.seed,
+    want = faithfulness(vanilla, x[:6], ig.labels, ig.maps, seed=config.seed,
                         step_size=explanations.STEP_SIZE, verbose=False).mean()
     assert stored[0]["deletion"] == pytest.approx(want["deletion"], rel=1e-6)
     assert stored[0]["mufidelity"] == pytest.approx(want["mufidelity"], rel=1e-6)

@@ -161,7 +161,7 @@ def test_the_family_takes_options_or_keywords(small_mlp):
     assert keras_roll.count_regions(model, x, options=opts).n == 5
     radius = keras_roll.stable_radius(model, x, norms=(2,), options=opts)
     np.testing.assert_array_equal(radius[2], by_options.margins[2])
-    sal = keras_roll.saliency(model, x, options=opts)
+    sal = keras_roll.saliency(model, x, options=opts, radius=True)
     np.testing.assert_array_equal(sal.radius[2], by_options.margins[2])
 
 
@@ -192,3 +192,343 @@ def test_certificates_of_different_runs_do_not_concatenate(small_mlp):
     joined = keras_roll.Certificate.concat([a, keras_roll.certify(model, x[2:], verbose=False)])
     np.testing.assert_array_equal(joined.margins[2],
                                   keras_roll.certify(model, x, verbose=False).margins[2])
+
+
+# --------------------------------------------------------------------------- options, once
+
+@pytest.fixture(scope="module")
+def planar():
+    """A small 2-D-input classifier (region_map needs a 2-D input) and 6 points."""
+    import keras
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(5, activation="relu"),
+                              keras.layers.Dense(3)])
+    x = np.random.default_rng(1).normal(size=(6, 2)).astype("float32")
+    return model, x
+
+
+def _calls(model, x):
+    """Every public function, called with `**kw` (the arguments it needs besides)."""
+    attr = np.ones_like(x)
+    return {
+        "certify": lambda **kw: keras_roll.certify(model, x, **kw),
+        "lp_margins": lambda **kw: keras_roll.lp_margins(model, x, **kw),
+        "l2_margins": lambda **kw: keras_roll.l2_margins(model, x, **kw),
+        "stability_bounds": lambda **kw: keras_roll.stability_bounds(model, x, **kw),
+        "count_regions": lambda **kw: keras_roll.count_regions(model, x, **kw),
+        "region_map": lambda **kw: keras_roll.region_map(model, resolution=4, **kw),
+        "saliency": lambda **kw: keras_roll.saliency(model, x, **kw),
+        "stable_radius": lambda **kw: keras_roll.stable_radius(model, x, **kw),
+        "smoothgrad": lambda **kw: keras_roll.smoothgrad(model, x, samples=2, seed=0, **kw),
+        "integrated_gradients": lambda **kw: keras_roll.integrated_gradients(model, x, **kw),
+        "faithfulness": lambda **kw: keras_roll.faithfulness(model, x, None, attr, samples=4,
+                                                             seed=0, **kw),
+        "gradient_distortion": lambda **kw: keras_roll.gradient_distortion(
+            model, x, samples=4, seed=0, domain=None, **kw),
+        "robust_radius": lambda **kw: keras_roll.robust_radius(model, x, norms=(2,),
+                                                               method="region", **kw),
+    }
+
+
+UNUSED = [  # (function, an option it does not read)
+    ("lp_margins", "verbose"), ("l2_margins", "verbose"),
+    ("region_map", "rigor"), ("region_map", "memory_budget"), ("region_map", "verbose"),
+    ("saliency", "rigor"), ("saliency", "batch_size"), ("saliency", "verbose"),
+    ("smoothgrad", "rigor"), ("smoothgrad", "batch_size"),
+    ("integrated_gradients", "rigor"), ("integrated_gradients", "batch_size"),
+    ("faithfulness", "rigor"), ("faithfulness", "batch_size"),
+    ("gradient_distortion", "rigor"), ("gradient_distortion", "batch_size"),
+]
+VALUES = {"rigor": "strict", "batch_size": 2, "verbose": False, "memory_budget": 2**20}
+
+
+@pytest.mark.parametrize("fn, field", UNUSED)
+def test_an_option_a_function_does_not_read_is_a_type_error_naming_it(planar, fn, field):
+    model, x = planar
+    with pytest.raises(TypeError, match=rf"{fn}\(\) does not use the run option\(s\) "
+                                        rf"\['{field}'\]"):
+        _calls(model, x)[fn](**{field: VALUES[field]})
+
+
+def test_the_radius_is_what_reads_the_certificate_options(planar):
+    model, x = planar
+    with pytest.raises(TypeError, match="pass radius=True"):
+        keras_roll.saliency(model, x, rigor="float32")
+    sal = keras_roll.saliency(model, x, radius=True, rigor="float32", batch_size=2,
+                              verbose=False)
+    want = keras_roll.certify(model, x, norms=(2, np.inf), rigor="float32", verbose=False)
+    np.testing.assert_array_equal(sal.radius[np.inf], want.margins[np.inf])
+    # A shared RunOptions may carry fields a function does not read.
+    opts = RunOptions(rigor="strict", batch_size=2, verbose=False)
+    keras_roll.integrated_gradients(model, x, steps=2, options=opts)
+    keras_roll.lp_margins(model, x, options=opts)
+
+
+@pytest.mark.parametrize("fn, field", [("roll_loss", "lam"), ("roll_loss", "on_eval"),
+                                       ("neuron_grad_sq", "lam"), ("memory_plan", "on_eval")])
+def test_roll_loss_refuses_the_fields_of_wrap(planar, fn, field):
+    from keras_roll.roll import loss
+    model, x = planar
+    value = {"lam": 1.0, "on_eval": True}[field]
+    with pytest.raises(TypeError, match=rf"{fn}\(\) does not use \['{field}'\].*wrap"):
+        getattr(loss, fn)(model, x, **{field: value})
+    # In a RollConfig they are fine: one config serves wrap and roll_loss.
+    config = keras_roll.RollConfig(**{field: value})
+    np.testing.assert_allclose(keras_roll.roll_loss(model, x, config).numpy(),
+                               keras_roll.roll_loss(model, x).numpy(), rtol=1e-6)
+
+
+def test_none_means_the_default_everywhere(planar):
+    model, x = planar
+    assert RunOptions(rigor=None, verbose=None, batch_size=None, memory_budget=None) == \
+        RunOptions()
+    assert RunOptions.of(RunOptions(rigor="strict"), rigor=None).rigor is Rigor.FLOAT64
+    default = keras_roll.certify(model, x, verbose=False)
+    cert = keras_roll.certify(model, x, rigor=None, method=None, verbose=None)
+    assert cert.rigor is Rigor.FLOAT64 and cert.method is Method.ANALYTIC
+    np.testing.assert_array_equal(cert.margins[2], default.margins[2])
+    rr = keras_roll.robust_radius(model, x, norms=(2,), method=None, rigor=None,
+                                  verbose=False)
+    assert rr.rigor is Rigor.FLOAT64 and rr.method == "best"
+    ig = keras_roll.integrated_gradients(model, x, steps=3, rule=None, verbose=False)
+    assert ig.rule == "right" and ig.method == "riemann"
+    d = keras_roll.gradient_distortion(model, x, samples=4, seed=0, domain=None, mode=None,
+                                       verbose=False)
+    assert d.mode == "expected"
+    f = keras_roll.faithfulness(model, x, None, np.ones_like(x), samples=4, seed=0,
+                                score=None, verbose=False)
+    assert f.score_kind == "model"
+    config = keras_roll.RollConfig(lam=None, C=None, gamma=None, estimator=None,
+                                   share_axes=None, fewest_directions=None)
+    assert config == keras_roll.RollConfig()
+
+
+def test_robust_radius_takes_its_options_one_way(planar):
+    import inspect
+    params = inspect.signature(keras_roll.robust_radius).parameters
+    assert not {"rigor", "batch_size", "memory_budget", "verbose"} & set(params)
+    model, x = planar
+    by_keywords = keras_roll.robust_radius(model, x, norms=(2,), method="region",
+                                           rigor="float32", batch_size=4, verbose=False)
+    by_options = keras_roll.robust_radius(model, x, norms=(2,), method="region",
+                                          options=RunOptions(rigor="float32", batch_size=4,
+                                                             verbose=False))
+    assert by_keywords.rigor is Rigor.FLOAT32 and by_options.rigor is Rigor.FLOAT32
+    np.testing.assert_array_equal(by_keywords.lower[2], by_options.lower[2])
+    with pytest.raises(TypeError, match=r"\['rigour'\]"):
+        keras_roll.robust_radius(model, x, rigour="strict")
+
+
+def _enum_cases():
+    from keras_roll.attribution import PathMethod, RiemannRule, Score
+    from keras_roll.attribution.distortion import DistortionMode
+    from keras_roll.robust import RobustMethod
+    from keras_roll.roll.config import EstimatorKind, Strata
+    return [
+        (RobustMethod, "walk", RobustMethod.WALK),
+        (DistortionMode, "max", DistortionMode.MAX),
+        (RiemannRule, "midpoint", RiemannRule.MIDPOINT),
+        (PathMethod, "exact", PathMethod.EXACT),
+        (Score, "logit", Score.LOGIT),
+        (EstimatorKind, "rademacher", EstimatorKind.RADEMACHER),
+        (Strata, "channel", Strata.CHANNEL),
+        (Method, "bisect", Method.BISECT),
+        (Rigor, "strict", Rigor.STRICT),
+    ]
+
+
+def test_modes_are_enums_that_parse_their_strings():
+    for cls, text, member in _enum_cases():
+        assert cls.parse(text) is member and cls.parse(member) is member
+        assert member == text and str(member) == text
+        assert isinstance(member, keras_roll.options.Choice)
+        with pytest.raises(ValueError) as info:
+            cls.parse(text.upper())
+        for choice in cls:  # the message lists every valid string
+            assert repr(choice.value) in str(info.value)
+        assert repr(text.upper()) in str(info.value)
+
+
+@pytest.mark.parametrize("fn, kw, valid", [
+    ("robust_radius", {"method": "closest"}, "'best', 'region', 'walk', 'relaxation', "
+                                             "'interval'"),
+    ("gradient_distortion", {"mode": "mean"}, "'expected', 'max'"),
+    ("integrated_gradients", {"steps": 4, "rule": "simpson"},
+     "'right', 'left', 'midpoint', 'trapezoid'"),
+    ("faithfulness", {"score": "probability"}, "'model', 'logit'"),
+    ("certify", {"method": "exact"}, "'analytic'.*'bisect'"),
+])
+def test_public_functions_reject_bad_mode_strings_with_the_valid_ones(planar, fn, kw, valid):
+    model, x = planar
+    kw = dict(kw)
+    if fn == "robust_radius":  # the fixture's call fixes method="region"
+        call = lambda **k: keras_roll.robust_radius(model, x, **k)  # noqa: E731
+    else:
+        call = _calls(model, x)[fn]
+    bad = next(v for k, v in kw.items() if k != "steps")
+    with pytest.raises(ValueError, match=rf"{bad!r}.*{valid}"):
+        call(**kw)
+
+
+def test_strings_and_enums_give_the_same_results(planar):
+    from keras_roll.attribution.distortion import DistortionMode
+    from keras_roll.robust import RobustMethod
+    model, x = planar
+    a = keras_roll.robust_radius(model, x, norms=(2,), method="region", verbose=False)
+    b = keras_roll.robust_radius(model, x, norms=(2,), method=RobustMethod.REGION,
+                                 verbose=False)
+    assert a.method is RobustMethod.REGION and b.method is RobustMethod.REGION
+    np.testing.assert_array_equal(a.lower[2], b.lower[2])
+    d = keras_roll.gradient_distortion(model, x, samples=4, seed=0, domain=None,
+                                       mode=DistortionMode.EXPECTED, verbose=False)
+    e = keras_roll.gradient_distortion(model, x, samples=4, seed=0, domain=None,
+                                       mode="expected", verbose=False)
+    assert d.mode is DistortionMode.EXPECTED
+    np.testing.assert_array_equal(d.distortion, e.distortion)
+    config = keras_roll.RollConfig(samples=1, estimator="gaussian", seed=0)
+    assert config.estimator is keras_roll.roll.config.EstimatorKind.GAUSSIAN
+    np.testing.assert_array_equal(
+        keras_roll.roll_loss(model, x, config).numpy(),
+        keras_roll.roll_loss(model, x, samples=1, seed=0,
+                             estimator=keras_roll.roll.config.EstimatorKind.GAUSSIAN).numpy())
+    with pytest.raises(ValueError, match="Unknown estimator='normal'.*'axes', 'gaussian', "
+                                         "'rademacher'"):
+        keras_roll.RollConfig(estimator="normal")
+    with pytest.raises(ValueError, match="Unknown strata='pixel'.*None.*'channel'"):
+        keras_roll.RollConfig(samples=1, strata="pixel")
+
+
+def test_roll_config_is_exported_and_saved_as_plain_strings(planar):
+    from keras_roll.roll import config as config_module
+    assert keras_roll.RollConfig is config_module.RollConfig
+    model, _ = planar
+    layer = keras_roll.RollRegularizer(model, samples=1, estimator="rademacher",
+                                       strata=None)
+    saved = layer.get_config()
+    assert type(saved["estimator"]) is str and saved["estimator"] == "rademacher"
+
+
+def test_the_roll_entry_is_resolved_once_per_call(planar, monkeypatch):
+    """roll_loss and RollRegularizer compute where the tangents enter once: the loss,
+    the estimators and the regularizer read it from the `RollPlan`."""
+    from keras_roll.roll import entry
+    model, x = planar
+    calls = []
+    real = entry.tangent_entry
+    monkeypatch.setattr(entry, "tangent_entry",
+                        lambda program, wrt: calls.append(wrt) or real(program, wrt))
+    keras_roll.roll_loss(model, x, samples=1, seed=0)
+    assert calls == [None]
+    layer = keras_roll.RollRegularizer(model, samples=1, seed=0)
+    assert len(calls) == 2 and layer.roll_plan.entry == 0
+    layer(x, training=True)
+    assert len(calls) == 2  # the call reads the plan
+
+
+# --------------------------------------------------------------------------- results, once
+
+def _summaries(model, x):
+    y = np.zeros(len(x), np.int64)
+    return {
+        "Certificate": keras_roll.certify(model, x, verbose=False),
+        "StabilityBounds": keras_roll.stability_bounds(model, x, verbose=False),
+        "RegionCount": keras_roll.count_regions(model, x, verbose=False),
+        "RobustRadius": keras_roll.robust_radius(model, x, y, norms=(2,), method="region",
+                                                 verbose=False),
+        "Distortion": keras_roll.gradient_distortion(model, x, samples=4, seed=0,
+                                                     domain=None, verbose=False),
+        "Faithfulness": keras_roll.faithfulness(model, x, None, np.ones_like(x), samples=4,
+                                                seed=0, verbose=False),
+    }
+
+
+def test_summary_returns_the_table_and_shows_it_once(planar, capsys):
+    from keras_roll.certification.tables import Summary
+    model, x = planar
+    for name, result in _summaries(model, x).items():
+        capsys.readouterr()
+        summary = result.summary()
+        assert capsys.readouterr().out == "", f"{name}.summary() printed"
+        assert isinstance(summary, Summary), name
+        text = str(summary)
+        assert text and text == summary.as_text() == repr(summary), name
+        assert text.splitlines()[0] == summary.lines[0].splitlines()[0]
+        print(summary)
+        assert capsys.readouterr().out == text + "\n", name  # once, not "None" after it
+        html = summary._repr_html_()
+        assert html.startswith("<pre>") and html.endswith("</pre>")
+        lines = []
+        again = result.summary(print_fn=lines.append)  # a logger gets the text, once
+        assert lines == [text] and str(again) == text
+
+
+def test_summary_tables_hold_the_numbers(planar):
+    model, x = planar
+    cert = keras_roll.certify(model, x, verbose=False)
+    row = next(line for line in str(cert.summary()).splitlines() if line.startswith("l2 ball"))
+    assert f"{np.percentile(cert.margins[2], 50):.4g}" in row
+
+
+def test_robust_radius_concat_equals_one_run_over_the_concatenated_inputs(planar):
+    model, x = planar
+    y = np.array([0, 1, 2, 0, 1, 2])
+    kw = dict(norms=(2, np.inf), method="region", verbose=False)
+    whole = keras_roll.robust_radius(model, x, y, **kw)
+    joined = keras_roll.RobustRadius.concat([keras_roll.robust_radius(model, x[:2], y[:2], **kw),
+                                             keras_roll.robust_radius(model, x[2:], y[2:], **kw)])
+    assert joined.n == whole.n == 6 and joined.norms == whole.norms
+    for p in whole.norms:
+        for name in ("lower", "upper", "adversarial", "exact", "runner_up", "lower_method",
+                     "upper_method"):
+            np.testing.assert_array_equal(getattr(joined, name)[p], getattr(whole, name)[p],
+                                          err_msg=f"{name}[{p}]")
+    np.testing.assert_array_equal(joined.predicted, whole.predicted)
+    np.testing.assert_array_equal(joined.labels, y)
+    np.testing.assert_array_equal(joined.nonfinite, whole.nonfinite)
+    assert (joined.method, joined.rigor) == (whole.method, whole.rigor)
+    assert joined.certified_accuracy(0.0) == whole.certified_accuracy(0.0)
+
+    other = keras_roll.robust_radius(model, x[:2], y[:2], norms=(2, np.inf), method="region",
+                                     rigor="float32", verbose=False)
+    with pytest.raises(ValueError, match="cannot be concatenated.*rigor='float32'"):
+        keras_roll.RobustRadius.concat([whole, other])
+    unlabelled = keras_roll.robust_radius(model, x[:2], **kw)
+    with pytest.raises(ValueError, match="labels"):
+        keras_roll.RobustRadius.concat([whole, unlabelled])
+    with pytest.raises(ValueError, match="at least one"):
+        keras_roll.RobustRadius.concat([])
+
+
+def test_attribution_results_share_one_shape_and_hold_no_model(planar):
+    import keras
+
+    from keras_roll.attribution import Attribution
+    model, x = planar
+    results = [keras_roll.saliency(model, x),
+               keras_roll.smoothgrad(model, x, samples=2, seed=0, verbose=False),
+               keras_roll.integrated_gradients(model, x, verbose=False)]
+    for res in results:
+        assert isinstance(res, Attribution)
+        assert res.maps.shape == x.shape and res.labels.shape == (len(x),)
+        for value in vars(res).values():  # numpy and plain values only
+            assert not isinstance(value, (keras.Model, keras_roll.Linearized)), type(res)
+            assert not callable(value) or isinstance(value, np.ndarray), type(value)
+    sal = results[0]
+    with pytest.raises(ValueError, match="radius=True.*stable_radius"):
+        sal.radius  # noqa: B018
+
+
+def test_the_old_names_of_the_maps_warn(planar):
+    model, x = planar
+    ig = keras_roll.integrated_gradients(model, x, verbose=False)
+    with pytest.warns(DeprecationWarning, match=r"IntegratedGradients.attributions.*\.maps"):
+        old = ig.attributions
+    assert old is ig.maps
+    sg = keras_roll.smoothgrad(model, x, samples=2, seed=0, verbose=False)
+    with pytest.warns(DeprecationWarning, match=r"SmoothGrad.smoothgrad.*\.maps"):
+        old = sg.smoothgrad
+    assert old is sg.maps
+    with pytest.warns(DeprecationWarning, match="region_map.chunk=. is deprecated"):
+        old_chunk = keras_roll.region_map(model, resolution=4, chunk=5)
+    np.testing.assert_array_equal(old_chunk.ids,
+                                  keras_roll.region_map(model, resolution=4, batch_size=5).ids)

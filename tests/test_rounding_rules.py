@@ -189,3 +189,113 @@ def test_register_rounding_rule_replaces_the_derived_one(custom_model):
         rules.register_rounding_rule(ShearOp, rules.DerivedRule(), override=True)
     with pytest.raises(TypeError, match="RoundingRule"):
         rules.register_rounding_rule(ShearOp, "loose")
+
+
+# --------------------------------------------------------------------------- extension points
+# `register_error_growth` (rigor "strict") and `register_noise_rule` (rigor "float64") for
+# an op that rounds in its own way: a scaled identity whose registered rule is checked to
+# reach the guard.
+
+
+class ScaledIdentity(keras.layers.Layer):
+    """`s x`."""
+
+    def __init__(self, s=2.0, **kwargs):
+        super().__init__(**kwargs)
+        self.s = s
+
+    def call(self, x):
+        return self.s * x
+
+
+class ScaledOp(Op):
+    """The op of `ScaledIdentity` (its own class, so that rules keyed by it touch nothing else)."""
+
+    def forward(self, inputs, mask):
+        return self.layer.s * inputs[0], NO_RECORD
+
+    def tangent(self, tangents, record, mask):
+        return apply_linear(lambda xs: self.layer.s * xs[0], tangents), None
+
+
+def _scaled_model(seed=5):
+    keras.utils.set_random_seed(seed)
+    inp = keras.Input((3,))
+    h = keras.layers.Dense(4, name="d0")(inp)
+    h = ScaledIdentity(2.0, name="scaled")(h)
+    h = keras.layers.ReLU(name="relu")(h)  # its neurons: the scaled values
+    return keras.Model(inp, keras.layers.Dense(2, name="logits")(h))
+
+
+@pytest.fixture
+def scaled_rule():
+    keras_roll.register_rule(ScaledIdentity, ScaledOp, override=True)
+    yield
+    keras_roll.compile.rules.unregister_rule(ScaledIdentity)
+
+
+def _guard_errors(rigor, model, x):
+    guard = keras_roll.rounding.guard_for(rigor)
+    twin = guard.twin(keras_roll.linearize(model))
+    return guard.errors(twin, twin.forward(x)), twin.forward(x).neurons.z.numpy()
+
+
+def test_a_registered_error_growth_reaches_the_strict_guard(scaled_rule):
+    from keras_roll.rounding.worst_case import ErrorGrowth, register_error_growth
+
+    x = np.random.default_rng(0).normal(size=(6, 3)).astype("float32")
+    before, z = _guard_errors("strict", _scaled_model(), x)
+    assert before.at_x.max() < 1e-4  # a few float32 roundings of values of order 1
+
+    class QuarterError(ErrorGrowth):
+        """Claims a relative error of 1/4 on the op's outputs (and so on the ReLU's
+        neurons, which read them)."""
+
+        def relative(self, op, g_in, gamma_fn, inputs):
+            return 0.25 + 0.0 * g_in, g_in
+
+    register_error_growth(ScaledOp, QuarterError())
+    after, z_after = _guard_errors("strict", _scaled_model(), x)  # a fresh model and twin
+    np.testing.assert_array_equal(z_after, z)
+    # |error_j| <= g_j m_j with m_j >= |z_j|: the guard covers a quarter of every neuron.
+    assert np.all(after.at_x >= 0.25 * np.abs(z))
+    with pytest.raises(TypeError, match="Expected an ErrorGrowth"):
+        register_error_growth(ScaledOp, object())
+
+
+def _amplifying_noise_rule(factor):
+    """A noise rule for `ScaledOp`: exact scaling (no rounding of its own), its inputs'
+    rounding noise multiplied by `factor`."""
+    from keras_roll.rounding.noise_transform import Edge
+
+    def rule(transform, op, inputs, mask, record):
+        (edge,) = inputs
+        s = abs(op.layer.s)
+        value = tf.cast(op.forward([edge.value], mask)[0], transform.dtype)
+        scaled = [None if t is None else s * t for t in (edge.pr, edge.w0, edge.w1)]
+        noise = transform.input_noise(inputs)
+        if noise is not None:
+            noise, _ = op.tangent(noise, record, mask)
+            noise = Tangent(noise.value * factor, noise.shared)
+        return Edge(value, *scaled, noise)
+
+    return rule
+
+
+def test_a_registered_noise_rule_reaches_the_float64_guard(scaled_rule):
+    from keras_roll.rounding.noise_transform import register_noise_rule
+
+    x = np.random.default_rng(1).normal(size=(6, 3)).astype("float32")
+    register_noise_rule(ScaledOp, _amplifying_noise_rule(1.0))
+    plain, z = _guard_errors("float64", _scaled_model(), x)
+    register_noise_rule(ScaledOp, _amplifying_noise_rule(1000.0))
+    loud, _ = _guard_errors("float64", _scaled_model(), x)  # a fresh model and twin
+    # The probabilistic share (the guard less the float64 twin's rigorous one) is the
+    # first Dense layer's rounding noise carried through the op: 1000 x larger.
+    noisy = plain.at_x - plain.exact_at_x
+    assert np.all(noisy > 0)
+    ratio = (loud.at_x - loud.exact_at_x) / noisy
+    assert np.all((ratio > 250) & (ratio < 4000)), ratio
+    np.testing.assert_allclose(loud.exact_at_x, plain.exact_at_x, rtol=1e-12)
+    with pytest.raises(TypeError, match="expects an Op subclass"):
+        register_noise_rule(ScaledIdentity, _amplifying_noise_rule(1.0))

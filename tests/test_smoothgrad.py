@@ -52,10 +52,10 @@ def test_mean_and_variance_of_tape_gradients_at_the_same_points(setup):
     np.testing.assert_allclose(res.noise_std, sigma)
     for i, eps in enumerate(_noise(7, 3, 40, (5,), sigma)):
         g = _tape(logits, x[i] + eps, np.full(40, y[i]))
-        np.testing.assert_allclose(res.smoothgrad[i], g.mean(0), rtol=1e-10, atol=1e-13)
+        np.testing.assert_allclose(res.maps[i], g.mean(0), rtol=1e-10, atol=1e-13)
         np.testing.assert_allclose(res.vargrad[i], g.var(0), rtol=1e-8, atol=1e-13)
     np.testing.assert_allclose(res.gradient, _tape(logits, x, y), rtol=1e-12)
-    np.testing.assert_allclose(res.smoothgrad_sq, res.vargrad + res.smoothgrad ** 2)
+    np.testing.assert_allclose(res.smoothgrad_sq, res.vargrad + res.maps ** 2)
 
 
 def test_reproducible_per_example_and_across_chunks(setup):
@@ -63,23 +63,24 @@ def test_reproducible_per_example_and_across_chunks(setup):
     kw = dict(noise=0.3, samples=33, seed=3, verbose=False)
     a = keras_roll.smoothgrad(model, x, y, **kw)
     b = keras_roll.smoothgrad(model, x, y, memory_budget=12_000, **kw)  # calls of 10 samples
-    np.testing.assert_allclose(b.smoothgrad, a.smoothgrad, rtol=1e-13, atol=1e-16)
+    np.testing.assert_allclose(b.maps, a.maps, rtol=1e-13, atol=1e-16)
     np.testing.assert_array_equal(a.in_region, b.in_region)  # the same draws
     again = keras_roll.smoothgrad(model, x, y, **kw)
-    np.testing.assert_array_equal(again.smoothgrad, a.smoothgrad)
+    np.testing.assert_array_equal(again.maps, a.maps)
     np.testing.assert_array_equal(again.vargrad, a.vargrad)
     other = x.copy()
     other[1:] = 0.5  # the other examples change, example 0's draws do not
     c = keras_roll.smoothgrad(model, other, y, **kw)
-    np.testing.assert_array_equal(c.smoothgrad[0], a.smoothgrad[0])
+    np.testing.assert_array_equal(c.maps[0], a.maps[0])
     assert a.seed == 3 and not np.array_equal(
         keras_roll.smoothgrad(model, x, y, noise=0.3, samples=33, seed=4,
-                              verbose=False).smoothgrad, a.smoothgrad)
+                              verbose=False).maps, a.maps)
 
 
 def test_region_fraction_against_tape_gradients_and_the_radius(setup):
     model, logits, x, y = setup
-    res = keras_roll.smoothgrad(model, x, y, noise=0.05, samples=200, seed=1, verbose=False)
+    res = keras_roll.smoothgrad(model, x, y, noise=0.05, samples=200, seed=1, verbose=False,
+                                radius=True)
     sigma = res.noise_std
     radius = keras_roll.certify(model, x, norms=(2,), verbose=False).margins[2]
     np.testing.assert_array_equal(res.radius[2], radius)
@@ -96,16 +97,17 @@ def test_region_fraction_against_tape_gradients_and_the_radius(setup):
 def test_tiny_noise_stays_in_the_region(setup):
     model, _, x, y = setup
     res = keras_roll.smoothgrad(model, x, y, noise=1e-9, absolute_noise=True, samples=20,
-                                seed=0, verbose=False)
+                                seed=0, verbose=False, radius=True)
     np.testing.assert_array_equal(res.in_region, 1.0)
     np.testing.assert_allclose(res.certified_fraction, 1.0)
-    np.testing.assert_allclose(res.smoothgrad, res.gradient, rtol=1e-12)
+    np.testing.assert_allclose(res.maps, res.gradient, rtol=1e-12)
     np.testing.assert_allclose(res.vargrad, 0.0, atol=1e-20)
 
 
 def test_certified_fraction_is_the_chi_square_probability(setup):
     model, _, x, y = setup
-    res = keras_roll.smoothgrad(model, x, y, noise=0.02, samples=2, seed=0, verbose=False)
+    res = keras_roll.smoothgrad(model, x, y, noise=0.02, samples=2, seed=0, verbose=False,
+                                radius=True)
     draws = np.random.default_rng(5).standard_normal((200_000, 5))
     for i in range(3):
         r = res.radius[2][i] / res.noise_std[i]
@@ -120,7 +122,7 @@ def test_models_that_are_not_piecewise_linear():
     sigma = res.noise_std
     for i, eps in enumerate(_noise(2, 2, 16, (5,), sigma)):
         g = _tape(logits, x[i] + eps, np.full(16, 1))
-        np.testing.assert_allclose(res.smoothgrad[i], g.mean(0), rtol=1e-10)
+        np.testing.assert_allclose(res.maps[i], g.mean(0), rtol=1e-10)
     assert res.in_region is None and not res.piecewise_linear
     with pytest.raises(keras_roll.UnsupportedModelError, match="No certified radius"):
         res.radius  # noqa: B018

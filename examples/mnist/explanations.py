@@ -62,7 +62,7 @@ def faithfulness_table(rows, summary, data, config, out: Path, build):
         model = build()
         model.load_weights(out / "runs" / f"{row['tag']}.weights.h5")
         ig = keras_roll.integrated_gradients(model, x, verbose=False)
-        res = keras_roll.faithfulness(model, x, ig.labels, ig.attributions,
+        res = keras_roll.faithfulness(model, x, ig.labels, ig.maps,
                                       step_size=STEP_SIZE, seed=config.seed, verbose=False)
         name = label if label == "Vanilla" else f"{label}: {model_label(row)}"
         results[label] = res

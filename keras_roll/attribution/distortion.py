@@ -30,13 +30,29 @@ from keras_roll.attribution.gradients import (
     select_logits,
 )
 from keras_roll.attribution.targets import read_examples
+from keras_roll.certification.tables import Summary
 from keras_roll.compile.chunking import plan_directions
 from keras_roll.compile.units import INPUT_UNITS, Units, resolve_units
-from keras_roll.options import RunOptions, check_seed, fixed_budget
+from keras_roll.options import GRADIENT_FIELDS, Choice, RunOptions, check_seed, fixed_budget
 
-__all__ = ["Distortion", "gradient_distortion", "sampling_box"]
+__all__ = ["Distortion", "DistortionMode", "gradient_distortion", "sampling_box"]
 
-_MODES = ("expected", "max")
+
+class DistortionMode(Choice):
+    """How `gradient_distortion` searches the ball: `EXPECTED` ("expected", the
+    default: the mean over uniform draws) or `MAX` ("max": the paper's genetic
+    algorithm, the worst case found).
+
+    Example:
+
+    ```python
+    DistortionMode.parse("max")      # DistortionMode.MAX
+    ```
+    """
+
+    EXPECTED = "expected"
+    MAX = "max"
+
 _POPULATION_BUDGETS = 4  # populations of a group of examples: 4 x the memory budget
 
 
@@ -55,7 +71,8 @@ class Distortion:
         changed_fraction: `[B]` float64, the fraction of evaluated candidates whose
             prediction differs from the prediction at `x`.
         evaluations: input gradients evaluated per example.
-        mode, eps, domain: the arguments of the run (`eps` and `domain` in `units`).
+        mode: the `DistortionMode` (equal to "expected" or "max").
+        eps, domain: the arguments of the run (`eps` and `domain` in `units`).
         seed: the seed that reproduces the run (the drawn entropy when `seed=None`).
         units: the `keras_roll.compile.units.Units` of `eps`, `domain` and the
             gradients (input units, or a leading layer's output: `wrt=`).
@@ -66,7 +83,7 @@ class Distortion:
     changed: np.ndarray | None
     changed_fraction: np.ndarray
     evaluations: int
-    mode: str
+    mode: DistortionMode
     eps: float
     domain: tuple | None
     seed: int
@@ -79,11 +96,12 @@ class Distortion:
     def __repr__(self) -> str:
         med = float(np.median(self.distortion)) if self.n else float("nan")
         extra = f", changed={int(self.changed.sum())}" if self.changed is not None else ""
-        return (f"Distortion(n={self.n}, mode={self.mode!r}, eps={self.eps:g}, "
+        return (f"Distortion(n={self.n}, mode={str(self.mode)!r}, eps={self.eps:g}, "
                 f"median={med:.4g}{extra})")
 
-    def summary(self, print_fn=print, percentiles=(25, 50, 75, 100)) -> None:
-        """Prints the paper-style table: percentiles of the distortion.
+    def summary(self, print_fn=None, percentiles=(25, 50, 75, 100)) -> Summary:
+        """The paper-style table, percentiles of the distortion: a `Summary` (its
+        `str` is the table; a notebook shows it); `print_fn` also receives the text.
 
         Example:
 
@@ -93,7 +111,8 @@ class Distortion:
         """
         cols = [f"P{q:g}" for q in percentiles]
         width = 22 + 12 * (len(cols) + 1)
-        label = {"expected": "expected l1", "max": "max l1 (GA)"}[self.mode]
+        label = {DistortionMode.EXPECTED: "expected l1",
+                 DistortionMode.MAX: "max l1 (GA)"}[DistortionMode.parse(self.mode, "mode")]
         vals = (np.percentile(self.distortion, percentiles) if self.n
                 else [float("nan")] * len(cols))
         mean = float(np.mean(self.distortion)) if self.n else float("nan")
@@ -108,11 +127,12 @@ class Distortion:
         if self.changed is not None:
             lines.append(f"Prediction changed at the maximiser: {int(self.changed.sum())} "
                          f"of {self.n}")
-        print_fn("\n".join(lines))
+        return Summary.emit(lines, print_fn)
 
 
 def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0),
-                        mode: str = "expected", samples: int = 8000, population: int = 4800,
+                        mode: DistortionMode | str | None = "expected", samples: int = 8000,
+                        population: int = 4800,
                         generations: int = 30, seed: int | None = None, callback=None,
                         options: RunOptions | None = None, *, wrt: str | None = None,
                         **overrides) -> Distortion:
@@ -185,9 +205,9 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
     res.changed.sum() # how many of them change the prediction
     ```
     """
-    if mode not in _MODES:
-        raise ValueError(f"mode must be 'expected' or 'max', got {mode!r}.")
-    opts = RunOptions.of(options, **overrides)
+    mode = DistortionMode.parse(mode, "mode", default=DistortionMode.EXPECTED)
+    opts = RunOptions.of(options, uses=GRADIENT_FIELDS, caller="gradient_distortion",
+                         **overrides)
     budget = fixed_budget(opts.memory_budget)
     samples = check_count(samples, "samples")
     population = check_count(population, "population")
@@ -217,10 +237,10 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
 
     seq = np.random.SeedSequence(seed)
     streams = [np.random.default_rng(s) for s in seq.spawn(b_total)]
-    total = b_total * (samples if mode == "expected" else population)
+    total = b_total * (samples if mode is DistortionMode.EXPECTED else population)
     chunk = engine.chunk_size(x.shape[1:], budget, total=total)
     run = _Run(engine, chunk, callback, units)
-    if mode == "expected":
+    if mode is DistortionMode.EXPECTED:
         total = b_total * samples
         with opts.progress(total, "gradient distortion", unit="grad") as bar:
             run.bar = bar

@@ -22,7 +22,7 @@ Example:
 
 ```python
 ig = keras_roll.integrated_gradients(model, x, y)
-f = keras_roll.faithfulness(model, x, y, ig.attributions, seed=0)
+f = keras_roll.faithfulness(model, x, y, ig.maps, seed=0)
 f.summary()                      # mean Deletion / Insertion AUC, MuFidelity
 f.curves["deletion"]             # [B, steps + 1] scores along the curve
 ```
@@ -43,14 +43,31 @@ from keras_roll.attribution.targets import (
     read_examples,
     resolve_targets,
 )
+from keras_roll.certification.tables import Summary
 from keras_roll.compile.caches import compiled_call
 from keras_roll.compile.twin import Linearized, unwrap
-from keras_roll.options import RunOptions, check_seed, fixed_budget
+from keras_roll.options import GRADIENT_FIELDS, Choice, RunOptions, check_seed, fixed_budget
 
-__all__ = ["METRICS", "Faithfulness", "faithfulness"]
+__all__ = ["METRICS", "Faithfulness", "Score", "faithfulness"]
 
 METRICS = ("deletion", "insertion", "mufidelity")
 _BETTER = {"deletion": "lower", "insertion": "higher", "mufidelity": "higher"}
+
+
+class Score(Choice):
+    """What `faithfulness` scores: `MODEL` ("model", the default: the model's output
+    for the target, the peers' convention) or `LOGIT` ("logit": before a final
+    softmax / sigmoid).
+
+    Example:
+
+    ```python
+    Score.parse("logit")       # Score.LOGIT
+    ```
+    """
+
+    MODEL = "model"
+    LOGIT = "logit"
 
 
 @dataclasses.dataclass(repr=False)
@@ -62,7 +79,8 @@ class Faithfulness:
             their curves, the MuFidelity correlation (NaN where it is undefined).
         curves: `{"deletion" / "insertion": [B, K]}` the scores along the curves.
         fractions: `[K]` the fraction of features changed at each curve point.
-        score_kind: "model" (the model's output) or "logit".
+        score_kind: `Score.MODEL` (the model's output) or `Score.LOGIT` (equal to
+            "model", "logit").
         step_size, subset_fraction, samples: the arguments of the run.
         seed: the seed of MuFidelity's subsets (the drawn entropy when `seed=None`).
     """
@@ -70,7 +88,7 @@ class Faithfulness:
     scores: dict
     curves: dict
     fractions: np.ndarray
-    score_kind: str
+    score_kind: Score
     step_size: float
     subset_fraction: float
     samples: int
@@ -86,13 +104,15 @@ class Faithfulness:
         n = next(iter(self.scores.values())).shape[0] if self.scores else 0
         return f"Faithfulness(n={n}, {means})"
 
-    def summary(self, print_fn=print) -> None:
-        """Prints the mean and quartiles of every metric, and which way is better.
+    def summary(self, print_fn=None) -> Summary:
+        """The mean and quartiles of every metric, and which way is better: a
+        `Summary` (its `str` is the table; a notebook shows it); `print_fn` also
+        receives the text.
 
         Example:
 
         ```python
-        keras_roll.faithfulness(model, x, y, ig.attributions).summary()
+        keras_roll.faithfulness(model, x, y, ig.maps).summary()
         ```
         """
         n = next(iter(self.scores.values())).shape[0] if self.scores else 0
@@ -104,12 +124,12 @@ class Faithfulness:
             q = np.percentile(ok, [25, 50, 75]) if ok.size else [float("nan")] * 3
             lines.append(f"{m:<14}{_BETTER[m]:>8}{self.mean()[m]:>11.4g}"
                          + "".join(f"{p:>11.4g}" for p in q))
-        print_fn("\n".join(lines))
+        return Summary.emit(lines, print_fn)
 
 
 def faithfulness(model, x, y, attributions, metrics=METRICS, baseline=0.0,
                  step_size: float = 0.05, subset_fraction: float = 0.2, samples: int = 128,
-                 score: str = "model", channel_axis="auto", seed: int | None = None,
+                 score: Score | str | None = "model", channel_axis="auto", seed: int | None = None,
                  options: RunOptions | None = None, **overrides) -> Faithfulness:
     """Deletion, Insertion and MuFidelity of attributions (see the module docstring).
 
@@ -118,7 +138,7 @@ def faithfulness(model, x, y, attributions, metrics=METRICS, baseline=0.0,
         x: `[B, *input_shape]` inputs, or a stream of `x` or `(x, y)` elements.
         y: the targets, as for `saliency`: None (the predicted class), an int, `[B]`
             labels, or `[B, L]` one-hot / multi-hot targets (their scores summed).
-        attributions: `[B, *input_shape]` attributions of `x` (e.g. `ig.attributions`).
+        attributions: `[B, *input_shape]` attributions of `x` (e.g. `ig.maps`).
         metrics: any of "deletion", "insertion", "mufidelity".
         baseline: the value a removed feature takes: a number, one example, or one
             per example.
@@ -147,7 +167,7 @@ def faithfulness(model, x, y, attributions, metrics=METRICS, baseline=0.0,
     f.scores["deletion"], f.mean()
     ```
     """
-    opts = RunOptions.of(options, **overrides)
+    opts = RunOptions.of(options, uses=GRADIENT_FIELDS, caller="faithfulness", **overrides)
     budget = fixed_budget(opts.memory_budget)
     metrics = _check_metrics(metrics)
     step_size = check_scalar(step_size, "step_size")
@@ -156,8 +176,7 @@ def faithfulness(model, x, y, attributions, metrics=METRICS, baseline=0.0,
         raise ValueError(f"step_size and subset_fraction are fractions of the features, in "
                          f"(0, 1]; got {step_size!r} and {subset_fraction!r}.")
     samples = check_count(samples, "samples")
-    if score not in ("model", "logit"):
-        raise ValueError(f"score must be 'model' or 'logit', got {score!r}.")
+    score = Score.parse(score, "score", default=Score.MODEL)
     check_seed(seed)
     engine = gradient_engine(model)
     x, y = read_examples(x, y, engine.spec)
@@ -236,7 +255,7 @@ class _Scorer:
     def __init__(self, engine, model, score, budget):
         self.engine, self.budget = engine, budget
         self.model = model.model if isinstance(model, Linearized) else unwrap(model)
-        self.use_logits = score == "logit"
+        self.use_logits = score is Score.LOGIT
         self.fn = compiled_call(self.model)
 
     def __call__(self, points: np.ndarray, weights: np.ndarray) -> np.ndarray:

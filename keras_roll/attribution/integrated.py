@@ -22,24 +22,65 @@ import tensorflow as tf
 
 from keras_roll.attribution.gradients import check_count
 from keras_roll.attribution.path_walk import exact_walk
+from keras_roll.attribution.result import Attribution, deprecated_alias
 from keras_roll.attribution.tape_gradients import TracedOnce, gradient_engine
 from keras_roll.attribution.targets import check_baseline, read_examples, resolve_targets
 from keras_roll.compile.caches import cached
 from keras_roll.errors import UnsupportedModelError
-from keras_roll.options import RunOptions, fixed_budget
+from keras_roll.options import GRADIENT_FIELDS, Choice, RunOptions, fixed_budget
 
-__all__ = ["RULES", "IntegratedGradients", "integrated_gradients", "riemann_points"]
+__all__ = ["RULES", "IntegratedGradients", "PathMethod", "RiemannRule", "integrated_gradients",
+           "riemann_points"]
 
 DEFAULT_MAX_REGIONS = 100_000
-RULES = ("right", "left", "midpoint", "trapezoid")
 
 
-@dataclasses.dataclass(repr=False)
-class IntegratedGradients:
+class RiemannRule(Choice):
+    """The points of a Riemann sum of `k` gradients (`integrated_gradients(steps=k)`).
+
+    * `RIGHT` ("right", the default): `t = i / k`, `i = 1..k`.
+    * `LEFT` ("left"): `i = 0..k-1`.
+    * `MIDPOINT` ("midpoint"): `t = (i + 1/2) / k`.
+    * `TRAPEZOID` ("trapezoid"): `t = i / (k - 1)`, the end points weighted 1/2.
+
+    Example:
+
+    ```python
+    RiemannRule.parse("trapezoid")      # RiemannRule.TRAPEZOID
+    ```
+    """
+
+    RIGHT = "right"
+    LEFT = "left"
+    MIDPOINT = "midpoint"
+    TRAPEZOID = "trapezoid"
+
+
+class PathMethod(Choice):
+    """How an `IntegratedGradients` was integrated: `EXACT` ("exact", region by
+    region) or `RIEMANN` ("riemann", a Riemann sum).
+
+    Example:
+
+    ```python
+    keras_roll.integrated_gradients(model, x).method is PathMethod.EXACT   # True
+    ```
+    """
+
+    EXACT = "exact"
+    RIEMANN = "riemann"
+
+
+RULES = tuple(r.value for r in RiemannRule)
+
+
+@dataclasses.dataclass(kw_only=True, repr=False)
+class IntegratedGradients(Attribution):
     """Integrated-gradient attributions of a batch.
 
     Attributes:
-        attributions: `[B, *input_shape]` float64 attributions.
+        maps: `[B, *input_shape]` float64 attributions (`attributions` is their
+            deprecated name).
         regions: `[B]` int, linear regions crossed by the path (exact method),
             None for a Riemann sum.
         delta: `[B]` completeness gap `sum(attributions) - (f(x) - f(baseline))`.
@@ -48,39 +89,45 @@ class IntegratedGradients:
         f_baseline: `[B]` the same at the baseline.
         labels: `[B]` the class whose logit was attributed (-1 for a target of
             several classes).
-        method: "exact" or "riemann".
+        method: `PathMethod.EXACT` or `PathMethod.RIEMANN` (equal to "exact",
+            "riemann").
         steps: the number of Riemann points, or None.
-        rule: the Riemann rule, or None.
+        rule: the `RiemannRule`, or None.
         targets: `[B, L]` the weights of the attributed logits.
         piecewise_linear: False for a model that is not piecewise linear (Riemann
             sums through `tf.GradientTape`: no exact integral, no regions).
         note: why, in words, for such a model.
+
+    Example:
+
+    ```python
+    ig = keras_roll.integrated_gradients(model, x)
+    ig.maps.reshape(len(x), -1).sum(1) - (ig.f_x - ig.f_baseline)    # ~0
+    ```
     """
 
-    attributions: np.ndarray
     regions: np.ndarray | None
     delta: np.ndarray
     f_x: np.ndarray
     f_baseline: np.ndarray
-    labels: np.ndarray
-    method: str
+    method: PathMethod
     steps: int | None = None
-    rule: str | None = None
-    targets: np.ndarray | None = None
-    piecewise_linear: bool = True
-    note: str | None = None
+    rule: RiemannRule | None = None
+
+    attributions = deprecated_alias("maps", "attributions")
 
     def __repr__(self) -> str:
-        n = self.attributions.shape[0]
+        n = self.maps.shape[0]
         extra = (f", median_regions={float(np.median(self.regions)):g}"
                  if self.regions is not None and n else "")
         gap = float(np.max(np.abs(self.delta))) if n else 0.0
-        return (f"IntegratedGradients(n={n}, method={self.method!r}{extra}, "
+        return (f"IntegratedGradients(n={n}, method={str(self.method)!r}{extra}, "
                 f"max_abs_delta={gap:.3g})")
 
 
 def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = None,
-                         rule: str = "right", max_regions: int = DEFAULT_MAX_REGIONS,
+                         rule: RiemannRule | str | None = "right",
+                         max_regions: int = DEFAULT_MAX_REGIONS,
                          options: RunOptions | None = None,
                          **overrides) -> IntegratedGradients:
     """Integrated gradients of the target logit, exact by default.
@@ -138,11 +185,13 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
     approx = keras_roll.integrated_gradients(model, x, y, steps=64, rule="trapezoid")
     ```
     """
-    opts = RunOptions.of(options, **overrides)
+    opts = RunOptions.of(options, uses=GRADIENT_FIELDS, caller="integrated_gradients",
+                         **overrides)
     budget = fixed_budget(opts.memory_budget)
+    rule = RiemannRule.parse(rule, "rule", default=RiemannRule.RIGHT)
     if steps is not None:
         steps = check_count(steps, "steps")
-        riemann_points(steps, rule)  # checks the rule
+        riemann_points(steps, rule)  # checks the rule against the steps
     max_regions = check_count(max_regions, "max_regions")
     engine = _engine(model, exact=steps is None)
     x, y = read_examples(x, y, engine.spec)
@@ -163,8 +212,9 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
             regions = None
     delta = attr.reshape(n, -1).sum(axis=1) - (f_x - f_b)
     return IntegratedGradients(
-        attributions=attr, regions=regions, delta=delta, f_x=f_x, f_baseline=f_b,
-        labels=targets.labels, method="exact" if steps is None else "riemann", steps=steps,
+        maps=attr, regions=regions, delta=delta, f_x=f_x, f_baseline=f_b,
+        labels=targets.labels, method=PathMethod.EXACT if steps is None else PathMethod.RIEMANN,
+        steps=steps,
         rule=None if steps is None else rule, targets=targets.weights,
         piecewise_linear=engine.piecewise_linear, note=engine.note)
 
@@ -178,7 +228,7 @@ def _engine(model, exact: bool):
             f"steps=k for a Riemann sum, which works for any differentiable model.") from None
 
 
-def riemann_points(steps: int, rule: str) -> tuple[np.ndarray, np.ndarray]:
+def riemann_points(steps: int, rule: RiemannRule | str) -> tuple[np.ndarray, np.ndarray]:
     """`(t [k], weights [k])` float64 of a Riemann rule with `k = steps` points.
 
     Raises:
@@ -190,17 +240,16 @@ def riemann_points(steps: int, rule: str) -> tuple[np.ndarray, np.ndarray]:
     riemann_points(4, "trapezoid")   # t = 0, 1/3, 2/3, 1; weights 1/6, 1/3, 1/3, 1/6
     ```
     """
-    if rule not in RULES:
-        raise ValueError(f"rule must be one of {', '.join(map(repr, RULES))}, got {rule!r}.")
+    rule = RiemannRule.parse(rule, "rule")
     k = int(steps)
     i = np.arange(k, dtype=np.float64)
-    if rule == "trapezoid":
+    if rule is RiemannRule.TRAPEZOID:
         if k < 2:
             raise ValueError(f"rule='trapezoid' needs steps >= 2 (both end points), got {k}.")
         w = np.full(k, 1.0 / (k - 1))
         w[[0, -1]] /= 2
         return i / (k - 1), w
-    offset = {"right": 1.0, "left": 0.0, "midpoint": 0.5}[rule]
+    offset = {RiemannRule.RIGHT: 1.0, RiemannRule.LEFT: 0.0, RiemannRule.MIDPOINT: 0.5}[rule]
     return (i + offset) / k, np.full(k, 1.0 / k)
 
 

@@ -12,33 +12,77 @@ import dataclasses
 
 import numpy as np
 
+from keras_roll.attribution.result import WithRadius
 from keras_roll.attribution.tape_gradients import gradient_engine
 from keras_roll.attribution.targets import read_examples, resolve_targets
 from keras_roll.certification.margins import certify
 from keras_roll.compile.units import resolve_units
 from keras_roll.errors import UnsupportedModelError
-from keras_roll.options import RunOptions, fixed_budget
+from keras_roll.options import FIELDS, RunOptions, fixed_budget
 
-__all__ = ["Saliency", "postprocess_saliency", "saliency", "stable_radius"]
-
-
-class LazyRadius:
-    """The `radius` of a result of gradient maps: `stable_radius` of its inputs, computed
-    on first access (fields `piecewise_linear`, `note`, `_model`, `_inputs`, `_radius`,
-    `_options` of the dataclass that mixes it in)."""
-
-    @property
-    def radius(self) -> dict:
-        if not self.piecewise_linear:
-            raise UnsupportedModelError(f"No certified radius for these maps: {self.note}.")
-        if self._radius is None:
-            self._radius = stable_radius(self._model, self._inputs, options=self._options,
-                                         verbose=False)
-        return self._radius
+__all__ = ["Saliency", "attribution_options", "certified_radius", "postprocess_saliency",
+           "saliency", "stable_radius"]
 
 
-@dataclasses.dataclass(repr=False)
-class Saliency(LazyRadius):
+SALIENCY_FIELDS = ("memory_budget",)
+"""The run options of the maps (no progress bar); `radius=True` reads all of them."""
+
+
+def attribution_options(options, overrides: dict, radius: bool, caller: str,
+                        uses: tuple = SALIENCY_FIELDS) -> RunOptions:
+    """The `RunOptions` of an attribution with an optional certified radius.
+
+    Args:
+        options: the caller's `options` (a `RunOptions` or None).
+        overrides: the caller's keyword overrides.
+        radius: whether the call certifies the radius too (then every field of
+            `certify` is read).
+        caller: the public function, for the error message.
+        uses: the fields the maps read without the radius.
+
+    Raises:
+        TypeError: a field the call does not read (the message says that the
+            certificate's fields need `radius=True`).
+
+    Example:
+
+    ```python
+    opts = attribution_options(None, {"memory_budget": 2**24}, False, "saliency")
+    ```
+    """
+    try:
+        return RunOptions.of(options, uses=FIELDS if radius else uses, caller=caller,
+                             **overrides)
+    except TypeError as e:
+        if radius or set(overrides) - set(FIELDS):
+            raise
+        raise TypeError(f"{e} (batch_size, rigor and verbose apply to the certified radius: "
+                        f"pass radius=True.)") from None
+
+
+def certified_radius(engine, x, opts: RunOptions, radius: bool) -> dict | None:
+    """`stable_radius` of `x` when `radius` is True (else None).
+
+    Raises:
+        UnsupportedModelError: `radius=True` for a model that is not piecewise
+            linear (it has no linear regions).
+
+    Example:
+
+    ```python
+    radius = certified_radius(gradient_engine(model), x, RunOptions(), True)   # {2:, inf:}
+    ```
+    """
+    if not radius:
+        return None
+    if not engine.piecewise_linear:
+        raise UnsupportedModelError(f"radius=True needs a piecewise-linear model: "
+                                    f"{engine.note}.")
+    return certify(engine.lin, x, norms=(2, np.inf), options=opts).margins
+
+
+@dataclasses.dataclass(kw_only=True, repr=False)
+class Saliency(WithRadius):
     """Saliency maps of a batch.
 
     Attributes:
@@ -56,22 +100,20 @@ class Saliency(LazyRadius):
         note: why, in words, for such a model.
         radius: `{p: [B]}` certified l2 and l_inf radii within which `gradient`
             (hence `maps`) is provably unchanged: the margins of the examples'
-            linear regions. Computed on first access (`keras_roll.certify`); a model
-            that is not piecewise linear has none (`UnsupportedModelError`).
+            linear regions (`keras_roll.certify`), computed by
+            `saliency(..., radius=True)`.
+
+    Example:
+
+    ```python
+    sal = keras_roll.saliency(model, x, radius=True)
+    sal.maps.shape, sal.radius[2]
+    ```
     """
 
-    maps: np.ndarray
     gradient: np.ndarray
-    labels: np.ndarray
     logits: np.ndarray
     postprocessed: bool
-    targets: np.ndarray | None = None
-    piecewise_linear: bool = True
-    note: str | None = None
-    _model: object = dataclasses.field(default=None, repr=False)
-    _inputs: np.ndarray | None = dataclasses.field(default=None, repr=False)
-    _radius: dict | None = dataclasses.field(default=None, repr=False)
-    _options: RunOptions | None = dataclasses.field(default=None, repr=False)
 
     def __repr__(self) -> str:
         return (f"Saliency(n={self.maps.shape[0]}, map_shape={self.maps.shape[1:]}, "
@@ -79,7 +121,8 @@ class Saliency(LazyRadius):
 
 
 def saliency(model, x, y=None, postprocess: bool = False, channel_axis="auto",
-             options: RunOptions | None = None, **overrides) -> Saliency:
+             radius: bool = False, options: RunOptions | None = None,
+             **overrides) -> Saliency:
     """The input gradient of the label logit: a saliency map per example.
 
     The logit is the model output before a final softmax / sigmoid (folded as
@@ -102,14 +145,16 @@ def saliency(model, x, y=None, postprocess: bool = False, channel_axis="auto",
         channel_axis: the channel axis summed by the post-processing: "auto"
             (the last axis of image-like inputs of rank >= 3, none otherwise),
             an int axis of the example, or None.
+        radius: also certify the l2 and l_inf radii within which the map is
+            unchanged (`Saliency.radius`; one `keras_roll.certify` of `x`).
         options: a `keras_roll.RunOptions`, or None.
         **overrides: its fields: `memory_budget` (bytes of live tensors per
-            compiled chunk) and, for `Saliency.radius`, `batch_size` and
-            `rigor` (see `keras_roll.certify`).
+            compiled chunk) and, with `radius=True`, `batch_size`, `verbose` and
+            `rigor` (see `keras_roll.certify`); any other is a `TypeError`.
 
     Returns:
-        A `Saliency`; its `radius` gives the certified radii within which the map
-        is unchanged.
+        A `Saliency`; with `radius=True` its `radius` gives the certified radii
+        within which the map is unchanged.
 
     Raises:
         ValueError: naming the argument, for bad inputs or labels.
@@ -117,20 +162,19 @@ def saliency(model, x, y=None, postprocess: bool = False, channel_axis="auto",
     Example:
 
     ```python
-    sal = keras_roll.saliency(model, x_test[:8], y_test[:8], postprocess=True)
+    sal = keras_roll.saliency(model, x_test[:8], y_test[:8], postprocess=True, radius=True)
     plt.imshow(sal.maps[0], cmap="gray")
     print("holds for every input within l2 distance", sal.radius[2][0])
     ```
     """
-    opts = RunOptions.of(options, **overrides)
+    opts = attribution_options(options, overrides, radius, "saliency")
     budget = fixed_budget(opts.memory_budget)
     engine, x, targets, grad, logits = target_gradients(model, x, y, budget)
     maps = postprocess_saliency(grad, channel_axis) if postprocess else grad
     return Saliency(maps=maps, gradient=grad, labels=targets.labels, logits=logits,
                     postprocessed=bool(postprocess), targets=targets.weights,
                     piecewise_linear=engine.piecewise_linear, note=engine.note,
-                    _model=engine.lin if engine.piecewise_linear else None, _inputs=x,
-                    _options=opts)
+                    _radius=certified_radius(engine, x, opts, radius))
 
 
 def postprocess_saliency(maps, channel_axis="auto", percentile: float = 99.0) -> np.ndarray:
@@ -221,7 +265,7 @@ def stable_radius(model, x, norms=(2, np.inf), options: RunOptions | None = None
     keras_roll.stable_radius(model, x, wrt="rescaling")   # in the Rescaling's output units
     ```
     """
-    opts = RunOptions.of(options, **overrides)
+    opts = RunOptions.of(options, caller="stable_radius", **overrides)
     engine = gradient_engine(model, need_linear=True)
     resolve_units(engine.lin.program, wrt)  # a bad wrt fails before the inputs are read
     x, _ = read_examples(x, None, engine.spec)

@@ -12,8 +12,8 @@ expectation. See docs/design.md, section "SmoothGrad".
 Example:
 
 ```python
-res = keras_roll.smoothgrad(model, x, y, noise=0.15, samples=50, seed=0)
-res.smoothgrad, res.vargrad       # [B, *input_shape] each
+res = keras_roll.smoothgrad(model, x, y, noise=0.15, samples=50, seed=0, radius=True)
+res.maps, res.vargrad             # [B, *input_shape] each
 res.in_region                     # [B] fraction of samples in x's linear region
 res.certified_fraction            # [B] P(||e||_2 < certified l2 radius)
 ```
@@ -27,7 +27,12 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.attribution.gradients import check_count, same_pattern
-from keras_roll.attribution.saliency import LazyRadius, target_gradients
+from keras_roll.attribution.result import WithRadius, deprecated_alias
+from keras_roll.attribution.saliency import (
+    attribution_options,
+    certified_radius,
+    target_gradients,
+)
 from keras_roll.attribution.targets import check_scalar
 from keras_roll.compile.caches import cached
 from keras_roll.options import RunOptions, check_seed, fixed_budget
@@ -36,12 +41,13 @@ __all__ = ["SmoothGrad", "smoothgrad"]
 
 
 
-@dataclasses.dataclass(repr=False)
-class SmoothGrad(LazyRadius):
+@dataclasses.dataclass(kw_only=True, repr=False)
+class SmoothGrad(WithRadius):
     """SmoothGrad and VarGrad maps of a batch.
 
     Attributes:
-        smoothgrad: `[B, *input_shape]` float64, the mean gradient over the samples.
+        maps: `[B, *input_shape]` float64, the SmoothGrad map: the mean gradient
+            over the samples (`smoothgrad` is its deprecated name).
         vargrad: `[B, *input_shape]` float64, its variance over the samples.
         gradient: `[B, *input_shape]` the gradient at `x` itself.
         noise_std: `[B]` the standard deviation `sigma` of each example's noise.
@@ -53,52 +59,53 @@ class SmoothGrad(LazyRadius):
         seed: the seed that reproduces the run (the drawn entropy when `seed=None`).
         piecewise_linear: False for a model that is not piecewise linear.
         note: why there is no radius, for such a model.
-        radius: `{p: [B]}` certified l2 and l_inf radii of `x`'s region (computed on
-            first access, `keras_roll.stable_radius`).
+        radius: `{p: [B]}` certified l2 and l_inf radii of `x`'s region
+            (`smoothgrad(..., radius=True)`, `keras_roll.stable_radius`).
         certified_fraction: `[B]` `P(||e||_2 < radius[2])`: the probability that a
-            noise sample stays in `x`'s region by the certificate alone.
+            noise sample stays in `x`'s region by the certificate alone (needs
+            `radius`).
+
+    Example:
+
+    ```python
+    res = keras_roll.smoothgrad(model, x, samples=32, seed=0, radius=True)
+    res.maps, res.vargrad, res.certified_fraction
+    ```
     """
 
-    smoothgrad: np.ndarray
     vargrad: np.ndarray
     gradient: np.ndarray
     noise_std: np.ndarray
     samples: int
-    labels: np.ndarray
-    targets: np.ndarray
     in_region: np.ndarray | None
     seed: int
-    piecewise_linear: bool = True
-    note: str | None = None
-    _model: object = dataclasses.field(default=None, repr=False)
-    _inputs: np.ndarray | None = dataclasses.field(default=None, repr=False)
-    _radius: dict | None = dataclasses.field(default=None, repr=False)
-    _options: RunOptions | None = dataclasses.field(default=None, repr=False)
+
+    smoothgrad = deprecated_alias("maps", "smoothgrad")
 
     @property
     def smoothgrad_sq(self) -> np.ndarray:
         """The mean squared gradient (captum's "smoothgrad_sq")."""
-        return self.vargrad + self.smoothgrad ** 2
+        return self.vargrad + self.maps ** 2
 
     @property
     def certified_fraction(self) -> np.ndarray:
         """`P(||e||_2 < r_2)` for `e ~ N(0, sigma^2 I_D)`: `P(chi2_D < (r_2 / sigma)^2)`."""
         r = np.asarray(self.radius[2], np.float64)
-        d = float(np.prod(self.smoothgrad.shape[1:]))
+        d = float(np.prod(self.maps.shape[1:]))
         with np.errstate(divide="ignore", invalid="ignore"):
             q = np.where(self.noise_std > 0, (r / self.noise_std) ** 2, np.inf)
         q = np.where(np.isfinite(q), q, 1e300)
         return tf.math.igamma(d / 2, q / 2).numpy()
 
     def __repr__(self) -> str:
-        n = self.smoothgrad.shape[0]
+        n = self.maps.shape[0]
         extra = (f", median_in_region={float(np.median(self.in_region)):.3g}"
                  if self.in_region is not None and n else "")
         return f"SmoothGrad(n={n}, samples={self.samples}{extra})"
 
 
 def smoothgrad(model, x, y=None, noise: float = 0.15, samples: int = 50,
-               seed: int | None = None, absolute_noise: bool = False,
+               seed: int | None = None, absolute_noise: bool = False, radius: bool = False,
                options: RunOptions | None = None, **overrides) -> SmoothGrad:
     """SmoothGrad and VarGrad of the target logit, reproducible per example.
 
@@ -119,11 +126,14 @@ def smoothgrad(model, x, y=None, noise: float = 0.15, samples: int = 50,
         samples: noise samples per example.
         seed: None or a non-negative integer.
         absolute_noise: `noise` is the standard deviation itself, in input units.
+        radius: also certify the radii of `x`'s regions (`SmoothGrad.radius`,
+            `certified_fraction`; one `keras_roll.certify` of `x`).
         options: a `keras_roll.RunOptions`, or None.
         **overrides: its fields: `memory_budget` (bytes of live tensors per
             compiled chunk) and `verbose` ("auto": a progress bar for runs
             longer than a second, True or False); `batch_size` and `rigor`
-            apply to `SmoothGrad.radius` (see `keras_roll.certify`).
+            apply to the radius (`radius=True`; see `keras_roll.certify`) and
+            are a `TypeError` without it.
 
     Returns:
         A `SmoothGrad`.
@@ -135,11 +145,12 @@ def smoothgrad(model, x, y=None, noise: float = 0.15, samples: int = 50,
 
     ```python
     res = keras_roll.smoothgrad(model, x_test[:8], y_test[:8], noise=0.15, seed=0)
-    plt.imshow(keras_roll.attribution.postprocess_saliency(res.smoothgrad)[0])
-    res.in_region, res.certified_fraction
+    plt.imshow(keras_roll.attribution.postprocess_saliency(res.maps)[0])
+    res.in_region
     ```
     """
-    opts = RunOptions.of(options, **overrides)
+    opts = attribution_options(options, overrides, radius, "smoothgrad",
+                               uses=("memory_budget", "verbose"))
     budget = fixed_budget(opts.memory_budget)
     noise = check_scalar(noise, "noise", 0.0, low_open=False)
     samples = check_count(samples, "samples")
@@ -155,11 +166,11 @@ def smoothgrad(model, x, y=None, noise: float = 0.15, samples: int = 50,
                                            streams, budget, bar)
     linear = engine.piecewise_linear
     return SmoothGrad(
-        smoothgrad=mean.reshape(x.shape), vargrad=var.reshape(x.shape), gradient=grad,
+        maps=mean.reshape(x.shape), vargrad=var.reshape(x.shape), gradient=grad,
         noise_std=sigma, samples=samples, labels=targets.labels, targets=targets.weights,
         in_region=same / samples if linear else None, seed=int(seq.entropy),
-        piecewise_linear=linear, note=engine.note, _model=engine.lin if linear else None,
-        _inputs=x, _options=opts)
+        piecewise_linear=linear, note=engine.note,
+        _radius=certified_radius(engine, x, opts, radius))
 
 
 def _function(engine):

@@ -30,6 +30,7 @@ from keras_roll.certification.margin_math import (
     SliceMargins,
     exact_zeros,
     neuron_arrays,
+    neuron_distances,
 )
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.twin import Linearized
@@ -132,7 +133,7 @@ def binding_directions(lin: Linearized, xs: list, index, p):
             sign = np.where(above <= below, 1.0, -1.0)
             u = steepest_directions(safe, p, sign)
             q = {2: 2, 1: INF, INF: 1}[p]
-            t = np.minimum(below, above) / np.linalg.norm(safe, ord=q, axis=1)
+            t = neuron_distances(below, above) / np.linalg.norm(safe, ord=q, axis=1)
             u[~live], t[~live] = np.nan, np.nan
             us.append(u.reshape(x64.shape))
             ts.append(t)
@@ -177,7 +178,7 @@ def bisect_slice(lin: Linearized, xb, fwd, jac, norms, dirs_b, tol: float,
     ex_shape = tuple(xb.shape[1:])
     base, vecs, owner = [], [], []  # example of each direction, the direction, its tag
     jac64 = jac.astype(np.float64)
-    dist = np.minimum(below, above)
+    dist = neuron_distances(below, above)
     for p in norms:
         for e in range(b):
             sel = np.flatnonzero(valid[e] & np.isfinite(dist[e]) & np.any(jac[e] != 0, axis=1))

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from keras_roll.certification.bisection import binding_directions
-from keras_roll.certification.tables import format_table, percentiles_of, rigor_line
+from keras_roll.certification.tables import Summary, format_table, percentiles_of, rigor_line
 from keras_roll.certification.zero_radii import no_causes, zero_lines
 from keras_roll.compile.units import INPUT_UNITS, Units
 from keras_roll.options import Method, Rigor, parse_norm
@@ -298,8 +298,11 @@ class Certificate:
             parts.append(f"directions={self.directional.shape[1]}")
         return f"Certificate({', '.join(parts)})"
 
-    def summary(self, print_fn=print, percentiles=(25, 50, 75, 100)) -> None:
-        """Prints the paper-style table: percentiles of every certified margin.
+    def summary(self, print_fn=None, percentiles=(25, 50, 75, 100)) -> Summary:
+        """The paper-style table: percentiles of every certified margin.
+
+        Returns a `Summary` (its `str` is the table; a notebook shows it); `print_fn`
+        (a logger's function, say) also receives the text.
 
         Example:
 
@@ -307,6 +310,7 @@ class Certificate:
         keras_roll.certify(model, x_test).summary()
         ```
         """
+        out = []
         rows = []
         for p, v in self.margins.items():
             rows.append((f"{NORM_LABELS[p]} ball", v, self.binding_index[p]))
@@ -316,17 +320,17 @@ class Certificate:
                          self.directional_index.reshape(-1)))
         head = (f"Certified margins ({self.units.describe()}): {self.n} examples, method "
                 f"'{self.method}' ({PAPER})")
-        print_fn(format_table(head, rows, percentiles))
-        print_fn(rigor_line(self.rigor, self.evaluation))
+        out.append(format_table(head, rows, percentiles))
+        out.append(rigor_line(self.rigor, self.evaluation))
         for p, causes in self.zero_cause.items():
             for line in zero_lines(NORM_LABELS[p], causes, self.binding[p]):
-                print_fn(line)
+                out.append(line)
         if self.mask is not None:
-            print_fn("Masked sequences: each ball is in the unpadded coordinates (see .mask); "
-                     "it holds while padded steps stay at the mask value.")
+            out.append("Masked sequences: each ball is in the unpadded coordinates (see .mask); "
+                       "it holds while padded steps stay at the mask value.")
         if self.nonfinite is not None and self.nonfinite.any():
-            print_fn(f"{int(self.nonfinite.sum())} example(s) with non-finite neurons or "
-                     f"logits: margins NaN.")
+            out.append(f"{int(self.nonfinite.sum())} example(s) with non-finite neurons or "
+                       f"logits: margins NaN.")
         if self.n and self.margins:
             p = 2 if 2 in self.margins else next(iter(self.margins))
             layers = [b[0] for b in self.binding[p] if b is not None]
@@ -335,7 +339,8 @@ class Certificate:
                 order = np.argsort(-counts)[:3]
                 share = ", ".join(f"{names[i]} ({100 * counts[i] / self.n:.0f}%)"
                                   for i in order)
-                print_fn(f"Binding layers ({NORM_LABELS[p]}): {share}")
+                out.append(f"Binding layers ({NORM_LABELS[p]}): {share}")
+        return Summary.emit(out, print_fn)
 
 
 @dataclasses.dataclass(repr=False)
@@ -409,13 +414,20 @@ class StabilityBounds:
             return float("nan")
         return percentiles_of((self.upper - self.lower).reshape(-1), (50,))[0]
 
-    def summary(self, print_fn=print, percentiles=(25, 50, 75, 100)) -> None:
-        """Prints percentiles of the upper / lower bounds and the interval widths."""
+    def summary(self, print_fn=None, percentiles=(25, 50, 75, 100)) -> Summary:
+        """The percentiles of the upper / lower bounds and the interval widths: a
+        `Summary` (see `Certificate.summary`).
+
+        Example:
+
+        ```python
+        print(keras_roll.stability_bounds(model, x[:1]).summary())
+        ```
+        """
         rows = [("upper  +eps(+e_k)", self.upper.reshape(-1), None),
                 ("lower  -eps(-e_k)", -self.lower.reshape(-1), None),
                 ("width", (self.upper - self.lower).reshape(-1), None)]
         n = self.lower.shape[0]
         head = (f"Per-coordinate stability bounds (input units): {n} examples x "
                 f"{int(np.prod(self.lower.shape[1:]))} coordinates, method '{self.method}'")
-        print_fn(format_table(head, rows, percentiles))
-
+        return Summary.emit([format_table(head, rows, percentiles)], print_fn)

@@ -43,7 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.certification.gradient_norms import GradNorms, iter_gradient_norms
-from keras_roll.certification.margin_math import neuron_arrays
+from keras_roll.certification.margin_math import neuron_arrays, neuron_distances
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.options import parse_norm
 from keras_roll.rounding.exact_norms import exact_norms
@@ -112,7 +112,7 @@ def _slice(guard, twin, xs, fwd, budget, with_max):
     """`(GradNorms, RoundingErrors)` of one example slice (steps 1-4 of the module
     docstring)."""
     below, above, valid, _ = neuron_arrays(fwd)
-    dist = np.minimum(below, above)
+    dist = neuron_distances(below, above)
     at_x = guard.at_x(twin, fwd, budget)
     b, n = dist.shape
     norms = Norms(*(np.zeros((b, n)) for _ in range(3)))

@@ -93,24 +93,33 @@ class SliceMargins(NamedTuple):
     exact_zero: dict
 
 
-def neuron_distances(below: Array, above: Array):
-    """Distance of every neuron to its nearest breakpoint, `min(below, above)`.
+def neuron_distances(below: Array, above: Array, valid: Array | None = None):
+    """Distance of every neuron to its nearest breakpoint, `min(below, above)`
+    (docs/design.md, "The maths": `dist_j`), inf where `valid` is False.
 
     Args:
         below: `[..., N]` distances `z - lo` to the breakpoint below (inf if none).
         above: `[..., N]` distances `hi - z` to the breakpoint above (inf if none).
+        valid: optional `[..., N]` bool: neurons that exist for the example
+            (the others get inf: no breakpoint to reach).
 
     Returns:
-        `[..., N]` tensor.
+        `[..., N]`: a numpy array for numpy inputs, else a tensor.
 
     Example:
 
     ```python
-    fwd = lin.forward(x)
-    dist = neuron_distances(fwd.neurons.below, fwd.neurons.above)
+    below, above, valid, _ = neuron_arrays(lin.forward(x))
+    dist = neuron_distances(below, above, valid)     # [B, N] numpy
     ```
     """
-    return ops.minimum(_tensor(below), _tensor(above))
+    if not (ops.is_tensor(below) or ops.is_tensor(above) or ops.is_tensor(valid)):
+        dist = np.minimum(np.asarray(below), np.asarray(above))
+        return dist if valid is None else np.where(valid, dist, np.inf)
+    dist = ops.minimum(_tensor(below), _tensor(above))
+    if valid is None:
+        return dist
+    return ops.where(_tensor(valid), dist, ops.full_like(dist, np.inf))
 
 
 def dual_norm(g: Array, p: Norm, axis: int = -1):

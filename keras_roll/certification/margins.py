@@ -39,6 +39,7 @@ from keras_roll.certification.margin_math import (
     exact_zeros,
     margins_from_norms,
     neuron_arrays,
+    neuron_distances,
     to_numpy,
 )
 from keras_roll.certification.rounding_errors import (  # noqa: F401  (rounding_errors re-exported)
@@ -67,6 +68,9 @@ from keras_roll.rounding.guard import guard_for
 
 __all__ = ["Certificate", "certify", "l2_margins", "lp_margins"]
 
+MARGIN_FIELDS = ("batch_size", "memory_budget", "rigor")
+"""The run options `lp_margins` reads (it shows no progress bar)."""
+
 INF = math.inf
 KEEP_STREAM_BYTES = 512 * 2**20  # inputs of a stream kept for binding directions
 
@@ -86,7 +90,8 @@ class _Run:
     @classmethod
     def make(cls, model, norms, method, bisect_tol, options: RunOptions) -> _Run:
         lin = linearize(model)
-        return cls(lin, guard_for(options.rigor).twin(lin), norms, Method.parse(method),
+        return cls(lin, guard_for(options.rigor).twin(lin), norms,
+                   Method.parse(method, default=Method.ANALYTIC),
                    check_bisect_tol(bisect_tol), options, options.budget(lin.memory_budget))
 
     @property
@@ -97,7 +102,7 @@ class _Run:
 
 
 def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
-            directions: Array | None = None, method: Method | str = "analytic",
+            directions: Array | None = None, method: Method | str | None = "analytic",
             bisect_tol: float = 1e-4, options: RunOptions | None = None, *,
             wrt: str | None = None, **overrides) -> Certificate:
     """Certifies the lp and directional margins of every example.
@@ -173,7 +178,8 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
             unless `directions` are given.
         directions: optional `[B, K, *input_shape]` (or `[K, *input_shape]`
             shared; shared only for streams) directions for directional margins.
-        method: "analytic" or "bisect" (or a `keras_roll.options.Method`).
+        method: "analytic" (the default, also for None) or "bisect" (or a
+            `keras_roll.options.Method`).
         bisect_tol: relative tolerance of the bisection.
         options: a `keras_roll.RunOptions` (batch_size, memory_budget, verbose,
             rigor); the defaults if None.
@@ -212,7 +218,7 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
     keras_roll.certify(model, x, wrt="rescaling")   # radii in the Rescaling's output units
     ```
     """
-    opts = RunOptions.of(options, **overrides)
+    opts = RunOptions.of(options, caller="certify", **overrides)
     norms = parse_norms(norms)
     run = _Run.make(model, norms, method, bisect_tol, opts)
     units = resolve_units(run.lin.program, wrt)
@@ -332,7 +338,7 @@ def _certify_batch(run: _Run, batch: Batch, bar) -> Certificate:
 def _analytic_slice(run: _Run, xb, dirs_b, gs: GuardedSlice) -> SliceMargins:
     """The closed-form margins of one slice of examples."""
     below, above, valid, _ = neuron_arrays(gs.forward)
-    dist = np.minimum(below, above)
+    dist = neuron_distances(below, above)
     terms = () if gs.errors is None else gs.errors.terms()
     margins = {}
     for p in run.norms:
@@ -391,7 +397,8 @@ def lp_margins(model: ModelOrTwin, x, p: Norm = 2, options: RunOptions | None = 
         p: 1, 2 or np.inf.
         options: a `keras_roll.RunOptions`, or None.
         **overrides: its fields (`batch_size`, `memory_budget`, `rigor`; see
-            `certify`); rigor "float32" is the fastest.
+            `certify`); rigor "float32" is the fastest. `verbose` is a
+            `TypeError` (there is no progress bar).
 
     Example:
 
@@ -400,7 +407,7 @@ def lp_margins(model: ModelOrTwin, x, p: Norm = 2, options: RunOptions | None = 
     ```
     """
     p = parse_norm(p)
-    opts = RunOptions.of(options, **overrides)
+    opts = RunOptions.of(options, uses=MARGIN_FIELDS, caller="lp_margins", **overrides)
     lin = linearize(model)
     guard = guard_for(opts.rigor)
     twin = guard.twin(lin)
@@ -416,7 +423,7 @@ def lp_margins(model: ModelOrTwin, x, p: Norm = 2, options: RunOptions | None = 
                                                  (p,)):
             below, above, valid, _ = neuron_arrays(fwd)
             terms = () if err is None else err.terms()
-            eps, _ = margins_from_norms(np.minimum(below, above), gn.dual(p), valid, *terms)
+            eps, _ = margins_from_norms(neuron_distances(below, above), gn.dual(p), valid, *terms)
             out[sl] = to_numpy(eps)
             bad = nonfinite(fwd, valid, None if err is None else err.overflow)
             out[sl][bad] = np.nan
@@ -436,4 +443,5 @@ def l2_margins(model: ModelOrTwin, x, options: RunOptions | None = None,
     print("median l2 margin", np.median(l2_margins(model, x_val)))
     ```
     """
-    return lp_margins(model, x, 2, options, **overrides)
+    opts = RunOptions.of(options, uses=MARGIN_FIELDS, caller="l2_margins", **overrides)
+    return lp_margins(model, x, 2, opts)

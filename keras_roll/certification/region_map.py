@@ -10,11 +10,13 @@ pattern differs from a neighbour's has a region boundary between them.
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import numpy as np
 
 from keras_roll.compile.twin import linearize
+from keras_roll.options import RunOptions
 
 __all__ = ["RegionMap", "region_map"]
 
@@ -64,8 +66,12 @@ class RegionMap(NamedTuple):
         return edge
 
 
-def region_map(model, bounds=None, resolution: int = 400, around=None,
-               chunk: int = 4096) -> RegionMap:
+GRID_BATCH = 4096
+"""Grid points per forward pass of `region_map` (`batch_size=None`)."""
+
+
+def region_map(model, bounds=None, resolution: int = 400, around=None, chunk=None,
+               options: RunOptions | None = None, **overrides) -> RegionMap:
     """Samples the linear regions of a model with input shape `(2,)` on a grid.
 
     Args:
@@ -74,7 +80,10 @@ def region_map(model, bounds=None, resolution: int = 400, around=None,
             `around` padded by 10 %, or [-1, 1]^2 without it.
         resolution: grid points per axis, an integer >= 2.
         around: optional `[n, 2]` points the default bounds must cover.
-        chunk: grid points per forward pass.
+        chunk: deprecated name of `batch_size`.
+        options: a `keras_roll.RunOptions`, or None.
+        **overrides: its field `batch_size`: grid points per forward pass
+            (default 4096); any other field is a `TypeError`.
 
     Returns:
         A `RegionMap`.
@@ -89,6 +98,12 @@ def region_map(model, bounds=None, resolution: int = 400, around=None,
     keras_roll.plots.plot_linear_regions(grid, path="regions.png")
     ```
     """
+    if chunk is not None:
+        warnings.warn("region_map(chunk=) is deprecated; pass batch_size= (grid points per "
+                      "forward pass).", DeprecationWarning, stacklevel=2)
+        overrides.setdefault("batch_size", chunk)
+    opts = RunOptions.of(options, uses=("batch_size",), caller="region_map", **overrides)
+    chunk = opts.batch_size or GRID_BATCH
     lin = linearize(model)
     if tuple(lin.input_shape) != (2,):
         raise ValueError(f"region_map needs a model with a 2-D input, got input shape "

@@ -25,8 +25,9 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.certification.gradient_norms import iter_gradient_norms
-from keras_roll.certification.margin_math import neuron_arrays
+from keras_roll.certification.margin_math import neuron_arrays, neuron_distances
 from keras_roll.certification.runs import nonfinite
+from keras_roll.certification.tables import Summary
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.twin import linearize
 from keras_roll.compile.units import resolve_units
@@ -72,8 +73,9 @@ class RegionCount:
         return (f"RegionCount(n={self.n}, jacobians={self.jacobians} <= #CLR <= "
                 f"patterns={self.patterns}, on_boundary={self.on_boundary})")
 
-    def summary(self, print_fn=print) -> None:
-        """Prints the bounds as a small table.
+    def summary(self, print_fn=None) -> Summary:
+        """The bounds as a small table: a `Summary` (its `str` is the table; a
+        notebook shows it); `print_fn` also receives the text.
 
         Example:
 
@@ -92,7 +94,7 @@ class RegionCount:
         if not self.bounds_hold:
             lines.append(f"{self.on_boundary} point(s) lie on a region boundary: the bounds "
                          f"are not guaranteed.")
-        print_fn("\n".join(lines))
+        return Summary.emit(lines, print_fn)
 
 
 def count_regions(model: ModelOrTwin, x, rtol: float = 1e-5, projections: int = 16,
@@ -153,7 +155,7 @@ def count_regions(model: ModelOrTwin, x, rtol: float = 1e-5, projections: int = 
     print(rc.jacobians, "<= #CLR <=", rc.patterns)
     ```
     """
-    opts = RunOptions.of(options, **overrides)
+    opts = RunOptions.of(options, caller="count_regions", **overrides)
     if not (0 <= rtol < 1):
         raise ValueError(f"rtol must be in [0, 1), got {rtol!r}.")
     if int(projections) != projections or projections < 1:
@@ -238,7 +240,7 @@ def _patterns_of_batch(twin, x, keys, opts: RunOptions, budget, bar, seen) -> _B
                 keys[key] = len(keys)
                 new.append((keys[key], x[sl.start + r].numpy()))
             pattern_ids[sl.start + r] = keys[key]
-        candidate[sl] = np.any(valid & (np.minimum(below, above) <= tol), axis=1)
+        candidate[sl] = np.any(valid & (neuron_distances(below, above) <= tol), axis=1)
         bar.update(code.shape[0])
     tolerance = np.concatenate(tolerances)
 
@@ -249,7 +251,7 @@ def _patterns_of_batch(twin, x, keys, opts: RunOptions, budget, bar, seen) -> _B
         xc = tf.gather(x, cand)
         for sl, fwd, gn in iter_gradient_norms(twin, xc, opts.batch_size, budget):
             below, above, valid, _ = neuron_arrays(fwd)
-            on = valid & (np.minimum(below, above) <= tolerance[cand[sl]]) & (gn.linf > 0)
+            on = valid & (neuron_distances(below, above) <= tolerance[cand[sl]]) & (gn.linf > 0)
             boundary[cand[sl]] = np.any(on, axis=1)
     return _BatchPatterns(pattern_ids, boundary, new)
 

@@ -39,7 +39,7 @@ __all__ = ["StabilityBounds", "stability_bounds"]
 INF = math.inf
 
 
-def stability_bounds(model: ModelOrTwin, x, method: Method | str = "analytic",
+def stability_bounds(model: ModelOrTwin, x, method: Method | str | None = "analytic",
                      bisect_tol: float = 1e-4, options: RunOptions | None = None,
                      **overrides) -> StabilityBounds:
     """Per-coordinate stability intervals `[-eps(x, -e_k), +eps(x, +e_k)]`.
@@ -73,8 +73,8 @@ def stability_bounds(model: ModelOrTwin, x, method: Method | str = "analytic",
     plt.imshow(np.minimum(sb.upper, -sb.lower)[0, ..., 0])   # stable pixels
     ```
     """
-    opts = RunOptions.of(options, **overrides)
-    method = Method.parse(method)
+    opts = RunOptions.of(options, caller="stability_bounds", **overrides)
+    method = Method.parse(method, default=Method.ANALYTIC)
     bisect_tol = check_bisect_tol(bisect_tol)
     lin = linearize(model)
     guard = guard_for(opts.rigor)

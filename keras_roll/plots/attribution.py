@@ -38,7 +38,7 @@ def plot_attribution_grid(images, columns: dict, row_labels=None, image_shape=No
     Example:
 
     ```python
-    plot_attribution_grid(x[:4], {"gradient": sal.maps, "IG": ig.attributions},
+    plot_attribution_grid(x[:4], {"gradient": sal.maps, "IG": ig.maps},
                           path="grid.png")
     ```
     """
@@ -148,9 +148,9 @@ def plot_gradient_comparison(x, models: dict, eps: float | None = None, row_labe
                             f"{type(maps).__name__}.")
         columns[f"{name}\ngradient"] = maps.gradient.gradient
         columns[f"{name}\nadv. gradient"] = maps.worst.gradient
-        columns[f"{name}\nintegrated grad."] = maps.integrated.attributions
+        columns[f"{name}\nintegrated grad."] = maps.integrated.maps
         if maps.worst_integrated is not None:
-            columns[f"{name}\nadv. integrated grad."] = maps.worst_integrated.attributions
+            columns[f"{name}\nadv. integrated grad."] = maps.worst_integrated.maps
     columns = {k: postprocess_saliency(_shaped(v, image_shape)) for k, v in columns.items()}
     at = "" if eps is None else f" (eps={eps:g})"
     return plot_attribution_grid(
@@ -164,7 +164,7 @@ def _maps_of(result) -> np.ndarray:
     if isinstance(result, Saliency):
         return np.asarray(result.gradient, np.float64)
     if isinstance(result, IntegratedGradients):
-        return np.asarray(result.attributions, np.float64)
+        return np.asarray(result.maps, np.float64)
     return np.asarray(result, np.float64)
 
 

@@ -34,7 +34,7 @@ def plot_faithfulness(results: dict, metrics=("deletion", "insertion"), band=(25
 
     ```python
     f = {name: keras_roll.faithfulness(m, x, None, keras_roll.integrated_gradients(
-        m, x).attributions) for name, m in models.items()}
+        m, x).maps) for name, m in models.items()}
     keras_roll.plots.plot_faithfulness(f, path="faithfulness.png")
     ```
     """

@@ -12,6 +12,6 @@ differentiable function, for certified training. See docs/design.md, section
 
 from keras_roll.robust.api import robust_radius
 from keras_roll.robust.bounds import MarginBounds, interval_bounds
-from keras_roll.robust.result import RobustRadius
+from keras_roll.robust.result import RobustMethod, RobustRadius
 
-__all__ = ["MarginBounds", "RobustRadius", "interval_bounds", "robust_radius"]
+__all__ = ["MarginBounds", "RobustMethod", "RobustRadius", "interval_bounds", "robust_radius"]

@@ -38,27 +38,23 @@ from keras_roll.compile.twin import linearize
 from keras_roll.compile.units import resolve_units
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.inputs import LabelSpec, ModelOrTwin, read_batches
-from keras_roll.options import Norms, Rigor, RunOptions, Verbose, check_bisect_tol, parse_norms
+from keras_roll.options import Norms, RunOptions, check_bisect_tol, parse_norms
 from keras_roll.robust.adversarial import predict_classes
 from keras_roll.robust.bounds import margin_bounds
 from keras_roll.robust.region import decision_terms, link_gap, region_bounds
-from keras_roll.robust.result import RobustRadius
+from keras_roll.robust.result import RobustMethod, RobustRadius
 from keras_roll.robust.search import largest_certified
 from keras_roll.robust.walk import walk_bounds
 from keras_roll.rounding.precision import unit_roundoff
 
 __all__ = ["METHODS", "SearchOptions", "robust_radius"]
 
-METHODS = ("best", "region", "walk", "relaxation", "interval")
+METHODS = tuple(m.value for m in RobustMethod)
 FIELDS = ("lower", "upper", "adversarial", "exact", "exact_value", "runner_up",
           "lower_method", "upper_method")
 
 
-def _check_arguments(method, max_regions, bisect_tol, exact_rtol):
-    if method not in METHODS:
-        raise ValueError(f"Unknown method {method!r}; use one of {METHODS}: 'best' combines "
-                         f"'region' (exact inside the linear region), 'walk' (adversarial "
-                         f"points) and 'relaxation' (a sound lower bound beyond the region).")
+def _check_arguments(max_regions, bisect_tol, exact_rtol):
     check_bisect_tol(bisect_tol)
     if not isinstance(max_regions, numbers.Integral) or isinstance(max_regions, bool) \
             or max_regions < 1:
@@ -283,12 +279,10 @@ def _take_upper(r, idx, nb, name):
 
 
 def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
-                  method: str = "best", rigor: Rigor | str | None = None, *,
-                  max_regions: int = 100, bisect_tol: float = 1e-3, exact_rtol: float = 1e-3,
-                  batch_size: int | None = None, memory_budget: int | str | None = None,
-                  verbose: Verbose | None = None,
-                  options: RunOptions | None = None,
-                  wrt: str | None = None) -> RobustRadius:
+                  method: RobustMethod | str | None = "best", *, max_regions: int = 100,
+                  bisect_tol: float = 1e-3, exact_rtol: float = 1e-3,
+                  options: RunOptions | None = None, wrt: str | None = None,
+                  **overrides) -> RobustRadius:
     """Lower and upper bounds on every input's minimal adversarial perturbation.
 
     The minimal adversarial perturbation of `x` in the lp norm is the distance to the
@@ -345,8 +339,8 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
             every input (checked as by every function: `keras_roll.inputs.check_labels`);
             for streams, taken from `(x, y)` elements unless given here.
         norms: any of 1, 2, np.inf (or 'l1', 'l2', 'linf').
-        method: "best", "region", "walk", "relaxation" or "interval".
-        rigor: "float64" (default), "strict" or "float32" (a `keras_roll.Rigor`).
+        method: "best" (the default, also for None), "region", "walk",
+            "relaxation" or "interval" (a `keras_roll.robust.RobustMethod`).
         max_regions: regions the walk may cross per input (and per refining line).
         bisect_tol: relative width of the relaxation search's final bracket: the lower
             bound is within `1 + bisect_tol` of the largest radius the pass certifies
@@ -354,13 +348,16 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
             walk's point can claim `exact`).
         exact_rtol: `exact` where `upper - lower <= exact_rtol * upper` (and where
             method 1 located the minimum inside the region; see above).
-        batch_size: examples per batch (streams of single examples are grouped).
-        memory_budget: bytes of tangents / functionals per chunk (default the twin's).
-        verbose: "auto" (default), True or False: a progress bar.
         options: a `keras_roll.RunOptions` (batch_size, memory_budget, verbose,
-            rigor); the keyword arguments above override its fields.
+            rigor), or None.
         wrt: None (input units), or the name of a leading Rescaling /
             Normalization layer with a scalar scale: distances in its output's units.
+        **overrides: its fields, replacing those of `options`: `rigor`
+            ("float64", the default, "strict" or "float32"), `batch_size`
+            (examples per batch; streams of single examples are grouped),
+            `memory_budget` (bytes of tangents / functionals per chunk, default
+            the twin's) and `verbose` ("auto", the default, True or False: a
+            progress bar). None means the default.
 
     Returns:
         A `RobustRadius` (numpy arrays).
@@ -381,14 +378,12 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     rr.certified_accuracy(8 / 255, np.inf)    # in [0, 1] pixels for 0-255 inputs
     ```
     """
-    overrides = {k: v for k, v in (("rigor", rigor), ("batch_size", batch_size),
-                                   ("memory_budget", memory_budget), ("verbose", verbose))
-                 if v is not None}
-    run_options = RunOptions.of(options, **overrides)
+    run_options = RunOptions.of(options, caller="robust_radius", **overrides)
+    method = RobustMethod.parse(method, "method", default=RobustMethod.BEST)
     norms = parse_norms(norms)
     if not norms:
         raise ValueError("norms=() leaves nothing to bound; pass e.g. norms=(2, np.inf).")
-    _check_arguments(method, max_regions, bisect_tol, exact_rtol)
+    _check_arguments(max_regions, bisect_tol, exact_rtol)
     lin = linearize(model)
     units = resolve_units(lin.program, wrt)
     classes = _check_classifier(lin)

@@ -16,25 +16,46 @@ rr.certified_accuracy(0.03, np.inf)
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
 from keras_roll.certification.certificates import NormDict, percentiles_of
-from keras_roll.certification.tables import format_table
+from keras_roll.certification.tables import Summary, format_table
 from keras_roll.compile.units import INPUT_UNITS, Units
-from keras_roll.options import parse_norm
+from keras_roll.options import Choice, Rigor, parse_norm
 
-__all__ = ["METHOD_NAMES", "RobustRadius"]
+__all__ = ["RobustMethod", "RobustRadius"]
+
+PER_NORM = ("lower", "upper", "adversarial", "exact", "exact_value", "runner_up",
+            "lower_method", "upper_method")
+
+
+class RobustMethod(Choice):
+    """How `robust_radius` bounds the minimal adversarial perturbation
+    (docs/design.md, "Robustness radius").
+
+    * `BEST` ("best", the default): every method that applies, the larger lower
+      and the smaller upper bound.
+    * `REGION` ("region"): the linear region of `x` (exact inside it).
+    * `WALK` ("walk"): an upper bound by walking region by region.
+    * `RELAXATION` ("relaxation"): a sound lower bound by linear relaxation.
+    * `INTERVAL` ("interval"): the same search with interval bounds alone.
+
+    Example:
+
+    ```python
+    RobustMethod.parse("walk")      # RobustMethod.WALK
+    ```
+    """
+
+    BEST = "best"
+    REGION = "region"
+    WALK = "walk"
+    RELAXATION = "relaxation"
+    INTERVAL = "interval"
 
 NORM_LABELS = {1: "l1", 2: "l2", np.inf: "linf"}
-METHOD_NAMES = {
-    "region": "the region margin (method 1)",
-    "decision": "the nearest decision hyperplane inside the region (method 1, exact)",
-    "relaxation": "the linear relaxation (method 3)",
-    "interval": "interval bounds",
-    "walk": "the region walk (method 2)",
-    "label": "misclassified: x itself",
-}
 
 
 @dataclasses.dataclass(repr=False)
@@ -69,8 +90,8 @@ class RobustRadius:
             where none did).
         predicted: `[B]` int64, the class the model predicts (-1 for `nonfinite`).
         labels: `[B]` int64 or None, the labels given.
-        method: the `method` argument; rigor: the rounding guard ('float64',
-            'strict' or 'float32'); exact_rtol: see `exact`.
+        method: the `RobustMethod` of the call; rigor: the rounding guard (a
+            `Rigor`: 'float64', 'strict' or 'float32'); exact_rtol: see `exact`.
         nonfinite: `[B]` bool, inputs with NaN / inf values (or non-finite neurons):
             their bounds are NaN.
         units: the `keras_roll.compile.units.Units` of the distances (input units,
@@ -94,8 +115,8 @@ class RobustRadius:
     upper_method: dict
     predicted: np.ndarray
     labels: np.ndarray | None = None
-    method: str = "best"
-    rigor: str = "float64"
+    method: RobustMethod = RobustMethod.BEST
+    rigor: Rigor = Rigor.FLOAT64
     exact_rtol: float = 1e-3
     nonfinite: np.ndarray | None = None
     exact_value: dict | None = None
@@ -105,13 +126,55 @@ class RobustRadius:
         if self.exact_value is None:
             self.exact_value = {p: np.where(np.asarray(self.exact[p], bool), self.upper[p],
                                             np.nan) for p in self.upper}
-        for name in ("lower", "upper", "adversarial", "exact", "exact_value", "runner_up",
-                     "lower_method", "upper_method"):
+        for name in PER_NORM:
             value = getattr(self, name)
             if not isinstance(value, NormDict):
                 setattr(self, name, NormDict({parse_norm(k): v for k, v in value.items()}))
+        self.method = RobustMethod.parse(self.method, "method")
+        self.rigor = Rigor.parse(self.rigor)
         if self.nonfinite is None:
             self.nonfinite = np.zeros(self.n, bool)
+
+    @classmethod
+    def concat(cls, parts: Sequence[RobustRadius]) -> RobustRadius:
+        """The bounds of the inputs of `parts`, in order: the result of one call over
+        the concatenated inputs (each input's bounds depend on it alone).
+
+        Raises:
+            ValueError: no parts, or parts of different methods, rigors,
+                `exact_rtol`, norms, or with labels in some parts only.
+
+        Example:
+
+        ```python
+        rr = RobustRadius.concat([robust_radius(model, xa, ya), robust_radius(model, xb, yb)])
+        ```
+        """
+        parts = list(parts)
+        if not parts:
+            raise ValueError("RobustRadius.concat needs at least one RobustRadius.")
+        first = parts[0]
+        key = (first.method, first.rigor, first.exact_rtol, first.norms, first.units)
+        for i, q in enumerate(parts):
+            if (q.method, q.rigor, q.exact_rtol, q.norms, q.units) != key:
+                raise ValueError(
+                    f"RobustRadius of different runs cannot be concatenated: part {i} has "
+                    f"method={str(q.method)!r}, rigor={str(q.rigor)!r}, exact_rtol="
+                    f"{q.exact_rtol!r}, norms={q.norms}, units {q.units.describe()}; part 0 "
+                    f"has {str(key[0])!r}, {str(key[1])!r}, {key[2]!r}, {key[3]}, "
+                    f"{key[4].describe()}.")
+        labelled = [q.labels is not None for q in parts]
+        if any(labelled) and not all(labelled):
+            raise ValueError(f"RobustRadius.concat: parts {labelled.index(False)} and "
+                             f"{labelled.index(True)} differ in having labels; bound all "
+                             f"parts with labels or all without.")
+        fields = {name: {p: np.concatenate([getattr(q, name)[p] for q in parts])
+                         for p in first.norms} for name in PER_NORM}
+        labels = np.concatenate([q.labels for q in parts]) if all(labelled) else None
+        return cls(**fields, predicted=np.concatenate([q.predicted for q in parts]),
+                   labels=labels, method=first.method, rigor=first.rigor,
+                   exact_rtol=first.exact_rtol, units=first.units,
+                   nonfinite=np.concatenate([q.nonfinite for q in parts]))
 
     @property
     def n(self) -> int:
@@ -144,8 +207,7 @@ class RobustRadius:
         """
         if not np.isfinite(eps) or eps < 0:
             raise ValueError(f"eps must be a finite radius >= 0, got {eps!r}.")
-        lower = self.lower[p]
-        ok = self.correct if eps == 0 else self.correct & (lower > eps)
+        ok = self.correct if eps == 0 else self.correct & (self.lower[p] > eps)
         return float(np.mean(ok)) if self.n else float("nan")
 
     def gap(self, p) -> np.ndarray:
@@ -155,16 +217,17 @@ class RobustRadius:
             return np.where(lo > 0, up / lo, np.where(np.isfinite(up), np.inf, np.nan))
 
     def __repr__(self) -> str:
-        parts = [f"n={self.n}", f"method={self.method!r}", f"rigor={self.rigor!r}"]
+        parts = [f"n={self.n}", f"method={str(self.method)!r}", f"rigor={str(self.rigor)!r}"]
         for p in self.norms:
             lab = NORM_LABELS[p]
             parts.append(f"median_lower_{lab}={percentiles_of(self.lower[p], (50,))[0]:.4g}")
             parts.append(f"exact_{lab}={float(np.mean(self.exact[p])) if self.n else 0:.0%}")
         return f"RobustRadius({', '.join(parts)})"
 
-    def summary(self, print_fn=print, percentiles=(10, 50, 90)) -> None:
-        """Prints percentiles of the bounds and the gap, the share solved exactly and
-        which methods gave the bounds.
+    def summary(self, print_fn=None, percentiles=(10, 50, 90)) -> Summary:
+        """Percentiles of the bounds and the gap, the share solved exactly and which
+        methods gave the bounds: a `Summary` (its `str` is the table; a notebook
+        shows it); `print_fn` also receives the text.
 
         Example:
 
@@ -172,6 +235,7 @@ class RobustRadius:
         keras_roll.robust_radius(model, x_test[:100]).summary()
         ```
         """
+        out = []
         rows = []
         for p in self.norms:
             lab = NORM_LABELS[p]
@@ -181,14 +245,15 @@ class RobustRadius:
                          None))
         head = (f"Minimal adversarial perturbation ({self.units.describe()}): {self.n} "
                 f"inputs, method '{self.method}', rigor '{self.rigor}'")
-        print_fn(format_table(head, rows, percentiles))
+        out.append(format_table(head, rows, percentiles))
         for p in self.norms:
-            print_fn(self._methods_line(p))
+            out.append(self._methods_line(p))
         if self.labels is not None:
-            print_fn(f"Accuracy {self.certified_accuracy(0.0):.1%}; misclassified inputs "
-                     f"have radius 0.")
+            out.append(f"Accuracy {self.certified_accuracy(0.0):.1%}; misclassified inputs "
+                       f"have radius 0.")
         if self.nonfinite.any():
-            print_fn(f"{int(self.nonfinite.sum())} input(s) with non-finite values: NaN.")
+            out.append(f"{int(self.nonfinite.sum())} input(s) with non-finite values: NaN.")
+        return Summary.emit(out, print_fn)
 
     def _methods_line(self, p) -> str:
         lab = NORM_LABELS[p]

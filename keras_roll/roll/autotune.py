@@ -38,7 +38,7 @@ from keras_roll.compile.chunking import (
 )
 from keras_roll.options import fixed_budget
 from keras_roll.roll.chunks import plan_directions_for
-from keras_roll.roll.config import RollConfig
+from keras_roll.roll.config import RollConfig, RollPlan
 from keras_roll.roll.estimators import estimator_for
 
 __all__ = ["tuned_config"]
@@ -47,13 +47,16 @@ _PROBE_FIELDS = ("samples", "strata", "estimator", "share_axes", "wrt", "tangent
                  "fewest_directions", "skip_padded_steps")
 
 
-def tuned_config(lin, x, config: RollConfig, precompute: bool, run) -> RollConfig:
-    """`config` with a memory budget in bytes: its own, the twin's, or the probe's choice.
+def tuned_config(lin, x, config: RollConfig | RollPlan, precompute: bool, run
+                 ) -> RollConfig | RollPlan:
+    """`config` with a memory budget in bytes: its own, the twin's, or the probe's choice
+    (a `RollPlan` gives a `RollPlan`, whose entry the probe reuses).
 
     Args:
         lin: the `Linearized` model.
         x: the batch (its static shape decides the probe's inputs).
-        config: the ROLL hyperparameters; a fixed `memory_budget` is kept.
+        config: the ROLL hyperparameters, or their `RollPlan`; a fixed
+            `memory_budget` is kept.
         precompute: whether the step differentiates the loss (a training
             step): the probe then times the loss and its weight gradient.
         run: `fn(config, x) -> [B]` the per-example loss the probe times
@@ -65,6 +68,8 @@ def tuned_config(lin, x, config: RollConfig, precompute: bool, run) -> RollConfi
     config = tuned_config(lin, x, config, True, lambda c, xb: loss_from_config(lin, xb, c))
     ```
     """
+    plan = config if isinstance(config, RollPlan) else None
+    config = config.config if plan is not None else config
     budget = fixed_budget(config.memory_budget)
     if budget is None:
         budget = lin.memory_budget
@@ -75,16 +80,19 @@ def tuned_config(lin, x, config: RollConfig, precompute: bool, run) -> RollConfi
             kept = tuple(getattr(config, name) for name in _PROBE_FIELDS)
             key = ("roll", lin.dtype, tuple(shape.as_list()), batch, kept, bool(precompute))
             budget = remembered_budget(lin.model, key, lambda: _probe(
-                lin, [batch, *shape.as_list()], config, precompute, run))
-    return dataclasses.replace(config, memory_budget=int(budget))
+                lin, [batch, *shape.as_list()], plan or config, precompute, run))
+    tuned = dataclasses.replace(config, memory_budget=int(budget))
+    return tuned if plan is None else plan.with_config(tuned)
 
 
 def _probe(lin, shape, config, precompute, run) -> int:
-    """The fastest candidate budget for a ROLL step on random inputs of `shape`."""
+    """The fastest candidate budget for a ROLL step on random inputs of `shape`
+    (`config`: a `RollConfig` or its `RollPlan`)."""
     with tf.init_scope():
         x = tf.random.stateless_uniform(shape, [7, 11], -1.0, 1.0, dtype=lin.dtype)
         fwd = lin.primal(x)
         est = estimator_for(lin, x, config, 0, trace=fwd.trace)
+        config = config.config if isinstance(config, RollPlan) else config
         plans = auto_candidates(lambda b: plan_directions_for(lin, fwd, x, est, b))
         variables = lin.model.trainable_variables
         steps = {}

@@ -3,11 +3,14 @@
 Every ROLL entry point (`wrap`, `RollRegularizer`, `roll_loss`,
 `neuron_grad_sq`, `memory_plan`) takes `config=None, **overrides` and turns
 them into one frozen `RollConfig` with `resolve_config`; the constructor checks
-each field with an error that names the bad value, and the internals take the
-config. To add a hyperparameter, add a field with its default and a check in
-`__post_init__`: every entry point accepts it as a keyword, and
-`RollRegularizer.get_config` (`dataclasses.asdict`) and its attributes follow.
-See docs/design.md, section "Data flow of a ROLL training step".
+each field with an error that names the bad value (None stands for a field's
+default), and the entry point resolves it once against the model into a
+`RollPlan` (`keras_roll.roll.entry.roll_plan`: the config and where the
+tangents enter), which the loss, the estimators and the regularizer read. To add
+a hyperparameter, add a field with its default and a check in `__post_init__`:
+every entry point accepts it as a keyword, and `RollRegularizer.get_config`
+(`dataclasses.asdict`) and its attributes follow. See docs/design.md, section
+"Data flow of a ROLL training step".
 
 Example:
 
@@ -27,13 +30,48 @@ import math
 import keras
 import numpy as np
 
-from keras_roll.options import check_memory_budget
+from keras_roll.options import Choice, check_memory_budget
 
-__all__ = ["ESTIMATORS", "STRATA", "TANGENT_DTYPES", "RollConfig", "check_hyperparameters",
-           "resolve_config"]
+__all__ = ["ESTIMATORS", "STRATA", "TANGENT_DTYPES", "EstimatorKind", "RollConfig", "RollPlan",
+           "Strata", "resolve_config"]
 
-ESTIMATORS = ("axes", "gaussian", "rademacher")
-STRATA = (None, "channel")
+
+class EstimatorKind(Choice):
+    """The directions of ROLL's gradient norms (`RollConfig.estimator`).
+
+    * `AXES` ("axes", the default): one-hot input axes (every axis for the exact
+      loss, `samples` drawn ones for Eq. 10).
+    * `GAUSSIAN` ("gaussian"), `RADEMACHER` ("rademacher"): random probes `v`
+      with `E[(g . v)^2] = ||g||^2`.
+
+    Example:
+
+    ```python
+    EstimatorKind.parse("gaussian")      # EstimatorKind.GAUSSIAN
+    ```
+    """
+
+    AXES = "axes"
+    GAUSSIAN = "gaussian"
+    RADEMACHER = "rademacher"
+
+
+class Strata(Choice):
+    """How sampled axes are stratified (`RollConfig.strata`; None: uniformly over
+    all axes): `CHANNEL` ("channel"), `samples` axes in every channel.
+
+    Example:
+
+    ```python
+    Strata.parse("channel")      # Strata.CHANNEL
+    ```
+    """
+
+    CHANNEL = "channel"
+
+
+ESTIMATORS = tuple(e.value for e in EstimatorKind)
+STRATA = (None, *(s.value for s in Strata))
 TANGENT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
@@ -66,10 +104,12 @@ class RollConfig:
             number of probes for random estimators. Behind a leading Masking
             layer the axes of each example are drawn among its valid
             (unpadded) steps only, scaled by `D_valid / k`.
-        strata: None, or "channel": k axes in every channel of a channels-last
-            input (the paper's "120 samples on each channel"), scaled per channel.
+        strata: None, or "channel" (`Strata.CHANNEL`): k axes in every channel
+            of a channels-last input (the paper's "120 samples on each
+            channel"), scaled per channel.
         estimator: "axes" (one-hot input axes), "gaussian" or "rademacher"
-            (random probes v, `E[(g . v)^2] = ||g||^2`, scaled by `1 / k`).
+            (random probes v, `E[(g . v)^2] = ||g||^2`, scaled by `1 / k`); an
+            `EstimatorKind`, strings accepted.
         seed: None (fresh randomness every step) or an int: a reproducible
             sequence of stateless seeds (one per step and replica under `wrap`).
             Under `tf.distribute` the global replica id is folded in, so
@@ -114,6 +154,8 @@ class RollConfig:
             every input axis: on the paper's Japanese Vowels scoRNN it was
             measured faster (benchmarks/README.md, "Training steps").
 
+    None stands for a field's default (`RollConfig(lam=None).lam == 2.0`).
+
     Raises:
         ValueError: a bad value; the message names the field and the value.
 
@@ -128,8 +170,8 @@ class RollConfig:
     C: float = 1.0
     gamma: float = 100.0
     samples: int | None = None
-    strata: str | None = None
-    estimator: str = "axes"
+    strata: Strata | None = None
+    estimator: EstimatorKind = EstimatorKind.AXES
     seed: int | None = None
     on_eval: bool | None = None
     memory_budget: int | str | None = None
@@ -140,8 +182,20 @@ class RollConfig:
     skip_padded_steps: bool = False
 
     def __post_init__(self):
+        for field in dataclasses.fields(self):  # None means the default
+            if getattr(self, field.name) is None and field.default is not None:
+                object.__setattr__(self, field.name, field.default)
+        object.__setattr__(self, "estimator", EstimatorKind.parse(self.estimator, "estimator"))
+        if self.strata is not None:
+            try:
+                object.__setattr__(self, "strata", Strata.parse(self.strata, "strata"))
+            except ValueError:
+                raise ValueError(f"Unknown strata={self.strata!r}; expected None (uniform over "
+                                 f"all input axes) or 'channel' (the same number of axes in "
+                                 f"every channel).") from None
         _check_weights(self.lam, self.C, self.gamma)
-        _check_sampling(self.samples, self.strata, self.estimator, self.share_axes)
+        _check_sampling(self.samples, None if self.strata is None else self.strata.value,
+                        self.estimator.value, self.share_axes)
         if self.seed is not None and not _is_int(self.seed):
             raise ValueError(f"seed must be None or an int, got seed={self.seed!r}.")
         if self.on_eval is not None and not isinstance(self.on_eval, (bool, np.bool_)):
@@ -181,7 +235,7 @@ class RollConfig:
         """Directions per example: D (exact), `samples * channels` (stratified), or `samples`."""
         if self.samples is None:
             return int(np.prod(example_shape))
-        if self.strata == "channel":
+        if self.strata is Strata.CHANNEL:
             return self.samples * int(example_shape[-1])
         return self.samples
 
@@ -193,10 +247,10 @@ class RollConfig:
                 stratification of an input without a channel axis.
         """
         samples, strata = self.samples, self.strata
-        if input_shape is None or samples is None or self.estimator != "axes":
+        if input_shape is None or samples is None or self.estimator is not EstimatorKind.AXES:
             return
         shape = tuple(input_shape)
-        if strata == "channel":
+        if strata is Strata.CHANNEL:
             if len(shape) < 2:
                 raise ValueError(f"strata='channel' needs a channels-last input of rank >= 2, "
                                  f"got per-example input shape {shape}.")
@@ -226,12 +280,6 @@ def _check_weights(lam, C, gamma) -> None:
 
 
 def _check_sampling(samples, strata, estimator, share_axes) -> None:
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"Unknown estimator={estimator!r}; expected one of {ESTIMATORS}.")
-    if strata not in STRATA:
-        raise ValueError(f"Unknown strata={strata!r}; expected None (uniform over all "
-                         f"input axes) or 'channel' (the same number of axes in every "
-                         f"channel).")
     if samples is not None and (not _is_int(samples) or samples < 1):
         raise ValueError(f"samples must be None (exact ROLL) or a positive int, got "
                          f"samples={samples!r}.")
@@ -302,17 +350,39 @@ def resolve_config(config: RollConfig | None = None, **overrides) -> RollConfig:
     return dataclasses.replace(config, **overrides) if overrides else config
 
 
-def check_hyperparameters(lam=0.0, C=1.0, gamma=100.0, samples=None, strata=None,
-                          estimator="axes", input_shape=None, share_axes=False) -> None:
-    """Validates ROLL hyperparameters; raises `ValueError` naming the bad value.
+@dataclasses.dataclass(frozen=True)
+class RollPlan:
+    """A `RollConfig` resolved once against a model: what the loss, the estimators
+    and the regularizer read (`keras_roll.roll.entry.roll_plan` makes it).
 
-    The same checks as `RollConfig(...)` followed by `check_input_shape`.
+    Attributes:
+        config: the validated hyperparameters.
+        entry: the program step the tangents enter at (0: the model input; after a
+            leading Rescaling / Normalization layer with `wrt=`).
 
     Example:
 
     ```python
-    check_hyperparameters(lam=2.0, gamma=50.0, samples=3, input_shape=(784,))
+    plan = roll_plan(lin, RollConfig(wrt="normalize"))
+    plan.entry, plan.config.samples     # (1, None)
     ```
     """
-    RollConfig(lam=lam, C=C, gamma=gamma, samples=samples, strata=strata, estimator=estimator,
-               share_axes=share_axes).check_input_shape(input_shape)
+
+    config: RollConfig
+    entry: int
+
+    def with_config(self, config: RollConfig) -> RollPlan:
+        """The same plan with `config` (e.g. a tuned memory budget); `config.wrt`
+        must be the plan's (the entry depends on it).
+
+        Example:
+
+        ```python
+        plan.with_config(dataclasses.replace(plan.config, memory_budget=2**24))
+        ```
+        """
+        if config.wrt != self.config.wrt:
+            raise ValueError(f"RollPlan.with_config keeps the entry of wrt="
+                             f"{self.config.wrt!r}; got a config with wrt={config.wrt!r}: "
+                             f"make a new plan with roll_plan(lin, config).")
+        return RollPlan(config, self.entry)

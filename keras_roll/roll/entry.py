@@ -28,9 +28,10 @@ import tensorflow as tf
 
 from keras_roll.compile.rules.recurrent import MaskingOp
 from keras_roll.compile.structure import structure_of
+from keras_roll.roll.config import RollConfig, RollPlan
 
 __all__ = ["AFFINE_ENTRY_LAYERS", "affine_problem", "entry_readers", "padding_mask",
-           "tangent_entry"]
+           "roll_plan", "tangent_entry"]
 
 AFFINE_ENTRY_LAYERS = (keras.layers.Rescaling, keras.layers.Normalization)
 
@@ -82,6 +83,26 @@ def _leading_chain(program) -> list[tuple[str, int]]:
             break
         chain.append((step.name, i))
     return chain
+
+
+def roll_plan(lin, config: RollConfig | RollPlan) -> RollPlan:
+    """`config` resolved against the twin `lin`: the one place ROLL's entry step is
+    computed (a `RollPlan` is returned as it is).
+
+    Raises:
+        ValueError: a `wrt=` that names no leading elementwise affine layer (see
+            `tangent_entry`).
+
+    Example:
+
+    ```python
+    plan = roll_plan(lin, RollConfig(wrt="normalize"))
+    plan.entry                                   # 1
+    ```
+    """
+    if isinstance(config, RollPlan):
+        return config
+    return RollPlan(config, tangent_entry(lin.program, config.wrt))
 
 
 def tangent_entry(program, wrt: str | None) -> int:

@@ -23,7 +23,8 @@ the `[B, N]` sum over those directions of every neuron's squared derivative.
 
 **Where the directions live** (`keras_roll.roll.entry`): axes of the model
 input, or of the output of a leading Rescaling / Normalization layer
-(`wrt=`); the estimators enter the tangent pass at `tangent_entry(wrt)`.
+(`wrt=`); the estimators enter the tangent pass at the entry step of their
+`RollPlan` (`keras_roll.roll.entry.roll_plan`).
 
 **Padded steps** (`keras_roll.roll.entry.padding_mask`): with a leading
 Masking layer, the padded steps of an example have zero gradient by
@@ -53,8 +54,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.records import Record
-from keras_roll.roll.config import RollConfig
-from keras_roll.roll.entry import padding_mask, tangent_entry
+from keras_roll.roll.config import EstimatorKind, RollConfig, RollPlan, Strata
+from keras_roll.roll.entry import padding_mask, roll_plan
 from keras_roll.roll.exact import (
     ActiveFactorAxes,
     ExactAxes,
@@ -255,14 +256,15 @@ class RandomProbes(Record):
         return sum_squares_per_unit(jvp, self.dtype)
 
 
-def estimator_for(lin, x, config: RollConfig, seed, trace=None) -> Estimator:
+def estimator_for(lin, x, config: RollConfig | RollPlan, seed, trace=None) -> Estimator:
     """The estimator `config` asks for on the batch `x` (checked, in the twin's dtype).
 
     Args:
         lin: the `Linearized` model.
         x: `[B, *input_shape]` inputs.
         config: the ROLL hyperparameters (`samples`, `strata`, `estimator`,
-            `share_axes`, `wrt`, `tangent_dtype`, `fewest_directions`).
+            `share_axes`, `wrt`, `tangent_dtype`, `fewest_directions`), or their
+            `RollPlan` (the entry step resolved once by the caller).
         seed: None, an int or a `[2]` int tensor (see `seed_tensor`).
         trace: the `Trace` of `x`'s forward pass: with it, sampled axes (not
             shared) avoid the padded steps of a leading Masking layer
@@ -274,9 +276,10 @@ def estimator_for(lin, x, config: RollConfig, seed, trace=None) -> Estimator:
     est = estimator_for(lin, x, RollConfig(samples=3), seed=0, trace=fwd.trace)
     ```
     """
+    plan = roll_plan(lin, config)
+    config, entry = plan.config, plan.entry
     dtype = lin.dtype
     tdtype = tangent_dtype_for(config, dtype)
-    entry = tangent_entry(lin.program, config.wrt)
     static = x.shape[1:]
     if static.is_fully_defined():
         dims = static.as_list()
@@ -290,15 +293,15 @@ def estimator_for(lin, x, config: RollConfig, seed, trace=None) -> Estimator:
         return exact_estimator(lin, config, entry, example_shape, d, tdtype, trace)
     batch = tf.shape(x)[0]
     seed_t = seed_tensor(seed)
-    if config.estimator != "axes":
-        return RandomProbes(seed_t, batch, example_shape, samples, config.estimator, dtype,
+    if config.estimator is not EstimatorKind.AXES:
+        return RandomProbes(seed_t, batch, example_shape, samples, config.estimator.value, dtype,
                             entry, tdtype)
     # One set of axes per example ([B, ...]) or, with share_axes, for the batch.
     share = config.share_axes
     keep = None if share or trace is None else padding_mask(lin.program, trace, entry)
     lead = tf.zeros([0], tf.int32) if share else tf.reshape(batch, [1])
     counts = None
-    if config.strata == "channel":
+    if config.strata is Strata.CHANNEL:
         per_group = d // channels
         u = tf.random.stateless_uniform(
             tf.concat([lead, tf.stack([channels, per_group])], 0), seed_t)

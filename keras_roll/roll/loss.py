@@ -59,33 +59,44 @@ from keras_roll.options import Seed
 from keras_roll.roll.autotune import tuned_config
 from keras_roll.roll.buckets import bucketed, buckets_apply
 from keras_roll.roll.chunks import plan_directions_for, roll_budget, sum_squares
-from keras_roll.roll.config import RollConfig, resolve_config
-from keras_roll.roll.entry import padding_mask, tangent_entry
+from keras_roll.roll.config import RollConfig, RollPlan, resolve_config
+from keras_roll.roll.entry import padding_mask, roll_plan
 from keras_roll.roll.estimators import estimator_for
 
-__all__ = ["checked_config", "grad_sq", "loss_from_config", "memory_plan", "neuron_grad_sq",
-           "roll_loss"]
+__all__ = ["LOSS_UNUSED", "checked_plan", "grad_sq", "loss_from_config", "memory_plan",
+           "neuron_grad_sq", "roll_loss"]
+
+LOSS_UNUSED = ("lam", "on_eval")
+"""`RollConfig` fields `roll_loss`, `neuron_grad_sq` and `memory_plan` do not read (`wrap` does)."""
 
 
 # --------------------------------------------------------------------------- public API
 
 
-def checked_config(lin: Linearized, x: tf.Tensor, config: RollConfig | None,
-                   overrides: dict) -> RollConfig:
-    """The `RollConfig` of a call (`config` with `overrides`), checked against the
-    twin and the batch `x`: `samples` against the input shape, `wrt` against
-    the model (a bad `wrt=` fails here, eagerly, naming the valid layers).
+def checked_plan(lin: Linearized, x: tf.Tensor, config: RollConfig | None, overrides: dict,
+                 caller: str = "roll_loss") -> RollPlan:
+    """The `RollPlan` of a call (`config` with `overrides`, resolved against the twin),
+    checked against the batch `x`: `samples` against the input shape, `wrt`
+    against the model (a bad `wrt=` fails here, eagerly, naming the valid layers).
+
+    Raises:
+        TypeError: an override `caller` does not read (`lam`, `on_eval`: `wrap`'s),
+            or one that names no field.
 
     Example:
 
     ```python
-    config = checked_config(lin, lin.check_input(x), None, {"samples": 3})
+    plan = checked_plan(lin, lin.check_input(x), None, {"samples": 3})
     ```
     """
+    unused = [k for k in LOSS_UNUSED if k in overrides]
+    if unused:
+        raise TypeError(f"{caller}() does not use {unused}: it returns the regularizer "
+                        f"without lam and computes it whenever called; pass them to "
+                        f"keras_roll.wrap (or multiply the loss by lam yourself).")
     config = resolve_config(config, **overrides)
     config.check_input_shape(tuple(x.shape[1:]))
-    tangent_entry(lin.program, config.wrt)
-    return config
+    return roll_plan(lin, config)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -120,21 +131,23 @@ def neuron_grad_sq(model_or_lin: ModelOrTwin, x: Array, config: RollConfig | Non
     """
     lin = linearize(model_or_lin)
     x = lin.check_input(x)
-    config = checked_config(lin, x, config, overrides)
-    config = tuned_config(lin, x, config, False, lambda cfg, xb: loss_from_config(lin, xb, cfg, 0))
+    plan = checked_plan(lin, x, config, overrides, caller="neuron_grad_sq")
+    plan = tuned_config(lin, x, plan, False, lambda cfg, xb: (
+        loss_from_config(lin, xb, plan.with_config(cfg), 0)))
     fwd = forward if forward is not None else lin.primal(x)
-    return grad_sq(lin, fwd, x, config, config.seed if seed is None else seed)
+    return grad_sq(lin, fwd, x, plan, plan.config.seed if seed is None else seed)
 
 
-def grad_sq(lin: Linearized, fwd: ForwardPass, x: tf.Tensor, config: RollConfig,
+def grad_sq(lin: Linearized, fwd: ForwardPass, x: tf.Tensor, config: RollConfig | RollPlan,
             seed: Seed = None) -> tf.Tensor:
     """`[B, N]` squared gradient norms (scaled estimate) for a checked batch `x`.
 
-    The internal entry point of `neuron_grad_sq` and `roll_loss`: `config`
-    is already validated and `fwd` is the forward pass of `x`.
+    The internal entry point of `neuron_grad_sq` and `roll_loss`: `config` (or its
+    `RollPlan`) is already validated and `fwd` is the forward pass of `x`.
     """
-    est = estimator_for(lin, x, config, seed, trace=fwd.trace)
-    sq = sum_squares(lin, fwd, x, est, roll_budget(lin, config))
+    plan = roll_plan(lin, config)
+    est = estimator_for(lin, x, plan, seed, trace=fwd.trace)
+    sq = sum_squares(lin, fwd, x, est, roll_budget(lin, plan.config))
     scale = est.scale(lin.dtype)
     if scale is not None:
         sq = sq * tf.cast(scale, sq.dtype)
@@ -157,7 +170,8 @@ def roll_loss(model_or_lin: ModelOrTwin, x: Array, config: RollConfig | None = N
     The hyperparameters are one `RollConfig` (`keras_roll.roll.config`, where
     each field is described): pass one as `config`, its fields by keyword, or
     both (the keywords replace the config's fields). `lam` and `on_eval` are
-    read by `wrap` only.
+    read by `wrap` only: passing them here is a `TypeError` (a `config` that
+    holds them is fine).
 
     Args:
         model_or_lin: a Keras model (linearized and cached) or a `Linearized`.
@@ -178,7 +192,8 @@ def roll_loss(model_or_lin: ModelOrTwin, x: Array, config: RollConfig | None = N
         A `[B]` tensor (float32 even under mixed precision), or `(loss, logits)`.
 
     Raises:
-        TypeError: `config` is not a `RollConfig`, or an unknown keyword.
+        TypeError: `config` is not a `RollConfig`, an unknown keyword, or `lam` /
+            `on_eval` (read by `wrap` only).
         ValueError: bad hyperparameters (the message names the value).
         MemoryError: a single direction of the batch exceeds the memory budget
             (with the exact loss on large inputs: use `samples=`).
@@ -193,17 +208,20 @@ def roll_loss(model_or_lin: ModelOrTwin, x: Array, config: RollConfig | None = N
     """
     lin = linearize(model_or_lin)
     x = lin.check_input(x)
-    config = checked_config(lin, x, config, overrides)
-    return loss_from_config(lin, x, config, config.seed if seed is None else seed,
+    plan = checked_plan(lin, x, config, overrides)
+    return loss_from_config(lin, x, plan, plan.config.seed if seed is None else seed,
                             return_logits)
 
 
-def loss_from_config(lin: Linearized, x: tf.Tensor, config: RollConfig, seed: Seed = None,
-                     return_logits: bool = False, precompute_gradient: bool = False):
-    """`roll_loss` for a checked batch `x` and a validated `config`.
+def loss_from_config(lin: Linearized, x: tf.Tensor, config: RollConfig | RollPlan,
+                     seed: Seed = None, return_logits: bool = False,
+                     precompute_gradient: bool = False):
+    """`roll_loss` for a checked batch `x` and a validated `config` (or its `RollPlan`,
+    which the callers resolve once: `RollRegularizer`, `roll_loss`).
 
     Args:
-        lin, x, config, seed, return_logits: see `roll_loss`.
+        lin, x, seed, return_logits: see `roll_loss`.
+        config: a `RollConfig` or its `RollPlan` (`keras_roll.roll.entry.roll_plan`).
         precompute_gradient: True when the caller differentiates a uniform
             weighting of the per-example losses (the batch mean of a training
             step, as `RollRegularizer` does). With `gamma = 100` and tangents in
@@ -220,39 +238,40 @@ def loss_from_config(lin: Linearized, x: tf.Tensor, config: RollConfig, seed: Se
                                     return_logits=True)
     ```
     """
-    config = tuned_config(lin, x, config, precompute_gradient, lambda cfg, xb: loss_from_config(
-        lin, xb, cfg, 0, precompute_gradient=precompute_gradient))
+    plan = roll_plan(lin, config)
+    plan = tuned_config(lin, x, plan, precompute_gradient, lambda cfg, xb: loss_from_config(
+        lin, xb, plan.with_config(cfg), 0, precompute_gradient=precompute_gradient))
     fwd = lin.primal(x)
     if x.shape[0] == 0:  # an empty batch has an empty loss
         loss = tf.zeros([0], lin.dtype)
         return (loss, fwd.logits) if return_logits else loss
-    entry = tangent_entry(lin.program, config.wrt)
-    if buckets_apply(lin.program, config, entry):  # exact, masked sequences: crop by length
-        keep = padding_mask(lin.program, fwd.trace, entry)
-        loss = bucketed(x, keep, lambda xb: _per_example(lin, lin.primal(xb), xb, config, seed,
+    if buckets_apply(lin.program, plan.config, plan.entry):  # exact, masked: crop by length
+        keep = padding_mask(lin.program, fwd.trace, plan.entry)
+        loss = bucketed(x, keep, lambda xb: _per_example(lin, lin.primal(xb), xb, plan, seed,
                                                          precompute_gradient))
     else:
-        loss = _per_example(lin, fwd, x, config, seed, precompute_gradient)
+        loss = _per_example(lin, fwd, x, plan, seed, precompute_gradient)
     loss = _nan_where_nonfinite(fwd, loss)
     if return_logits:
         return loss, fwd.logits
     return loss
 
 
-def _per_example(lin, fwd, x, config, seed, precompute_gradient):
+def _per_example(lin, fwd, x, plan: RollPlan, seed, precompute_gradient):
     """Eq. 9 per example from the forward pass `fwd` of `x` (before the NaN check)."""
-    if precompute_gradient and config.gamma >= 100:
-        return _full_gamma_loss(lin, fwd, x, config, seed)
-    sq = grad_sq(lin, fwd, x, config, seed)
-    return _select_and_average(fwd, sq, config.C, config.gamma)
+    if precompute_gradient and plan.config.gamma >= 100:
+        return _full_gamma_loss(lin, fwd, x, plan, seed)
+    sq = grad_sq(lin, fwd, x, plan, seed)
+    return _select_and_average(fwd, sq, plan.config.C, plan.config.gamma)
 
 
-def _full_gamma_loss(lin: Linearized, fwd: ForwardPass, x, config: RollConfig, seed):
+def _full_gamma_loss(lin: Linearized, fwd: ForwardPass, x, plan: RollPlan, seed):
     """Eq. 9 with gamma = 100 as `sum_j w_j sq_j + C * mean hinge` with constant weights
     `w_j = valid_j * scale / n_valid`, so that chunked tangents can differentiate their
     weighted sum in the forward pass (`chunked_weighted_sum`): the loss is the same
     function as `_select_and_average(fwd, sq, C, 100)`."""
-    est = estimator_for(lin, x, config, seed, trace=fwd.trace)
+    config = plan.config
+    est = estimator_for(lin, x, plan, seed, trace=fwd.trace)
     neurons = fwd.neurons
     dtype = neurons.z.dtype
     valid = neurons.valid
@@ -346,8 +365,9 @@ def memory_plan(model_or_lin: ModelOrTwin, x: Array, config: RollConfig | None =
     """
     lin = linearize(model_or_lin)
     x = lin.check_input(x)
-    config = checked_config(lin, x, config, overrides)
-    config = tuned_config(lin, x, config, False, lambda cfg, xb: loss_from_config(lin, xb, cfg, 0))
+    plan = checked_plan(lin, x, config, overrides, caller="memory_plan")
+    plan = tuned_config(lin, x, plan, False, lambda cfg, xb: (
+        loss_from_config(lin, xb, plan.with_config(cfg), 0)))
     fwd = lin.primal(x)
-    estimator = estimator_for(lin, x, config, 0, trace=fwd.trace)
-    return plan_directions_for(lin, fwd, x, estimator, roll_budget(lin, config))
+    estimator = estimator_for(lin, x, plan, 0, trace=fwd.trace)
+    return plan_directions_for(lin, fwd, x, estimator, roll_budget(lin, plan.config))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import threading
 
 import keras
@@ -39,7 +40,7 @@ import tensorflow as tf
 from keras_roll.compile.keras_internals import first_local_batch, in_multi_worker_mode
 from keras_roll.compile.twin import Linearized, linearize, unwrap
 from keras_roll.roll.config import RollConfig, resolve_config
-from keras_roll.roll.entry import tangent_entry
+from keras_roll.roll.entry import roll_plan
 from keras_roll.roll.loss import loss_from_config
 from keras_roll.roll.supervised import SupervisedRegularizer, is_supervised_config
 from keras_roll.roll.terms import labelled_step, resolve_term_config
@@ -163,7 +164,8 @@ class RollRegularizer(keras.layers.Layer):
         else:
             lin = linearize(model, memory_budget=config.memory_budget)
         config.check_input_shape(lin.input_shape)
-        tangent_entry(lin.program, config.wrt)  # refuses a bad wrt= here, naming the choices
+        # Resolved once; a bad wrt= fails here, naming the choices.
+        self.roll_plan = roll_plan(lin, config)
         self.inner_model = model
         self.roll_config = config
         self._lin = lin
@@ -232,7 +234,7 @@ class RollRegularizer(keras.layers.Layer):
         if not self.computes_roll(training):
             return self.inner_model(inputs, training=training)
         x = self._lin.check_input(inputs)
-        per_example, logits = loss_from_config(self._lin, x, self.roll_config,
+        per_example, logits = loss_from_config(self._lin, x, self.roll_plan,
                                                seed=self.step_seed(bool(training)),
                                                return_logits=True,
                                                precompute_gradient=bool(training))
@@ -255,7 +257,8 @@ class RollRegularizer(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(dataclasses.asdict(self.roll_config))
+        config.update({k: v.value if isinstance(v, enum.Enum) else v  # plain JSON strings
+                       for k, v in dataclasses.asdict(self.roll_config).items()})
         config["model"] = keras.saving.serialize_keras_object(self.inner_model)
         return config
 
