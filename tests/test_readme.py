@@ -162,11 +162,14 @@ def tensorflow_log():
 
     handler = Collect(logging.DEBUG)
     logger = tf.get_logger()
+    level = logger.level  # another test (or an example) may have quietened it
+    logger.setLevel(logging.WARNING)
     logger.addHandler(handler)
     try:
         yield messages
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def readme_blocks() -> list[Block]:

@@ -389,7 +389,7 @@ def wrap(model: keras.Model, config: RollConfig | None = None, *, regularizer=No
         raise TypeError(f"Pass the regularizer's config once, as config or as regularizer; got "
                         f"config={config!r} and regularizer={regularizer!r}.")
     chosen = config if regularizer is None else regularizer
-    if chosen is not None and not isinstance(chosen, RollConfig) and \
+    if regularizer is not None and not isinstance(chosen, RollConfig) and \
             not is_supervised_config(chosen):
         raise TypeError(f"regularizer must be a RollConfig, MMRConfig or InputGradientConfig "
                         f"(or None for ROLL), got {chosen!r}.")
