@@ -212,7 +212,9 @@ def worst_case_logits(model, x, y, eps, *, p=np.inf, beta=0.0) -> WorstCase:
     """Lower bounds of the logit margins over the ball, mixed as in CROWN-IBP.
 
     `lower = beta * lower_CROWN-IBP + (1 - beta) * lower_IBP` (`beta = 0`:
-    IBP alone, the CROWN pass is not run when `beta` is the Python number 0).
+    IBP alone: the CROWN pass is not run when `beta` is 0, as a number or, at run
+    time, as a tensor or variable, as Zhang et al. do after the ramp). The margins of
+    the `L - 1` classes other than `y` are bounded (no functional for `y` itself).
     Differentiable in the weights; pure TensorFlow (runs in a training step).
 
     Args:
@@ -241,20 +243,26 @@ def worst_case_logits(model, x, y, eps, *, p=np.inf, beta=0.0) -> WorstCase:
     classes = int(np.prod(logits.shape[1:]))
     logits = tf.reshape(logits, [-1, classes])
     labels = class_indices(y, classes, "Certified training")
-    eye = tf.eye(classes, dtype=logits.dtype)
-    rows = tf.one_hot(labels, classes, dtype=logits.dtype)[:, None] - eye
+    # the L - 1 margins z_y - z_j, j != y (no functional for y itself)
+    others = tf.one_hot((labels[:, None] + tf.range(1, classes)) % classes, classes,
+                        dtype=logits.dtype)                            # [B, L-1, L]
+    rows = tf.one_hot(labels, classes, dtype=logits.dtype)[:, None] - others
     m0 = tf.reduce_sum(rows * logits[:, None], -1)
     eps = tf.cast(eps, logits.dtype)
     arithmetic = Arithmetic(_linear_magnitude)
     budget = int(lin.memory_budget)
-    lower = m0 + lower_bounds(structure, values, rows, eps, p, BoundMethod.INTERVAL,
-                              arithmetic, budget)
+
+    def bound(method):
+        return m0 + lower_bounds(structure, values, rows, eps, p, method, arithmetic, budget)
+
+    lower = bound(BoundMethod.INTERVAL)
     if not (isinstance(beta, (int, float)) and beta == 0):
-        crown = m0 + lower_bounds(structure, values, rows, eps, p, BoundMethod.CROWN_IBP,
-                                  arithmetic, budget)
         beta = tf.cast(beta, logits.dtype)
-        lower = beta * crown + (1 - beta) * lower
-    lower = lower * (1 - tf.one_hot(labels, classes, dtype=lower.dtype))  # exact 0 at y
+        ibp = lower
+        # as Zhang et al.: no CROWN pass once beta has reached 0
+        lower = tf.cond(beta > 0, lambda: beta * bound(BoundMethod.CROWN_IBP)
+                        + (1 - beta) * ibp, lambda: ibp)
+    lower = tf.einsum("bk,bkl->bl", lower, others)                 # [B, L], 0 at y
     certified = tf.reduce_all((lower > 0) | _own(labels, classes), axis=-1)
     return WorstCase(logits, lower, certified)
 
