@@ -24,6 +24,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_roll
 from keras_roll.callbacks import BetaRamp, EpsilonRamp, KappaRamp
@@ -112,6 +113,14 @@ def test_crown_ibp_worst_case_logits_mix_the_robust_passes(beta):
     ibp = interval_bounds(model, x, 0.2, y).lower.numpy()
     np.testing.assert_allclose(worst.lower.numpy(), beta * crown + (1 - beta) * ibp,
                                rtol=1e-5, atol=1e-6)
+
+
+def test_a_zero_beta_variable_gives_the_intervals():
+    model = relu_net()
+    x, y = small_data()
+    at_zero = keras_roll.worst_case_logits(model, x, y, 0.2, beta=tf.Variable(0.0))
+    np.testing.assert_allclose(at_zero.lower.numpy(), numpy_ibp(model, x, y, 0.2), rtol=1e-4,
+                               atol=1e-5)
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
