@@ -9,6 +9,7 @@
   numpy bounds;
 * the certified accuracy training reports at `eps` against what `robust_radius`
   (method "interval") certifies for the trained model;
+* `on_eval=False`: `evaluate` is the compiled loss, the term and certified accuracy NaN;
 * the ramps against their schedules; a two-replica MirroredStrategy step equal to
   one replica (in a fresh interpreter: `tests/_certified_distribute.py`); `.keras`
   round trip; clear errors for bad eps / kappa / beta.
@@ -189,6 +190,16 @@ def test_reported_certified_accuracy_is_what_robust_radius_certifies():
     by_bounds = (margin.min(-1) > 0)
     np.testing.assert_array_equal(by_radius[clear], by_bounds[clear])
     assert reported == pytest.approx(by_radius.mean(), abs=(~clear).sum() / len(x) + 1e-6)
+
+
+def test_on_eval_false_leaves_evaluate_to_the_compiled_loss():
+    model, wrapped = wrapped_model(keras_roll.IBPConfig(eps=0.1, on_eval=False))
+    x, y = small_data()
+    logs = wrapped.evaluate(x, y, verbose=0, return_dict=True)
+    z = numpy_logits(model, x)
+    assert logs["loss"] == pytest.approx(np.mean(logsumexp(z) - z[np.arange(len(y)), y]),
+                                         rel=1e-4)
+    assert np.isnan(logs["ibp_loss"]) and np.isnan(logs["certified_accuracy"])
 
 
 # ----------------------------------------------------------------------------- ramps
