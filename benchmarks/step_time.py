@@ -39,6 +39,7 @@ along the valid axes only (padded steps skipped, `keras_roll.roll.exact.PackedAx
     python -m benchmarks.step_time --nomnist  # the scoRNN part only
     python -m benchmarks.step_time --nomnist --novowels   # the regularizers beside ROLL only
     python -m benchmarks.step_time --nomnist --novowels --norivals_mmr   # without MMR
+    python -m benchmarks.step_time --quick --nomnist --novowels --norivals_mmr  # + IBP, CROWN-IBP
 
 Last, the regularizers beside ROLL on the same MLP and batch, against vanilla in
 the same interleaved run: MMR (`keras_roll.MMRConfig`, k_B = 100; l2 along the
@@ -46,7 +47,11 @@ the same interleaved run: MMR (`keras_roll.MMRConfig`, k_B = 100; l2 along the
 exact ROLL along the input axes in one chunk) and the input-gradient norm
 (`keras_roll.InputGradientConfig`, l2), each step cross-entropy + lam * the term
 as `wrap(model, regularizer=...).fit` computes it, then SGD (targets: at most
-3 x vanilla).
+3 x vanilla); and certified training (`keras_roll.IBPConfig`,
+`keras_roll.CrownIBPConfig` at beta = 1, the start of its ramp, where the CROWN pass
+runs; l_inf, eps = 0.1): cross-entropy + the term, the paper's
+`kappa * CE + (1 - kappa) * CE(worst-case logits)` (targets: IBP at most 2 x, CROWN-IBP
+at most 6 x vanilla).
 
 FLOP count of the exact step (matmuls only, multiply-add = 2 FLOPs; B = 64,
 D = 784 axes, H = 300, L = 10; k = D along the input axes, k = H along the H1
@@ -101,6 +106,7 @@ from benchmarks.roll_steps import (  # noqa: E402
 )
 from keras_roll.compile.twin import DEFAULT_MEMORY_BUDGET  # noqa: E402
 from keras_roll.roll import loss as roll  # noqa: E402
+from keras_roll.roll.certified import CrownIBPConfig, IBPConfig  # noqa: E402
 from keras_roll.roll.config import RollConfig  # noqa: E402
 from keras_roll.roll.estimators import estimator_for  # noqa: E402
 from keras_roll.roll.input_gradient import InputGradientConfig  # noqa: E402
@@ -114,6 +120,7 @@ flags.DEFINE_integer("samples", 3, "Axes per example of the sampled ROLL.")
 flags.DEFINE_bool("mnist", True, "Time the MNIST MLP steps.")
 flags.DEFINE_bool("vowels", True, "Time the Japanese Vowels scoRNN exact steps.")
 flags.DEFINE_bool("rivals", True, "Time MMR and the input-gradient norm against vanilla.")
+flags.DEFINE_bool("rivals_certified", True, "With --rivals, also time IBP and CROWN-IBP.")
 flags.DEFINE_bool("rivals_mmr", True, "With --rivals, also time the MMR steps and exact ROLL "
                   "along the input axes (seconds per step on a CPU).")
 
@@ -136,7 +143,10 @@ RIVALS = {
     "MMR, l2, k_B = 100 (300 factor rows)": MMRConfig(p=2, k_B=100),
     "MMR, l_inf, k_B = 100": MMRConfig(p="inf", k_B=100, gamma_B=0.1, gamma_D=0.1),
     "input gradient, l2": InputGradientConfig(p=2, lam=0.1),
+    "IBP, l_inf, eps = 0.1": IBPConfig(eps=0.1, kappa=0.5),
+    "CROWN-IBP, l_inf, eps = 0.1, beta = 1": CrownIBPConfig(eps=0.1, kappa=0.5, beta=1.0),
 }
+CERTIFIED = ("IBP", "CROWN-IBP")
 
 
 def _term_step(model: keras.Model, config):
@@ -158,7 +168,8 @@ def _term_step(model: keras.Model, config):
 
 
 def _rivals():
-    """Step times of MMR and the input-gradient norm against vanilla, interleaved."""
+    """Step times of MMR, the input-gradient norm, IBP and CROWN-IBP against vanilla,
+    interleaved."""
     b, quick = FLAGS.batch, FLAGS.quick
     model = build()
     rng = np.random.default_rng(0)
@@ -166,6 +177,8 @@ def _rivals():
     y = tf.constant(rng.integers(0, L, size=b).astype("int32"))
     steps = {"vanilla": compile_step(vanilla_step(model), b)}
     rivals = {k: c for k, c in RIVALS.items() if FLAGS.rivals_mmr or not k.startswith("MMR")}
+    rivals = {k: c for k, c in rivals.items()
+              if FLAGS.rivals_certified or not k.startswith(CERTIFIED)}
     if FLAGS.rivals_mmr:
         one_chunk = keras_roll.linearize(model, memory_budget=2**30)
         steps[ROLL_AXES] = compile_step(roll_step(model, one_chunk, fewest_directions=False), b)
@@ -179,7 +192,8 @@ def _rivals():
     for name, t in times.items():
         ratio = "" if name == "vanilla" else f"   {t / times['vanilla']:7.2f} x vanilla"
         print(f"  {name:<38} {1e3 * t:10.1f} ms/step{ratio}")
-    print("targets: MMR and the input-gradient norm at most 3 x vanilla")
+    print("targets: MMR and the input-gradient norm at most 3 x vanilla; IBP at most 2 x, "
+          "CROWN-IBP at most 6 x")
     for name in rivals:
         if name.startswith("MMR"):
             print(f"ratio {name} / {ROLL_AXES}: {times[name] / times[ROLL_AXES]:6.2f}")

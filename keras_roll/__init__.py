@@ -43,6 +43,7 @@ from keras_roll.compile.twin import Linearized, linearize, unwrap
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.options import Rigor, RunOptions
 from keras_roll.robust import RobustRadius, robust_radius
+from keras_roll.roll.certified import CrownIBPConfig, IBPConfig, worst_case_logits
 from keras_roll.roll.config import RollConfig
 from keras_roll.roll.input_gradient import InputGradientConfig, input_gradient_loss
 from keras_roll.roll.loss import roll_loss
@@ -100,6 +101,9 @@ __all__ = [
     "RollConfig",
     "MMRConfig",
     "InputGradientConfig",
+    "IBPConfig",
+    "CrownIBPConfig",
+    "worst_case_logits",
     "SupervisedRegularizer",
     "mmr_loss",
     "input_gradient_loss",

@@ -10,5 +10,6 @@ model.fit(x, y, epochs=5, callbacks=[MarginMonitor(x_val[:256])])
 """
 
 from keras_roll.roll.callbacks import MarginMonitor
+from keras_roll.roll.ramps import BetaRamp, EpsilonRamp, KappaRamp, LinearRamp
 
-__all__ = ["MarginMonitor"]
+__all__ = ["BetaRamp", "EpsilonRamp", "KappaRamp", "LinearRamp", "MarginMonitor"]

@@ -392,7 +392,7 @@ def wrap(model: keras.Model, config: RollConfig | None = None, *, regularizer=No
     if regularizer is not None and not isinstance(chosen, RollConfig) and \
             not is_supervised_config(chosen):
         raise TypeError(f"regularizer must be a RollConfig, MMRConfig or InputGradientConfig "
-                        f"(or None for ROLL), got {chosen!r}.")
+                        f"(or IBPConfig, CrownIBPConfig; None for ROLL), got {chosen!r}.")
     if is_supervised_config(chosen):
         chosen = resolve_term_config(type(chosen), chosen, overrides)
         model = unwrap(model)

@@ -24,13 +24,15 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from keras_roll.roll.certified import CrownIBPConfig, IBPConfig
 from keras_roll.roll.input_gradient import InputGradientConfig
 from keras_roll.roll.mmr import MMRConfig
 from keras_roll.roll.terms import current_labels
 
 __all__ = ["CONFIG_CLASSES", "SupervisedRegularizer", "TermMean", "is_supervised_config"]
 
-CONFIG_CLASSES = {cls.__name__: cls for cls in (MMRConfig, InputGradientConfig)}
+CONFIG_CLASSES = {cls.__name__: cls for cls in (MMRConfig, InputGradientConfig,
+                                                    IBPConfig, CrownIBPConfig)}
 
 
 def is_supervised_config(config) -> bool:
@@ -100,7 +102,7 @@ class SupervisedRegularizer(keras.layers.Layer):
 
     @property
     def metrics(self):
-        return [self.tracker]
+        return [self.tracker, *getattr(self.term, "metrics", ())]
 
     def computes_term(self, training) -> bool:
         """Whether a call with this `training` flag computes the term now."""
