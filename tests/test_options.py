@@ -469,6 +469,28 @@ def test_summary_tables_hold_the_numbers(planar):
     assert f"{np.percentile(cert.margins[2], 50):.4g}" in row
 
 
+def test_twin_summary_is_a_summary_that_prints_nothing_itself(planar, capsys):
+    from keras_roll.certification.tables import Summary as Reexported
+    from keras_roll.summary import Summary
+    model, _ = planar
+    lin = keras_roll.linearize(model)
+    capsys.readouterr()
+    summary = lin.summary()
+    assert capsys.readouterr().out == "", "lin.summary() printed"
+    assert isinstance(summary, Summary) and Reexported is Summary
+    text = str(summary)
+    assert text == repr(summary) == summary.as_text()
+    rows = text.splitlines()
+    assert rows[0].startswith(f"Linearized '{model.name}'")
+    # one row per layer call, named as the model names its layers, in order
+    assert [r.split()[0] for r in rows[1:]] == [layer.name for layer in model.layers]
+    print(lin.summary())
+    assert capsys.readouterr().out == text + "\n"  # once, not "None" after it
+    lines = []
+    again = lin.summary(print_fn=lines.append)  # a logger gets the text, once
+    assert lines == [text] and str(again) == text and capsys.readouterr().out == ""
+
+
 def test_robust_radius_concat_equals_one_run_over_the_concatenated_inputs(planar):
     model, x = planar
     y = np.array([0, 1, 2, 0, 1, 2])

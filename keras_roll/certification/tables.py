@@ -1,5 +1,5 @@
-"""The paper-style tables of the results' `summary()`, and `Summary`, the object
-every `summary()` returns.
+"""The paper-style tables of the results' `summary()`; `Summary`, the object
+every `summary()` returns, lives in `keras_roll.summary` (re-exported here).
 
 Example:
 
@@ -12,67 +12,17 @@ print(cert.summary())     # the same table, once
 
 from __future__ import annotations
 
-import html
 import math
-from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from keras_roll.options import Rigor
 from keras_roll.rounding.noise import FAILURE_PROBABILITY, KAPPA, LAMBDA, SAMPLES
+from keras_roll.summary import Summary
 
 __all__ = ["Summary", "format_table", "percentiles_of", "rigor_line"]
 
 INF = math.inf
-
-
-class Summary:
-    """The table a result's `summary()` returns (in the manner of statsmodels'
-    `Summary`): its `str` is the table, and it shows itself once in a notebook
-    (`_repr_html_`) or a REPL (`__repr__`), so `cert.summary()` and
-    `print(cert.summary())` both show the table once.
-
-    Attributes:
-        lines: the lines of the table and the notes below it.
-
-    Example:
-
-    ```python
-    s = keras_roll.certify(model, x).summary()
-    print(s)                  # the table
-    s.as_text().splitlines()  # its lines
-    ```
-    """
-
-    def __init__(self, lines: Iterable[str]):
-        self.lines = tuple(str(line) for line in lines)
-
-    @classmethod
-    def emit(cls, lines: Iterable[str], print_fn: Callable[[str], object] | None = None
-             ) -> Summary:
-        """A `Summary` of `lines`, also passed as one text to `print_fn` if given (a
-        logger's function, say)."""
-        summary = cls(lines)
-        if print_fn is not None:
-            print_fn(summary.as_text())
-        return summary
-
-    def as_text(self) -> str:
-        """The table as plain text."""
-        return "\n".join(self.lines)
-
-    def as_html(self) -> str:
-        """The table as a preformatted HTML block."""
-        return f"<pre>{html.escape(self.as_text())}</pre>"
-
-    def __str__(self) -> str:
-        return self.as_text()
-
-    def __repr__(self) -> str:
-        return self.as_text()
-
-    def _repr_html_(self) -> str:
-        return self.as_html()
 
 
 def rigor_line(rigor: Rigor, evaluation: str) -> str:

@@ -1,15 +1,15 @@
 """What a twin answers about its program and its neurons without running a pass.
 
 `Linearized` (`keras_roll.compile.twin`) mixes these in: `ProgramQueries` reads
-its compiled `Program` (output link, training-dependent layers, a printed
-summary), `NeuronQueries` its `NeuronLayout`s (neuron names, counts, tangent
-sizes).
+its compiled `Program` (output link, training-dependent layers, a `Summary`
+of the program), `NeuronQueries` its `NeuronLayout`s (neuron names, counts,
+tangent sizes).
 
 Example:
 
 ```python
 lin = keras_roll.linearize(model)
-lin.summary()                       # one line per op
+print(lin.summary())                # one line per op
 lin.neuron_name(17, (784,))         # ('dense', 17)
 ```
 """
@@ -23,6 +23,7 @@ from keras_roll.compile.graph import Program
 from keras_roll.compile.interpreter import ForwardPass
 from keras_roll.compile.layout import NeuronLayout
 from keras_roll.compile.prefix import AffinePrefix, affine_prefix
+from keras_roll.summary import Summary
 
 __all__ = ["NeuronQueries", "ProgramQueries"]
 
@@ -67,13 +68,25 @@ class ProgramQueries:
             return tf.sigmoid(logits)
         return logits
 
-    def summary(self, print_fn=print) -> None:
-        """Prints the compiled program: one line per op."""
-        print_fn(f"Linearized '{self.model.name}': input {self.input_shape}, "
-                 f"dtype {self.dtype}, output link {self.output_link}")
+    def summary(self, print_fn=None) -> Summary:
+        """The compiled program, one line per op: a `Summary` (its `str` is the
+        table; a notebook or a REPL shows it once). Nothing is printed unless
+        `print_fn` is given (a logger's function, say), which gets the text once.
+
+        Example:
+
+        ```python
+        lin.summary()                         # shows the table in a notebook
+        print(lin.summary())                  # the same table, once
+        lin.summary(print_fn=logging.info)    # also handed to a logger
+        ```
+        """
+        lines = [f"Linearized '{self.model.name}': input {self.input_shape}, "
+                 f"dtype {self.dtype}, output link {self.output_link}"]
         for step in self.program.steps:
             kinds = ", ".join(type(op).__name__ for op in step.ops) or "(folded)"
-            print_fn(f"  {step.name:<30} {type(step.layer).__name__:<24} {kinds}")
+            lines.append(f"  {step.name:<30} {type(step.layer).__name__:<24} {kinds}")
+        return Summary.emit(lines, print_fn)
 
     def units(self, fwd: ForwardPass) -> dict[str, dict[str, tf.Tensor]]:
         """The records of every piecewise-linear unit of a forward pass, by name.
