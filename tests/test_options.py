@@ -554,3 +554,63 @@ def test_the_old_names_of_the_maps_warn(planar):
         old_chunk = keras_roll.region_map(model, resolution=4, chunk=5)
     np.testing.assert_array_equal(old_chunk.ids,
                                   keras_roll.region_map(model, resolution=4, batch_size=5).ids)
+
+
+# --------------------------------------------------------------------------- the output link
+
+def _classifier(activation):
+    import keras
+    keras.utils.set_random_seed(2)
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="relu"),
+                             keras.layers.Dense(3, activation=activation)])
+
+
+@pytest.mark.parametrize("activation", ["softmax", "sigmoid", None])
+def test_output_link_is_a_link_equal_to_its_string(activation):
+    from keras_roll.compile.rules import Link
+    model = _classifier(activation)
+    lin = keras_roll.linearize(model)
+    if activation is None:
+        assert lin.output_link is None
+    else:
+        assert isinstance(lin.output_link, Link) and lin.output_link == activation
+        assert lin.output_link is Link.parse(activation) and str(lin.output_link) == activation
+        assert f"output link {activation}" in str(lin.summary()).splitlines()[0]
+    # the link re-applied to the twin's logits gives the Keras model's own output
+    x = np.random.default_rng(2).normal(size=(5, 3)).astype("float32")
+    out = lin.apply_output_link(lin.forward(x).logits).numpy()
+    np.testing.assert_allclose(out, model(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_tape_engine_reports_its_link_as_a_link():
+    import keras
+
+    from keras_roll.attribution.tape_gradients import TapeGradients, gradient_engine
+    from keras_roll.compile.rules import Link
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
+                              keras.layers.Dense(3, activation="sigmoid")])
+    engine = gradient_engine(model)
+    assert isinstance(engine, TapeGradients) and engine.output_link is Link.SIGMOID
+
+
+def test_a_registered_rule_names_its_link_by_string_or_member():
+    import keras
+
+    from keras_roll.compile.rules import Link, OutputLink
+
+    class Squash(keras.layers.Layer):  # a softmax under another class: needs a rule
+        def call(self, x):
+            return keras.ops.softmax(x, axis=-1)
+
+    layer = Squash()
+    assert OutputLink(layer, "softmax").link is Link.SOFTMAX
+    assert OutputLink(layer, Link.SIGMOID).link is Link.SIGMOID
+    with pytest.raises(ValueError, match=r"link='tanh'.*'softmax', 'sigmoid'"):
+        OutputLink(layer, "tanh")
+    keras_roll.register_rule(Squash, lambda layer: OutputLink(layer, "softmax"))
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(3), Squash()])
+    lin = keras_roll.linearize(model)
+    assert lin.output_link is Link.SOFTMAX
+    x = np.random.default_rng(3).normal(size=(4, 3)).astype("float32")
+    np.testing.assert_allclose(lin.apply_output_link(lin.forward(x).logits).numpy(),
+                               model(x).numpy(), rtol=1e-5, atol=1e-6)

@@ -33,6 +33,7 @@ from keras_roll.attribution.gradients import (
 )
 from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_directions
+from keras_roll.compile.rules.activations import Link
 from keras_roll.compile.twin import Linearized, unwrap
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.inputs import InputSpec, check_input
@@ -43,7 +44,7 @@ NOT_PIECEWISE_LINEAR = (
     "the model is not piecewise linear ({reason}); gradients come from tf.GradientTape on "
     "the Keras model, and no certified radius or exact integral exists for it")
 _DEFAULT_BUDGET = 2**28  # bytes of live tensors per compiled chunk
-_LINKS = ("softmax", "sigmoid")
+_LINKS = tuple(link.value for link in Link)
 
 
 def gradient_engine(model, need_linear: bool = False):
@@ -209,16 +210,17 @@ def _activation_elements(model) -> int:
 
 
 def _logit_function(model):
-    """`(link, logits_fn)`: the model output before a final softmax / sigmoid."""
+    """`(link, logits_fn)`: the model output before a final softmax / sigmoid (a `Link`,
+    or None)."""
     last = model.layers[-1] if model.layers else None
     name = lambda fn: getattr(fn, "__name__", "")  # noqa: E731
     if last is not None and last.output is model.outputs[0]:
         if isinstance(last, keras.layers.Softmax):
-            return "softmax", keras.Model(model.inputs, last.input)
+            return Link.SOFTMAX, keras.Model(model.inputs, last.input)
         if isinstance(last, keras.layers.Activation) and name(last.activation) in _LINKS:
-            return name(last.activation), keras.Model(model.inputs, last.input)
+            return Link(name(last.activation)), keras.Model(model.inputs, last.input)
         if name(getattr(last, "activation", None)) in _LINKS:
-            link = name(last.activation)
+            link = Link(name(last.activation))
 
             def logits(x):
                 saved = last.activation

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from keras_roll.compile.rules.activations import Link
 from keras_roll.compile.twin import linearize
 from keras_roll.options import RunOptions
 
@@ -30,7 +31,7 @@ class RegionMap(NamedTuple):
         ids: `[H, W]` int64, one id per distinct activation pattern.
         logits: `[H, W, K]` float64 outputs of the twin (before any folded
             softmax / sigmoid).
-        output_link: the folded output activation: "softmax", "sigmoid" or None.
+        output_link: the folded output `Link` (equal to "softmax", "sigmoid") or None.
         model_name: the model's name (for titles).
 
     Example:
@@ -45,7 +46,7 @@ class RegionMap(NamedTuple):
     ys: np.ndarray
     ids: np.ndarray
     logits: np.ndarray
-    output_link: str | None
+    output_link: Link | None
     model_name: str
 
     @property

@@ -22,7 +22,7 @@ from keras_roll.compile.keras_internals import (
     sequential_graph,
 )
 from keras_roll.compile.rules import compile_layer
-from keras_roll.compile.rules.activations import OutputLink
+from keras_roll.compile.rules.activations import Link, OutputLink
 from keras_roll.compile.rules.base import Op
 from keras_roll.errors import UnsupportedModelError
 
@@ -46,7 +46,8 @@ class Program:
         steps: the layer calls in execution order.
         input_key / output_key: keys of the model input and output tensors.
         input_shape: per-example input shape (may contain None for time).
-        output_link: 'softmax' / 'sigmoid' when a final link was folded, else None.
+        output_link: the `Link` (`Link.SOFTMAX`, `Link.SIGMOID`) when a final link
+            was folded, else None.
     """
 
     steps: list[Step]
@@ -54,7 +55,7 @@ class Program:
     output_key: int
     input_shape: tuple
     input_dtype: str
-    output_link: str | None
+    output_link: Link | None
 
 
 def _functional(model, path: str):
@@ -190,7 +191,7 @@ def _refuse_forced_training(node, layer, ops, name) -> None:
             f"linearize. Call it without training= (Keras then follows the model's mode).")
 
 
-def _fold_output_link(steps: list[Step], output_key: int) -> str | None:
+def _fold_output_link(steps: list[Step], output_key: int) -> Link | None:
     """Removes a final softmax / sigmoid; refuses one anywhere else."""
     link = None
     for step in steps:

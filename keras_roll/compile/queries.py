@@ -23,6 +23,7 @@ from keras_roll.compile.graph import Program
 from keras_roll.compile.interpreter import ForwardPass
 from keras_roll.compile.layout import NeuronLayout
 from keras_roll.compile.prefix import AffinePrefix, affine_prefix
+from keras_roll.compile.rules.activations import Link
 from keras_roll.summary import Summary
 
 __all__ = ["NeuronQueries", "ProgramQueries"]
@@ -37,7 +38,7 @@ class ProgramQueries:
     Example:
 
     ```python
-    lin.output_link, lin.inference_equals_training     # ('softmax', True)
+    lin.output_link, lin.inference_equals_training     # (Link.SOFTMAX, True)
     ```
     """
 
@@ -56,17 +57,16 @@ class ProgramQueries:
         return affine_prefix(self.program)
 
     @property
-    def output_link(self) -> str | None:
-        """'softmax' or 'sigmoid' if a final link was folded into the loss."""
+    def output_link(self) -> Link | None:
+        """The `Link` folded into the loss (`Link.SOFTMAX`, `Link.SIGMOID`, equal to
+        "softmax" and "sigmoid"), or None for a model that ends in logits."""
         return self.program.output_link
 
     def apply_output_link(self, logits):
         """The model output from the twin's logits (re-applies a folded softmax/sigmoid)."""
-        if self.output_link == "softmax":
-            return tf.nn.softmax(logits, axis=-1)
-        if self.output_link == "sigmoid":
-            return tf.sigmoid(logits)
-        return logits
+        if self.output_link is None:
+            return logits
+        return self.output_link.apply(logits)
 
     def summary(self, print_fn=None) -> Summary:
         """The compiled program, one line per op: a `Summary` (its `str` is the

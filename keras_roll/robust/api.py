@@ -33,6 +33,7 @@ import numpy as np
 from keras_roll.certification.margin_math import dual_norm, to_numpy
 from keras_roll.certification.margins import certify
 from keras_roll.compile.bounds import BoundPass, check_bounds
+from keras_roll.compile.rules.activations import Link
 from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
 from keras_roll.compile.units import resolve_units
@@ -77,7 +78,7 @@ def _check_classifier(lin) -> int:
 
 def _warn_saturating_link(lin, rigor) -> None:
     """Warns where the guard cannot cover the output's rounding: several sigmoids."""
-    if rigor.guarded and lin.output_link == "sigmoid":
+    if rigor.guarded and lin.output_link is Link.SIGMOID:
         warnings.warn(
             f"Model '{lin.model.name}' ends in a sigmoid: its prediction is the argmax of "
             f"sigmoid outputs, which round to 1.0 (and tie, argmax then keeping the lower "

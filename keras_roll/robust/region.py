@@ -38,6 +38,7 @@ from keras_roll.compile.bounds.ibp import abs_sum
 from keras_roll.compile.bounds.traversal import capture, forward_nodes, pull_back
 from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_chunks
+from keras_roll.compile.rules.activations import Link
 from keras_roll.compile.structure import structure_of
 from keras_roll.options import Rigor
 from keras_roll.robust.adversarial import confirm
@@ -267,7 +268,7 @@ def link_gap(model, output_link, classes: int, guarded: bool) -> float:
     2 gamma / (1 - gamma)`. Without this term, logits within a few units in the last
     place of each other tie in the softmax and argmax keeps the lower class index.
     """
-    if not guarded or output_link != "softmax":
+    if not guarded or output_link is not Link.SOFTMAX:
         return 0.0
     outputs = getattr(model, "outputs", None)
     u = unit_roundoff(outputs[0].dtype if outputs else "float32")

@@ -8,7 +8,7 @@ from keras_roll.compile.rules import (  # noqa: F401  (registers the rules)
     scales,
     scornn,
 )
-from keras_roll.compile.rules.activations import Activation, ActivationRecord, OutputLink
+from keras_roll.compile.rules.activations import Activation, ActivationRecord, Link, OutputLink
 from keras_roll.compile.rules.affine import Identity, LayerCall
 from keras_roll.compile.rules.base import (
     NO_RECORD,
@@ -31,7 +31,7 @@ from keras_roll.compile.rules.registry import (
 
 __all__ = [
     "NO_RECORD", "Activation", "ActivationRecord", "Identity", "LayerCall", "Linear",
-    "MaskingRecord", "MaxRecord", "MaxWindows", "Neurons", "NoRecord", "Op", "OutputLink",
+    "Link", "MaskingRecord", "MaxRecord", "MaxWindows", "Neurons", "NoRecord", "Op", "OutputLink",
     "SimpleRNNOp", "Tangent", "WeightedSum", "compile_layer", "get_rule", "register_rule",
     "registered_classes", "unregister_rule",
 ]

@@ -3,8 +3,8 @@ ReLU6, LeakyReLU, PReLU, `Activation` layers and activations fused into other
 layers through `activation=`.
 
 A final softmax or sigmoid is a link function: it is folded into the loss and the
-twin reports the logits before it (`OutputLink`). The neurons and breakpoints
-are those of docs/design.md, section "The maths".
+twin reports the logits before it (`OutputLink`, whose `link` is a `Link`). The
+neurons and breakpoints are those of docs/design.md, section "The maths".
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from keras_roll.compile.rules.base import (
 )
 from keras_roll.compile.rules.registry import register_rule
 from keras_roll.errors import UnsupportedModelError
+from keras_roll.options import Choice
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -135,16 +136,59 @@ class Activation(Op):
         return tuple(int(d) for d in record.z.shape[1:])
 
 
+class Link(Choice):
+    """The link function folded off a model's output: the twin reports the logits
+    before it (`Linearized.output_link`; None when the model ends in logits).
+
+    * `SOFTMAX` ("softmax"): one softmax over the classes.
+    * `SIGMOID` ("sigmoid"): a sigmoid per logit.
+
+    A `Link` is also its string (`Link.SOFTMAX == "softmax"`); compare with `is`
+    inside the library.
+
+    Example:
+
+    ```python
+    Link.parse("sigmoid")                     # Link.SIGMOID
+    keras_roll.linearize(model).output_link   # Link.SOFTMAX for a softmax classifier
+    Link.SOFTMAX.apply(logits)                # the model's probabilities
+    ```
+    """
+
+    SOFTMAX = "softmax"
+    SIGMOID = "sigmoid"
+
+    def apply(self, logits):
+        """The model output from its logits: the link applied (over the last axis
+        for a softmax)."""
+        if self is Link.SOFTMAX:
+            return tf.nn.softmax(logits, axis=-1)
+        return tf.sigmoid(logits)
+
+
 class OutputLink(Op):
     """A softmax / sigmoid at the model output, folded into the loss.
 
     The twin reports the logits (its input). The graph pass refuses it anywhere
     but at the very end of the model.
+
+    Args:
+        layer: the Keras layer that applies the link.
+        link: a `Link` or its string ("softmax", "sigmoid").
+        name: the op's name (default: the layer's).
+
+    Example:
+
+    ```python
+    @keras_roll.register_rule(MySoftmax)
+    def my_softmax_rule(layer):
+        return OutputLink(layer, Link.SOFTMAX)    # op.link is Link.SOFTMAX
+    ```
     """
 
-    def __init__(self, layer, link: str, name=None):
+    def __init__(self, layer, link: Link | str, name=None):
         super().__init__(layer, name)
-        self.link = link
+        self.link = Link.parse(link, "link")
 
     def forward(self, inputs, mask):
         return inputs[0], NO_RECORD
@@ -178,10 +222,10 @@ _PIECEWISE = {}
 
 def _init_tables():
     acts = keras.activations
-    _LINKS.update({acts.softmax: "softmax", acts.sigmoid: "sigmoid",
-                   tf.nn.softmax: "softmax", tf.nn.sigmoid: "sigmoid",
-                   tf.sigmoid: "sigmoid", keras.ops.softmax: "softmax",
-                   keras.ops.sigmoid: "sigmoid"})
+    _LINKS.update({acts.softmax: Link.SOFTMAX, acts.sigmoid: Link.SIGMOID,
+                   tf.nn.softmax: Link.SOFTMAX, tf.nn.sigmoid: Link.SIGMOID,
+                   tf.sigmoid: Link.SIGMOID, keras.ops.softmax: Link.SOFTMAX,
+                   keras.ops.sigmoid: Link.SIGMOID})
     _PIECEWISE.update({
         acts.relu: {}, keras.ops.relu: {}, tf.nn.relu: {},
         acts.relu6: {"max_value": 6.0}, keras.ops.relu6: {"max_value": 6.0},
@@ -245,4 +289,4 @@ def _activation_rule(layer):
 
 @register_rule(keras.layers.Softmax)
 def _softmax_rule(layer):
-    return OutputLink(layer, "softmax")
+    return OutputLink(layer, Link.SOFTMAX)
