@@ -307,7 +307,7 @@ class CertifiedTerm:
             raise ValueError(f"{type(config).__name__} trains a classifier with one logit per "
                              f"class (>= 2, softmax or none at the end); model "
                              f"{model.name!r} has {classes} output(s) with output link "
-                             f"{self.lin.output_link!r}.")
+                             f"'{self.lin.output_link}'.")
         self.eps = _variable(config.eps, "eps")
         self.kappa = _variable(config.kappa, "kappa")
         self.beta = _variable(config.beta_value, "beta")
