@@ -62,7 +62,7 @@ class Score(Choice):
     Example:
 
     ```python
-    Score.parse("logit")       # Score.LOGIT
+    keras_roll.faithfulness(model, x, y, maps, score="logit").score_kind is Score.LOGIT
     ```
     """
 

@@ -45,7 +45,7 @@ class RobustMethod(Choice):
     Example:
 
     ```python
-    RobustMethod.parse("walk")      # RobustMethod.WALK
+    upper_only = keras_roll.robust_radius(model, x, y, method="walk")
     ```
     """
 
