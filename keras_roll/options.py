@@ -31,27 +31,10 @@ from typing import Literal
 import tensorflow as tf
 from tqdm.auto import tqdm
 
-__all__ = [
-    "AUTO",
-    "Choice",
-    "FIELDS",
-    "GRADIENT_FIELDS",
-    "Method",
-    "Norm",
-    "Norms",
-    "Rigor",
-    "RunOptions",
-    "Seed",
-    "Verbose",
-    "check_batch_size",
-    "check_bisect_tol",
-    "check_memory_budget",
-    "check_verbose",
-    "fixed_budget",
-    "parse_norm",
-    "parse_norms",
-    "progress_bar",
-]
+__all__ = ["AUTO", "Choice", "FIELDS", "GRADIENT_FIELDS", "Method", "Norm", "Norms", "Rigor",
+           "RunOptions", "Seed", "Verbose", "check_batch_size", "check_bisect_tol",
+           "check_memory_budget", "check_verbose", "fixed_budget", "parse_norm", "parse_norms",
+           "progress_bar"]
 
 INF = math.inf
 AUTO = "auto"
