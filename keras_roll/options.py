@@ -31,27 +31,10 @@ from typing import Literal
 import tensorflow as tf
 from tqdm.auto import tqdm
 
-__all__ = [
-    "AUTO",
-    "Choice",
-    "FIELDS",
-    "GRADIENT_FIELDS",
-    "Method",
-    "Norm",
-    "Norms",
-    "Rigor",
-    "RunOptions",
-    "Seed",
-    "Verbose",
-    "check_batch_size",
-    "check_bisect_tol",
-    "check_memory_budget",
-    "check_verbose",
-    "fixed_budget",
-    "parse_norm",
-    "parse_norms",
-    "progress_bar",
-]
+__all__ = ["AUTO", "Choice", "FIELDS", "GRADIENT_FIELDS", "Method", "Norm", "Norms", "Rigor",
+           "RunOptions", "Seed", "Verbose", "check_batch_size", "check_bisect_tol",
+           "check_memory_budget", "check_verbose", "fixed_budget", "parse_norm", "parse_norms",
+           "progress_bar"]
 
 INF = math.inf
 AUTO = "auto"
@@ -92,6 +75,11 @@ class Choice(str, enum.Enum):
         return self.value
 
     @classmethod
+    def hints(cls) -> dict[str, str]:
+        """What each string means, for the error message of `parse` (default: nothing)."""
+        return {}
+
+    @classmethod
     def parse(cls, value, name: str | None = None, default=None):
         """The member named by `value` (a member or its string).
 
@@ -103,7 +91,7 @@ class Choice(str, enum.Enum):
 
         Raises:
             ValueError: anything else; the message echoes the value and lists the
-                valid strings.
+                valid strings (with what each does, where `hints` says).
         """
         if value is None and default is not None:
             return cls(default)
@@ -114,7 +102,9 @@ class Choice(str, enum.Enum):
                 if member.value == value:
                     return member
         name = name or cls.__name__.lower()
-        choices = ", ".join(repr(m.value) for m in cls)
+        hints = cls.hints()
+        choices = ", ".join(repr(m.value) + (f" ({hints[m.value]})" if m.value in hints else "")
+                            for m in cls)
         raise ValueError(f"Unknown {name}={value!r}: {name} must be one of {choices} (or a "
                          f"{cls.__name__}).")
 
@@ -146,26 +136,13 @@ class Rigor(Choice):
     FLOAT32 = "float32"
 
     @classmethod
-    def parse(cls, rigor: Rigor | str, name: str = "rigor", default=None) -> Rigor:
-        """The `Rigor` named by `rigor` (a `Rigor` or one of its strings).
-
-        Raises:
-            ValueError: anything else, with the three choices and what they do.
-        """
-        if rigor is None and default is not None:
-            return cls(default)
-        if isinstance(rigor, cls):
-            return rigor
-        if isinstance(rigor, str):
-            for member in cls:
-                if member.value == rigor:
-                    return member
-        raise ValueError(
-            f"Unknown rigor={rigor!r}; use 'float64' (the default: neurons and gradients in "
-            f"float64, radii shrunk by a probabilistic bound on the rounding of the model's "
-            f"own evaluation), 'strict' (the same with a worst-case bound: sound always, "
-            f"often 0 on wide float32 networks) or 'float32' (the twin's own dtype, no "
-            f"rounding guard).")
+    def hints(cls) -> dict[str, str]:
+        return {
+            "float64": "the default: neurons and gradients in float64, radii shrunk by a "
+                       "probabilistic bound on the rounding of the model's own evaluation",
+            "strict": "the same with a worst-case bound: sound always, often 0 on wide "
+                      "float32 networks",
+            "float32": "the twin's own dtype, no rounding guard"}
 
     @property
     def guarded(self) -> bool:
@@ -189,7 +166,7 @@ class Method(Choice):
     Example:
 
     ```python
-    Method.parse("bisect")        # Method.BISECT
+    keras_roll.certify(model, x, method="bisect").method is Method.BISECT   # a cross-check
     ```
     """
 
@@ -197,19 +174,9 @@ class Method(Choice):
     BISECT = "bisect"
 
     @classmethod
-    def parse(cls, method: Method | str, name: str = "method", default=None) -> Method:
-        """The `Method` named by `method` (None: `default` if given); a `ValueError`
-        lists the choices otherwise."""
-        if method is None and default is not None:
-            return cls(default)
-        if isinstance(method, cls):
-            return method
-        if isinstance(method, str):
-            for member in cls:
-                if member.value == method:
-                    return member
-        raise ValueError(f"Unknown method {method!r}; use 'analytic' (exact, streamed) or "
-                         f"'bisect' (binary search on the real network, a slow cross-check).")
+    def hints(cls) -> dict[str, str]:
+        return {"analytic": "exact, streamed",
+                "bisect": "binary search on the real network, a slow cross-check"}
 
 
 def check_bisect_tol(bisect_tol) -> float:

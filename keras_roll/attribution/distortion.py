@@ -46,7 +46,7 @@ class DistortionMode(Choice):
     Example:
 
     ```python
-    DistortionMode.parse("max")      # DistortionMode.MAX
+    worst = keras_roll.gradient_distortion(model, x, mode=DistortionMode.MAX)  # or "max"
     ```
     """
 

@@ -50,8 +50,8 @@ from keras_roll.options import GRADIENT_FIELDS, Choice, RunOptions, check_seed, 
 
 __all__ = ["METRICS", "Faithfulness", "Score", "faithfulness"]
 
-METRICS = ("deletion", "insertion", "mufidelity")
 _BETTER = {"deletion": "lower", "insertion": "higher", "mufidelity": "higher"}
+METRICS = tuple(_BETTER)
 
 
 class Score(Choice):
@@ -62,7 +62,7 @@ class Score(Choice):
     Example:
 
     ```python
-    Score.parse("logit")       # Score.LOGIT
+    keras_roll.faithfulness(model, x, y, maps, score="logit").score_kind is Score.LOGIT
     ```
     """
 

@@ -46,7 +46,7 @@ class RiemannRule(Choice):
     Example:
 
     ```python
-    RiemannRule.parse("trapezoid")      # RiemannRule.TRAPEZOID
+    ig = keras_roll.integrated_gradients(model, x, steps=32, rule=RiemannRule.TRAPEZOID)
     ```
     """
 

@@ -11,9 +11,8 @@ per example). See docs/design.md, section "The maths".
 Example:
 
 ```python
-fwd = lin.forward(x)
-t, j = bisect_region(lin, x, np.zeros(1, int), d[None], fwd.neurons.piece.numpy(),
-                     fwd.neurons.valid.numpy())
+slow = keras_roll.certify(model, x, method="bisect")   # margins by this search
+fast = keras_roll.certify(model, x)                    # the closed forms it checks
 ```
 """
 

@@ -30,7 +30,8 @@ from keras_roll.certification.zero_radii import no_causes, zero_lines
 from keras_roll.compile.units import INPUT_UNITS, Units
 from keras_roll.options import Method, Rigor, parse_norm
 
-__all__ = ["Certificate", "NormDict", "StabilityBounds", "concat_padded", "percentiles_of"]
+__all__ = ["Certificate", "NormDict", "StabilityBounds", "concat_padded", "first_part",
+           "percentiles_of"]
 
 INF = math.inf
 NORM_LABELS = {1: "l1", 2: "l2", INF: "linf"}
@@ -69,6 +70,21 @@ class NormDict(dict):
 
     def get(self, key, default=None):
         return self[key] if key in self else default
+
+
+def first_part(parts: Sequence, cls: type):
+    """The first of the results that `cls.concat` joins; a `ValueError` when there
+    is none.
+
+    Example:
+
+    ```python
+    first = first_part(parts, Certificate)   # parts[0], or "needs at least one"
+    ```
+    """
+    if not parts:
+        raise ValueError(f"{cls.__name__}.concat needs at least one {cls.__name__}.")
+    return parts[0]
 
 
 def concat_padded(arrays: list, fill) -> np.ndarray:
@@ -168,9 +184,8 @@ class Certificate:
 
     @classmethod
     def concat(cls, parts: Sequence[Certificate]) -> Certificate:
-        """One certificate of the examples of `parts`, in order (e.g. of the batches
-        of a stream). They must share norms, method, rigor and evaluation; the
-        inputs kept for `binding_direction` are not carried over.
+        """One certificate of the examples of `parts` (e.g. a stream's batches) in order;
+        they share norms, method, rigor and evaluation (`binding_direction`'s inputs go).
 
         Example:
 
@@ -178,9 +193,7 @@ class Certificate:
         cert = Certificate.concat([certify(model, xa), certify(model, xb)])
         ```
         """
-        if not parts:
-            raise ValueError("Certificate.concat needs at least one certificate.")
-        first = parts[0]
+        first = first_part(parts, cls)
         for part in parts[1:]:
             theirs, ours = ((q.norms, q.method, q.rigor, q.evaluation, q.units.describe())
                             for q in (part, first))
@@ -393,9 +406,7 @@ class StabilityBounds:
         sb = StabilityBounds.concat([stability_bounds(model, xa), stability_bounds(model, xb)])
         ```
         """
-        if not parts:
-            raise ValueError("StabilityBounds.concat needs at least one StabilityBounds.")
-        first = parts[0]
+        first = first_part(parts, cls)
         if any((q.method, q.rigor) != (first.method, first.rigor) for q in parts):
             raise ValueError("StabilityBounds of different methods or rigors cannot be "
                              "concatenated.")

@@ -10,9 +10,8 @@ dense per-slice Jacobians. See docs/design.md, section "Data flow of certify".
 Example:
 
 ```python
-for sl, fwd, gn in iter_gradient_norms(lin, x):
-    dist = neuron_distances(fwd.neurons.below, fwd.neurons.above)
-    eps2, _ = margins_from_norms(dist, gn.l2, fwd.neurons.valid)
+cert = keras_roll.certify(model, x)             # lp margins from these norms
+sb = keras_roll.stability_bounds(model, x[:1])  # directional margins along +-e_k
 ```
 """
 

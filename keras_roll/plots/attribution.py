@@ -33,7 +33,7 @@ def plot_attribution_grid(images, columns: dict, row_labels=None, image_shape=No
         cmap: colour map of the attribution maps.
 
     Returns:
-        The matplotlib `Figure`.
+        The matplotlib `Figure`: a row per image, the image and then its maps.
 
     Example:
 
@@ -125,7 +125,8 @@ def plot_gradient_comparison(x, models: dict, eps: float | None = None, row_labe
         path: optional PNG path.
 
     Returns:
-        The matplotlib `Figure`.
+        The matplotlib `Figure`: a row per example, the maps of each model side
+        by side.
 
     Example:
 

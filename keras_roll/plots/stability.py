@@ -30,7 +30,7 @@ def plot_stability_bounds(x, bounds, channel: int = 0, example: int = 0,
         path: optional PNG path.
 
     Returns:
-        The matplotlib `Figure`.
+        The matplotlib `Figure`: the series and its band on one axis.
 
     Example:
 

@@ -28,7 +28,8 @@ def plot_margin_tradeoff(values, margins, accuracy, percentiles=(25, 50, 75),
         path: optional PNG path.
 
     Returns:
-        The matplotlib `Figure`.
+        The matplotlib `Figure`: margin percentiles on the left axis, accuracy on
+        the right one.
 
     Example:
 

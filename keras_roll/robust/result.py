@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from keras_roll.certification.certificates import NormDict, percentiles_of
+from keras_roll.certification.certificates import NormDict, first_part, percentiles_of
 from keras_roll.certification.tables import Summary, format_table
 from keras_roll.compile.units import INPUT_UNITS, Units
 from keras_roll.options import Choice, Rigor, parse_norm
@@ -45,7 +45,7 @@ class RobustMethod(Choice):
     Example:
 
     ```python
-    RobustMethod.parse("walk")      # RobustMethod.WALK
+    upper_only = keras_roll.robust_radius(model, x, y, method="walk")
     ```
     """
 
@@ -151,9 +151,7 @@ class RobustRadius:
         ```
         """
         parts = list(parts)
-        if not parts:
-            raise ValueError("RobustRadius.concat needs at least one RobustRadius.")
-        first = parts[0]
+        first = first_part(parts, cls)
         key = (first.method, first.rigor, first.exact_rtol, first.norms, first.units)
         for i, q in enumerate(parts):
             if (q.method, q.rigor, q.exact_rtol, q.norms, q.units) != key:

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from keras_roll.compile.rules.recurrent import MaskingOp, SimpleRNNOp
+from keras_roll.compile.rules.recurrent import SimpleRNNOp
 from keras_roll.roll.config import RollConfig
-from keras_roll.roll.entry import entry_readers
+from keras_roll.roll.entry import entry_readers, masking_reader
 
 __all__ = ["BUCKETS", "buckets_apply", "bucketed"]
 
@@ -54,13 +54,11 @@ def buckets_apply(program, config: RollConfig, entry: int) -> bool:
     if not (config.exact and config.skip_padded_steps) or len(shape) != 2 or \
             shape[0] is not None:
         return False
-    readers = entry_readers(program, entry)
-    if len(readers) != 1:
+    reader = masking_reader(program, entry)
+    if reader is None:
         return False
-    masking = program.steps[readers[0]]
-    if len(masking.ops) != 1 or not isinstance(masking.ops[0], MaskingOp):
-        return False
-    after = entry_readers(program, readers[0] + 1)
+    masking = program.steps[reader]
+    after = entry_readers(program, reader + 1)
     if len(after) != 1:
         return False
     step = program.steps[after[0]]

@@ -35,13 +35,10 @@ import tensorflow as tf
 from keras_roll.compile.bounds import Arithmetic, BoundMethod, capture, lower_bounds
 from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
-from keras_roll.options import parse_norm
 from keras_roll.roll.terms import (
+    TermConfig,
     TermResult,
-    check_on_eval,
-    check_weight,
     class_indices,
-    norm_name,
 )
 from keras_roll.rounding import rules
 
@@ -68,7 +65,7 @@ def check_fraction(name: str, value) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class IBPConfig:
+class IBPConfig(TermConfig):
     """Interval bound propagation training (Gowal et al. 2018), validated.
 
     With `z_worst(eps) = -lower`, the negated lower bounds of the margins
@@ -106,7 +103,7 @@ class IBPConfig:
     Example:
 
     ```python
-    IBPConfig(eps=0.1, kappa=0.5)
+    wrapped = keras_roll.wrap(model, regularizer=IBPConfig(eps=0.1, kappa=0.5))
     ```
     """
 
@@ -120,27 +117,14 @@ class IBPConfig:
     method = BoundMethod.INTERVAL
 
     def __post_init__(self):
-        try:
-            p = parse_norm(self.p)
-        except ValueError:
-            raise ValueError(f"p must be 1, 2 or inf (also 'l1', 'l2', 'linf'), the norm of the "
-                             f"ball; got p={self.p!r}.") from None
-        object.__setattr__(self, "p", float(p))
+        self.check_shared("the ball")
         object.__setattr__(self, "eps", check_radius("eps", self.eps))
         object.__setattr__(self, "kappa", check_fraction("kappa", self.kappa))
-        object.__setattr__(self, "lam", check_weight("lam", self.lam))
-        object.__setattr__(self, "on_eval", check_on_eval(self.on_eval))
 
     @property
     def beta_value(self) -> float:
         """The weight of the CROWN-IBP bound in the mixture (0: intervals only)."""
         return 0.0
-
-    def to_config(self) -> dict:
-        """The fields as JSON-safe values (`p` by name), for `get_config`."""
-        config = dataclasses.asdict(self)
-        config["p"] = norm_name(self.p)
-        return config
 
     def term(self, model: keras.Model) -> CertifiedTerm:
         """The per-example term of `model`, with its `eps`, `kappa`, `beta` variables."""

@@ -47,7 +47,7 @@ class EstimatorKind(Choice):
     Example:
 
     ```python
-    EstimatorKind.parse("gaussian")      # EstimatorKind.GAUSSIAN
+    RollConfig(samples=16, estimator="gaussian").estimator   # EstimatorKind.GAUSSIAN
     ```
     """
 
@@ -63,7 +63,7 @@ class Strata(Choice):
     Example:
 
     ```python
-    Strata.parse("channel")      # Strata.CHANNEL
+    RollConfig(samples=3, strata=Strata.CHANNEL).check_input_shape((32, 32, 3))
     ```
     """
 

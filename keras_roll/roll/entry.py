@@ -30,8 +30,8 @@ from keras_roll.compile.rules.recurrent import MaskingOp
 from keras_roll.compile.structure import structure_of
 from keras_roll.roll.config import RollConfig, RollPlan
 
-__all__ = ["AFFINE_ENTRY_LAYERS", "affine_problem", "entry_readers", "padding_mask",
-           "roll_plan", "tangent_entry"]
+__all__ = ["AFFINE_ENTRY_LAYERS", "affine_problem", "entry_readers", "masking_reader",
+           "padding_mask", "roll_plan", "tangent_entry"]
 
 AFFINE_ENTRY_LAYERS = (keras.layers.Rescaling, keras.layers.Normalization)
 
@@ -40,6 +40,26 @@ def entry_readers(program, entry: int) -> list[int]:
     """The indices of the steps that read the value tangents enter at (step `entry`'s
     input; `ProgramStructure.entry_readers`)."""
     return structure_of(program).entry_readers(entry)
+
+
+def masking_reader(program, entry: int) -> int | None:
+    """The index of the step that alone reads the tangents' entry value when it is
+    a lone Masking op (the only reader that leaves padded steps without a
+    gradient), else None.
+
+    Example:
+
+    ```python
+    step = masking_reader(lin.program, 0)   # not None for Masking -> SimpleRNN models
+    ```
+    """
+    readers = entry_readers(program, entry)
+    if len(readers) != 1:
+        return None
+    step = program.steps[readers[0]]
+    if len(step.ops) != 1 or not isinstance(step.ops[0], MaskingOp):
+        return None
+    return readers[0]
 
 
 def _broadcasts_elementwise(value, example_shape) -> bool:
@@ -172,13 +192,10 @@ def padding_mask(program, trace, entry: int = 0):
     keep = padding_mask(lin.program, lin.primal(x).trace)   # [B, T] for [B, T, C] inputs
     ```
     """
-    readers = entry_readers(program, entry)
-    if len(readers) != 1:
+    reader = masking_reader(program, entry)
+    if reader is None:
         return None
-    step = program.steps[readers[0]]
-    if len(step.ops) != 1 or not isinstance(step.ops[0], MaskingOp):
-        return None
-    keep = trace.steps[readers[0]].ops[0].keep  # [B, *shape[:-1], 1]
+    keep = trace.steps[reader].ops[0].keep  # [B, *shape[:-1], 1]
     batch = tf.shape(keep)[0]
     return tf.reshape(keep > 0, tf.stack([batch, -1]))
 

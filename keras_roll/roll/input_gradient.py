@@ -24,13 +24,10 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from keras_roll.options import parse_norm
 from keras_roll.roll.terms import (
+    TermConfig,
     TermResult,
-    check_on_eval,
-    check_weight,
     current_labels,
-    norm_name,
     resolve_term_config,
 )
 
@@ -39,7 +36,7 @@ __all__ = ["InputGradientConfig", "InputGradientTerm", "input_gradient_loss",
 
 
 @dataclasses.dataclass(frozen=True)
-class InputGradientConfig:
+class InputGradientConfig(TermConfig):
     """The hyperparameters of input-gradient regularization, validated.
 
     For an example `x` with label `y`,
@@ -85,11 +82,7 @@ class InputGradientConfig:
     log_name = "input_gradient_loss"
 
     def __post_init__(self):
-        try:
-            p = parse_norm(self.p)
-        except ValueError:
-            raise ValueError(f"p must be 1, 2 or inf (also 'l1', 'l2', 'linf'), the norm of the "
-                             f"perturbations; got p={self.p!r}.") from None
+        self.check_shared("the perturbations")
         if self.loss is not None:
             if not isinstance(self.loss, str):
                 raise ValueError(f"loss must be None (the compiled loss) or the name of a Keras "
@@ -100,15 +93,6 @@ class InputGradientConfig:
                 raise ValueError(f"loss={self.loss!r} is not a Keras loss name; use e.g. "
                                  f"'sparse_categorical_crossentropy', or None for the "
                                  f"compiled loss.") from None
-        object.__setattr__(self, "lam", check_weight("lam", self.lam))
-        object.__setattr__(self, "p", float(p))
-        object.__setattr__(self, "on_eval", check_on_eval(self.on_eval))
-
-    def to_config(self) -> dict:
-        """The fields as JSON-safe values (`p` by name), for `get_config`."""
-        config = dataclasses.asdict(self)
-        config["p"] = norm_name(self.p)
-        return config
 
     def term(self, model: keras.Model) -> InputGradientTerm:
         """The per-example term of `model`."""

@@ -129,11 +129,7 @@ def neuron_grad_sq(model_or_lin: ModelOrTwin, x: Array, config: RollConfig | Non
     sq3 = keras_roll.roll.loss.neuron_grad_sq(model, x, samples=3, seed=0)   # Eq. 10
     ```
     """
-    lin = linearize(model_or_lin)
-    x = lin.check_input(x)
-    plan = checked_plan(lin, x, config, overrides, caller="neuron_grad_sq")
-    plan = tuned_config(lin, x, plan, False, lambda cfg, xb: (
-        loss_from_config(lin, xb, plan.with_config(cfg), 0)))
+    lin, x, plan = _tuned_plan(model_or_lin, x, config, overrides, "neuron_grad_sq")
     fwd = forward if forward is not None else lin.primal(x)
     return grad_sq(lin, fwd, x, plan, plan.config.seed if seed is None else seed)
 
@@ -257,6 +253,17 @@ def loss_from_config(lin: Linearized, x: tf.Tensor, config: RollConfig | RollPla
     return loss
 
 
+def _tuned_plan(model_or_lin, x, config, overrides: dict, caller: str):
+    """`(lin, x, plan)`: the twin, the checked inputs and the checked plan with the
+    memory settings tuned on `x`."""
+    lin = linearize(model_or_lin)
+    x = lin.check_input(x)
+    plan = checked_plan(lin, x, config, overrides, caller=caller)
+    plan = tuned_config(lin, x, plan, False, lambda cfg, xb: (
+        loss_from_config(lin, xb, plan.with_config(cfg), 0)))
+    return lin, x, plan
+
+
 def _per_example(lin, fwd, x, plan: RollPlan, seed, precompute_gradient):
     """Eq. 9 per example from the forward pass `fwd` of `x` (before the NaN check)."""
     if precompute_gradient and plan.config.gamma >= 100:
@@ -363,11 +370,7 @@ def memory_plan(model_or_lin: ModelOrTwin, x: Array, config: RollConfig | None =
     print(plan.chunks, plan.per_chunk)                     # tangent passes, axes each
     ```
     """
-    lin = linearize(model_or_lin)
-    x = lin.check_input(x)
-    plan = checked_plan(lin, x, config, overrides, caller="memory_plan")
-    plan = tuned_config(lin, x, plan, False, lambda cfg, xb: (
-        loss_from_config(lin, xb, plan.with_config(cfg), 0)))
+    lin, x, plan = _tuned_plan(model_or_lin, x, config, overrides, "memory_plan")
     fwd = lin.primal(x)
     estimator = estimator_for(lin, x, plan, 0, trace=fwd.trace)
     return plan_directions_for(lin, fwd, x, estimator, roll_budget(lin, plan.config))

@@ -27,15 +27,13 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.twin import Linearized, linearize
-from keras_roll.options import INF, parse_norm
+from keras_roll.options import INF
 from keras_roll.roll.factored import factored_entry, gram_factor
 from keras_roll.roll.terms import (
+    TermConfig,
     TermResult,
-    check_on_eval,
     check_positive,
-    check_weight,
     class_indices,
-    norm_name,
     resolve_term_config,
 )
 
@@ -44,7 +42,7 @@ __all__ = ["MMRConfig", "MMRDistances", "MMRTerm", "mmr_distances", "mmr_loss",
 
 
 @dataclasses.dataclass(frozen=True)
-class MMRConfig:
+class MMRConfig(TermConfig):
     """The MMR hyperparameters (Croce et al., AISTATS 2019), validated.
 
     For an example `x` with label `y`, with the activation pattern of `x` frozen,
@@ -118,11 +116,7 @@ class MMRConfig:
     log_name = "mmr_loss"
 
     def __post_init__(self):
-        try:
-            p = parse_norm(self.p)
-        except ValueError:
-            raise ValueError(f"p must be 1, 2 or inf (also 'l1', 'l2', 'linf'), the norm of the "
-                             f"margins MMR enlarges; got p={self.p!r}.") from None
+        self.check_shared("the margins MMR enlarges")
         for name in ("k_B", "k_D"):
             k = getattr(self, name)
             if k is None and name == "k_D":
@@ -132,23 +126,14 @@ class MMRConfig:
                 raise ValueError(f"{name} is a number of distances per example and must be "
                                  f"{allowed}; got {name}={k!r}.")
         normalised = {
-            "lam": check_weight("lam", self.lam),
-            "p": float(p),
             "k_B": int(self.k_B),
             "k_D": None if self.k_D is None else int(self.k_D),
             "gamma_B": check_positive("gamma_B", self.gamma_B),
             "gamma_D": check_positive("gamma_D", self.gamma_D),
-            "on_eval": check_on_eval(self.on_eval),
             "fewest_directions": _check_bool("fewest_directions", self.fewest_directions),
         }
         for name, value in normalised.items():
             object.__setattr__(self, name, value)
-
-    def to_config(self) -> dict:
-        """The fields as JSON-safe values (`p` by name), for `get_config`."""
-        config = dataclasses.asdict(self)
-        config["p"] = norm_name(self.p)
-        return config
 
     def term(self, model: keras.Model) -> MMRTerm:
         """The per-example term of `model` (checks that the twin can linearize it)."""

@@ -42,7 +42,7 @@ from keras_roll.compile.twin import Linearized, linearize, unwrap
 from keras_roll.roll.config import RollConfig, resolve_config
 from keras_roll.roll.entry import roll_plan
 from keras_roll.roll.loss import loss_from_config
-from keras_roll.roll.supervised import SupervisedRegularizer, is_supervised_config
+from keras_roll.roll.supervised import SupervisedRegularizer, TermMean, is_supervised_config
 from keras_roll.roll.terms import labelled_step, resolve_term_config
 
 __all__ = ["RollModel", "RollRegularizer", "evaluating", "unwrap", "wrap"]
@@ -78,16 +78,6 @@ def evaluating():
 
 def _in_evaluation() -> bool:
     return getattr(_state, "depth", 0) > 0
-
-
-class _RollMean(keras.metrics.Mean):
-    """A Mean that reads NaN ("not computed") instead of 0 before any update."""
-
-    def result(self):
-        count = tf.convert_to_tensor(self.count)
-        total = tf.convert_to_tensor(self.total)
-        nan = tf.constant(float("nan"), count.dtype)
-        return tf.where(count > 0, total / tf.maximum(count, 1e-12), nan)
 
 
 @keras.saving.register_keras_serializable(package="keras_roll")
@@ -177,7 +167,7 @@ class RollRegularizer(keras.layers.Layer):
             self._step = keras.Variable(0, shape=(), dtype="int64", trainable=False,
                                         aggregation="only_first_replica",
                                         synchronization="on_read", name="roll_seed_step")
-        self.roll_tracker = _RollMean(name="roll_loss")
+        self.roll_tracker = TermMean(name="roll_loss")
         # No XLA: chunk sizes depend on the batch (dynamic in fit), a chunked step is a
         # while loop of tapes, and XLA compiles a ResNet's ROLL step for minutes. So
         # compile(jit_compile="auto") of a wrapped model runs without it (on GPUs too).

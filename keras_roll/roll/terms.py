@@ -26,11 +26,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.options import INF
+from keras_roll.options import INF, parse_norm
 
-__all__ = ["StepLabels", "TermResult", "check_on_eval", "check_positive", "check_weight",
-           "class_indices", "current_labels", "labelled_step", "norm_name",
-           "resolve_term_config"]
+__all__ = ["StepLabels", "TermConfig", "TermResult", "check_norm", "check_on_eval",
+           "check_positive", "check_weight", "class_indices", "current_labels",
+           "labelled_step", "norm_name", "resolve_term_config"]
 
 _state = threading.local()
 
@@ -111,6 +111,41 @@ def class_indices(y, num_classes: int, what: str) -> tf.Tensor:
 def norm_name(p: float) -> str:
     """'l1', 'l2' or 'linf' for a parsed norm (how configs store it in JSON)."""
     return "linf" if p == INF else f"l{int(p)}"
+
+
+def check_norm(value, what: str) -> float:
+    """The norm `p` of a term as a float (1.0, 2.0 or inf); `what` names what it
+    measures in the error message."""
+    try:
+        return float(parse_norm(value))
+    except ValueError:
+        raise ValueError(f"p must be 1, 2 or inf (also 'l1', 'l2', 'linf'), the norm of "
+                         f"{what}; got p={value!r}.") from None
+
+
+class TermConfig:
+    """The base of the frozen config dataclasses of the training terms: their shared
+    fields `p`, `lam` and `on_eval` are checked here.
+
+    Example:
+
+    ```python
+    InputGradientConfig(p="linf").to_config()["p"]     # "linf"
+    ```
+    """
+
+    def check_shared(self, norm_of: str) -> None:
+        """Validates and normalises the fields every term has: `p` (the norm of
+        `norm_of`, as a float), `lam` and `on_eval`; a bad one raises `ValueError`."""
+        object.__setattr__(self, "p", check_norm(self.p, norm_of))
+        object.__setattr__(self, "lam", check_weight("lam", self.lam))
+        object.__setattr__(self, "on_eval", check_on_eval(self.on_eval))
+
+    def to_config(self) -> dict:
+        """The fields as JSON-safe values (`p` by name), for `get_config`."""
+        config = dataclasses.asdict(self)
+        config["p"] = norm_name(self.p)
+        return config
 
 
 def _is_number(v) -> bool:

@@ -76,16 +76,16 @@ class Caltech256Index(NamedTuple):
         return {**{k: len(v) for k, v in self.files.items()}, "skipped": len(self.skipped)}
 
 def index_caltech256(
-    path,
-    scheme="paper",
-    val_per_class=PAPER_VAL_PER_CLASS,
-    test_per_class=PAPER_TEST_PER_CLASS,
-    val_fraction=None,
-    seed=0,
-    max_per_class=None,
-    verify=True,
-    verbose=1,
-):
+    path: str | os.PathLike,
+    scheme: str = "paper",
+    val_per_class: int = PAPER_VAL_PER_CLASS,
+    test_per_class: int = PAPER_TEST_PER_CLASS,
+    val_fraction: float | None = None,
+    seed: int = 0,
+    max_per_class: int | None = None,
+    verify: bool = True,
+    verbose: int = 1,
+) -> Caltech256Index:
     """Lists, checks and splits the images of a Caltech-256 tree.
 
     Every file of every object-class folder is checked: files without an image
