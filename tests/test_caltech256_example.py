@@ -281,8 +281,6 @@ def test_bad_flags_are_refused_while_parsing(tree, tmp_path, monkeypatch):
     cases = [
         ([], "--data_dir is required (without --quick"),
         ([f"--data_dir={tmp_path / 'missing'}"], "is not a directory"),
-        ([f"--data_dir={tmp_path / 'empty'}"], "No class folders (NNN.name)"),
-        ([f"--data_dir={copy}"], "hold no image files: 003.backpack"),
         (["--quick", "--strategy=tpu"], "value should be one of <default|mirrored|multiworker>"),
         (["--quick", "--strategy=multiworker"], "needs TF_CONFIG"),
         (["--quick", "--lr_decay_epochs=2.5"], "--lr_decay_epochs takes whole epochs"),
@@ -290,12 +288,22 @@ def test_bad_flags_are_refused_while_parsing(tree, tmp_path, monkeypatch):
         (["--quick", "--figure_percentiles=50,101"], "101 is above the upper bound 100"),
         (["--quick", f"--weights={tmp_path / 'w.txt'}"], "expected a torchvision state dict"),
         (["--quick", f"--compare_with={tmp_path}"], "has no run_config.json"),
-        (["--quick", "--roll_wrt=stem"], "tiny has no layer 'stem'"),
         (["--flagfile=examples/configs/nope.flags"], "Unable to open flagfile"),
     ]
     for argv, message in cases:
         with pytest.raises(flags.Error) as err:
             _flags("--model=tiny", *argv)
+        assert message in str(err.value), (argv, str(err.value))
+    # What needs keras_roll (the class folders, the layers of the built network) is
+    # checked once the flags are good, before any training, with one line as well.
+    after = [
+        ([f"--data_dir={tmp_path / 'empty'}"], "No class folders (NNN.name)"),
+        ([f"--data_dir={copy}"], "hold no image files: 003.backpack"),
+        (["--quick", "--roll_wrt=stem"], "--roll_wrt=stem: tiny has no layer 'stem'"),
+    ]
+    for argv, message in after:
+        with pytest.raises(app.UsageError) as err:
+            ex.check_with_tensorflow(ex.get_config(_flags("--model=tiny", *argv)))
         assert message in str(err.value), (argv, str(err.value))
 
 

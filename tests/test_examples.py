@@ -411,6 +411,55 @@ def test_command_line_errors_are_one_line(idx_folder, tmp_path):
         assert len([line for line in err.splitlines() if line.startswith("FATAL")]) == 1
 
 
+# Runs an example's __main__ as `python -m` does and reports, on exit, whether
+# TensorFlow was imported: flags and paths must be checked before it loads.
+_PROBE = ("import atexit, runpy, sys\n"
+          "atexit.register(lambda: sys.stderr.write("
+          "f'tensorflow imported: {\"tensorflow\" in sys.modules}\\n'))\n"
+          "sys.argv = sys.argv[1:]\n"
+          "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n")
+_BEFORE_TF = [
+    (name, argv, message)
+    for name in ("mnist", "toy2d", "japanese_vowel", "caltech256", "robustness", "demo")
+    for argv, message in [(["--epochs=0"], "flag --epochs=0: 0 is not a positive integer")]
+] + [(name, ["--data_dir=/no/such/folder"], "flag --data_dir=/no/such/folder: ")
+     for name in ("mnist", "japanese_vowel", "caltech256", "robustness")] + [
+    ("mnist", ["--quick", "--wrt=nosuchlayer"], "the model has no layer 'nosuchlayer'"),
+    ("mnist", ["--normalize=0.5"], "--normalize takes 'mean,std'"),
+    ("caltech256", ["--quick", "--lr_decay_epochs=2.5"], "--lr_decay_epochs takes whole"),
+]
+
+
+def test_bad_flags_stop_before_tensorflow_loads():
+    """Every example (`python -m examples.<name>`) refuses a bad flag and a missing
+    --data_dir with one FATAL line, exit status 1 and no traceback, before TensorFlow
+    is imported (so in about a second, not after the 5-30 s of loading it)."""
+    procs = [subprocess.Popen([sys.executable, "-c", _PROBE, f"examples.{name}", *argv],
+                              cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for name, argv, _ in _BEFORE_TF]
+    for proc, (name, argv, message) in zip(procs, _BEFORE_TF):
+        out, err = proc.communicate(timeout=120)
+        case = f"{name} {argv}: {err[-2000:]}"
+        assert proc.returncode == 1, case
+        assert "Traceback" not in err and out == "", case
+        fatal = [line for line in err.splitlines() if line.startswith("FATAL")]
+        assert len(fatal) == 1 and message in fatal[0], case
+        assert "tensorflow imported: False" in err, case
+
+
+def test_mnist_layer_names_without_tensorflow_match_the_built_model():
+    """`--wrt` is checked against layer names known without building the model; they
+    are the names of the model `train.build_model` builds."""
+    for argv in (["--depth=1"], ["--depth=3", "--normalize=none", "--wrt="], ["--quick"]):
+        config = mnist.get_config(parse(mnist.define_flags, argv))
+        normalize = None if mnist_default.parse_normalize(config.normalize) is None \
+            else (0.5, 0.25)
+        built = [layer.name for layer in mnist_train.build_model(config, 784, 10,
+                                                                 normalize).layers]
+        assert mnist_default.layer_names(config) == built
+
+
 # ----------------------------------------------------------------------------- toy2d
 
 

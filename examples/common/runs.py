@@ -101,7 +101,7 @@ def result_row(spec: ModelSpec, fit, settings: dict) -> dict:
     }
 
 
-def evaluate_and_store(model, row: dict, val, test, runs: Path) -> dict:
+def evaluate_and_store(model, row: dict, val, test, runs: Path, verbose="auto") -> dict:
     """Adds the validation (`val_*`) and test statistics of `margin_stats` to `row`,
     writes `runs/<tag>.json` and the test margins to `runs/<tag>.npz`; returns the row.
 
@@ -111,10 +111,12 @@ def evaluate_and_store(model, row: dict, val, test, runs: Path) -> dict:
     row = evaluate_and_store(model, row, (xv, yv), (xt, yt), out / "runs")
     ```
     """
-    log(f"   certifying {len(val[1])} validation and {len(test[1])} test points")
+    if verbose:
+        log(f"   certifying {len(val[1])} validation and {len(test[1])} test points")
     twin = exact_twin(model)
-    val_row, _ = margin_stats(model, *val, prefix="val_", regions=False, twin=twin)
-    test_row, cert = margin_stats(model, *test, guarded=True, twin=twin)
+    val_row, _ = margin_stats(model, *val, prefix="val_", regions=False, twin=twin,
+                              verbose=verbose)
+    test_row, cert = margin_stats(model, *test, guarded=True, twin=twin, verbose=verbose)
     row = {**row, **test_row, **val_row}
     np.savez(runs / f"{row['tag']}.npz", l1=cert.margins[1], l2=cert.margins[2])
     write_json(runs / f"{row['tag']}.json", row)

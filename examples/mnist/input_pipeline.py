@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from examples.common.app import UsageError
-from examples.mnist.configs.default import Config
+from examples.mnist.configs.default import Config, parse_normalize
 from keras_roll.data import mnist_splits
 
 __all__ = ["Data", "load_data", "parse_normalize"]
@@ -35,28 +35,6 @@ class Data(NamedTuple):
     name: str
     classes: int
     normalize: tuple | None  # (mean, std) of the model's Normalization layer, or None
-
-
-def parse_normalize(text: str):
-    """`--normalize` as `(mean, std)`, "train" or None ("none"); ValueError otherwise.
-
-    Example:
-
-    ```python
-    parse_normalize("0.1307,0.3081"), parse_normalize("none")   # (0.1307, 0.3081), None
-    ```
-    """
-    word = text.strip().lower()
-    if word in ("train", "none"):
-        return None if word == "none" else "train"
-    try:
-        mean, std = (float(v) for v in word.split(","))
-    except ValueError:
-        raise ValueError(f"--normalize takes 'mean,std' (two numbers), 'train' or 'none', "
-                         f"got {text!r}") from None
-    if not std > 0:
-        raise ValueError(f"--normalize={text}: the std must be > 0")
-    return mean, std
 
 
 def dataset_name(config: Config) -> str:

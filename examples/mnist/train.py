@@ -34,7 +34,7 @@ from examples.common.tables import write_json
 from examples.common.training import fit_best
 from examples.mnist.configs.default import TRAINING_FIELDS, Config, Init
 from examples.mnist.explanations import faithfulness_table
-from examples.mnist.input_pipeline import Data, load_data, parse_normalize
+from examples.mnist.input_pipeline import Data, load_data
 
 SWEPT = (("lam", "lambda"), ("C", "C"), ("gamma", "gamma (%)"))
 
@@ -63,12 +63,6 @@ def build_model(config: Config, input_dim: int = 784, classes: int = 10,
                 layer.set_weights([rng.uniform(-limit, limit, kernel.shape).astype(kernel.dtype),
                                    rng.uniform(-limit, limit, bias.shape).astype(bias.dtype)])
     return model
-
-
-def layer_names(config: Config) -> list[str]:
-    """The layer names of the model `config` builds (for checking `--wrt`)."""
-    normalize = None if parse_normalize(config.normalize) is None else (0.0, 1.0)
-    return [layer.name for layer in build_model(config, normalize=normalize).layers]
 
 
 def specs(config: Config) -> list[ModelSpec]:

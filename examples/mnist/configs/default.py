@@ -95,3 +95,42 @@ TRAINING_FIELDS = ("data_dir", "dataset", "normalize", "epochs", "batch_size", "
 def get_config() -> Config:
     """The paper's settings."""
     return Config()
+
+
+def parse_normalize(text: str):
+    """`--normalize` as `(mean, std)`, "train" or None ("none"); ValueError otherwise.
+
+    Example:
+
+    ```python
+    parse_normalize("0.1307,0.3081"), parse_normalize("none")   # (0.1307, 0.3081), None
+    ```
+    """
+    word = text.strip().lower()
+    if word in ("train", "none"):
+        return None if word == "none" else "train"
+    try:
+        mean, std = (float(v) for v in word.split(","))
+    except ValueError:
+        raise ValueError(f"--normalize takes 'mean,std' (two numbers), 'train' or 'none', "
+                         f"got {text!r}") from None
+    if not std > 0:
+        raise ValueError(f"--normalize={text}: the std must be > 0")
+    return mean, std
+
+
+def layer_names(config: Config) -> list[str]:
+    """The layer names of the network `config` builds, as `keras_roll.models.fc` names
+    them (for checking `--wrt` before TensorFlow is loaded).
+
+    Example:
+
+    ```python
+    layer_names(dataclasses.replace(get_config(), depth=1))
+    # ['pixels', 'normalize', 'dense_1', 'relu_1', 'predictions']
+    ```
+    """
+    names = ["pixels"] + (["normalize"] if parse_normalize(config.normalize) is not None else [])
+    for i in range(1, config.depth + 1):
+        names += [f"dense_{i}", f"relu_{i}"]
+    return names + ["predictions"]
