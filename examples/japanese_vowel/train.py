@@ -25,7 +25,9 @@ from examples.common import app
 from examples.common.margin_stats import exact_twin
 from examples.common.runs import (
     ModelSpec,
+    data_fingerprint,
     evaluate_and_store,
+    gather_stored,
     model_specs,
     result_row,
     stored_or_none,
@@ -44,9 +46,12 @@ def build_model(config: Config) -> keras.Model:
                                                num_negative_ones=config.num_negative_ones)
 
 
-def settings(config: Config) -> dict:
-    """The settings a trained model depends on (a stored result is reused if they match)."""
-    return {k: getattr(config, k) for k in TRAINING_FIELDS}
+def settings(config: Config, data) -> dict:
+    """The settings a trained model depends on (a stored result is reused if they match):
+    the training fields and the data's fingerprint (not its path)."""
+    arrays = [a for split in data for a in split]
+    return {**{k: getattr(config, k) for k in TRAINING_FIELDS},
+            "data": data_fingerprint(*arrays)}
 
 
 def train_one(spec: ModelSpec, data, config: Config, out: Path,
@@ -71,7 +76,7 @@ def train_one(spec: ModelSpec, data, config: Config, out: Path,
         weights_path=runs / f"{spec.tag}.weights.h5", name=spec.tag,
         verbose=logs.fit_verbose, warn_last_epoch=logs.warn_last_epoch)
     logs.log(f"   best validation loss {fit.best.best:.4f} at epoch {fit.best.epoch}")
-    row = result_row(spec, fit, settings(config))
+    row = result_row(spec, fit, settings(config, data))
     return evaluate_and_store(model, row, (xv, yv), (xte, yte), runs,
                               verbose=logs.certify_verbose)
 
@@ -81,7 +86,8 @@ def train_or_load(spec: ModelSpec, data, config: Config, out: Path,
     """A stored result with the same settings (with `--resume`; re-certified with
     `--reevaluate`), else `train_one`."""
     _, (xv, yv, _), (xte, yte, _) = data
-    row = stored_or_none(out / "runs" / f"{spec.tag}.json", settings(config), config.resume,
+    row = stored_or_none(out / "runs" / f"{spec.tag}.json", settings(config, data),
+                         config.resume,
                          config.reevaluate, lambda: build_model(config), (xv, yv), (xte, yte))
     return row if row is not None else train_one(spec, data, config, out, logs)
 
@@ -169,6 +175,7 @@ def train_and_evaluate(config: Config, workdir,
         rows.append(train_or_load(spec, data, config, out, logs))
         if logs.quiet:
             app.log(one_line(rows[-1]))
+    rows = gather_stored(out / "runs", settings(config, data), rows)
     md, summary = selected_table(
         rows, out, "table3", f"Table 3: Japanese Vowels, scoRNN({config.units}) with LeakyReLU",
         notes=["Margins in the units of the LPC coefficients (the data are not normalised).",

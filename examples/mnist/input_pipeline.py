@@ -19,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from examples.common.app import UsageError
+from examples.common.runs import data_fingerprint
 from examples.mnist.configs.default import Config, parse_normalize
 from keras_roll.data import mnist_splits
 
@@ -35,6 +36,7 @@ class Data(NamedTuple):
     name: str
     classes: int
     normalize: tuple | None  # (mean, std) of the model's Normalization layer, or None
+    fingerprint: str = ""  # of the split arrays (runs.data_fingerprint)
 
 
 def dataset_name(config: Config) -> str:
@@ -68,4 +70,5 @@ def load_data(config: Config) -> Data:
     if normalize == "train":
         normalize = (float(np.mean(xtr)), float(np.std(xtr)))
     classes = int(max(ytr.max(), yv.max(), yte.max())) + 1
-    return Data((xtr, ytr), (xv, yv), (xte, yte), dataset_name(config), classes, normalize)
+    return Data((xtr, ytr), (xv, yv), (xte, yte), dataset_name(config), classes, normalize,
+                data_fingerprint(xtr, ytr, xv, yv, xte, yte))

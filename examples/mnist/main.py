@@ -63,7 +63,8 @@ def main(fv: flags.FlagValues):
         md = timing.timing(config, app.output_dir(fv.out))
         app.log(md)
         return md
-    return train.train_and_evaluate(config, fv.out)
+    return train.train_and_evaluate(
+        config, fv.out, logs=app.LogOptions(warn_last_epoch=fv["epochs"].present))
 
 
 def _valid(parse):

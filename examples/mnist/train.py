@@ -25,6 +25,7 @@ from examples.common import app
 from examples.common.runs import (
     ModelSpec,
     evaluate_and_store,
+    gather_stored,
     model_specs,
     result_row,
     stored_or_none,
@@ -79,12 +80,14 @@ def specs(config: Config) -> list[ModelSpec]:
     return model_specs(config.vanilla, grid, config.samples)
 
 
-def settings(config: Config) -> dict:
-    """The settings a trained model depends on (a stored result is reused if they match)."""
-    return {k: getattr(config, k) for k in TRAINING_FIELDS}
+def settings(config: Config, data: Data) -> dict:
+    """The settings a trained model depends on (a stored result is reused if they match):
+    the training fields and the data's fingerprint (not its path)."""
+    return {**{k: getattr(config, k) for k in TRAINING_FIELDS}, "data": data.fingerprint}
 
 
-def train_one(spec: ModelSpec, data: Data, config: Config, out: Path) -> dict:
+def train_one(spec: ModelSpec, data: Data, config: Config, out: Path,
+              logs: app.LogOptions = app.LogOptions()) -> dict:
     """Trains one model, restores its best validation-loss epoch and evaluates it.
 
     Returns its row; writes `runs/<tag>.json`, `.npz` (test margins) and `.weights.h5`.
@@ -105,20 +108,23 @@ def train_one(spec: ModelSpec, data: Data, config: Config, out: Path) -> dict:
         loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     app.log(f"\n== {spec.tag}: {len(xtr)} training images, {config.epochs} epochs")
     fit = fit_best(model, fit_model, (xtr, ytr), val, config.epochs, config.batch_size,
-                   runs / f"{spec.tag}.weights.h5", name=spec.tag, seed=config.seed)
+                   runs / f"{spec.tag}.weights.h5", name=spec.tag, seed=config.seed,
+                   warn_last_epoch=logs.warn_last_epoch)
     app.log(f"   best validation loss {fit.best.best:.4f} at epoch {fit.best.epoch}")
-    row = result_row(spec, fit, settings(config))
+    row = result_row(spec, fit, settings(config, data))
     return evaluate_and_store(model, row, val, test, runs)
 
 
-def train_or_load(spec: ModelSpec, data: Data, config: Config, out: Path) -> dict:
+def train_or_load(spec: ModelSpec, data: Data, config: Config, out: Path,
+                  logs: app.LogOptions = app.LogOptions()) -> dict:
     """A stored result with the same settings (with `--resume`; re-certified with
     `--reevaluate`), else `train_one`."""
     row = stored_or_none(
-        out / "runs" / f"{spec.tag}.json", settings(config), config.resume, config.reevaluate,
+        out / "runs" / f"{spec.tag}.json", settings(config, data), config.resume,
+        config.reevaluate,
         lambda: build_model(config, data.train[0].shape[1], data.classes, data.normalize),
         data.val, data.test)
-    return row if row is not None else train_one(spec, data, config, out)
+    return row if row is not None else train_one(spec, data, config, out, logs)
 
 
 def figure2(rows: list[dict], config: Config, name: str, out: Path) -> list[Path]:
@@ -141,7 +147,8 @@ def figure2(rows: list[dict], config: Config, name: str, out: Path) -> list[Path
     return paths
 
 
-def train_and_evaluate(config: Config, workdir) -> app.ExampleResult:
+def train_and_evaluate(config: Config, workdir,
+                       logs: app.LogOptions = app.LogOptions()) -> app.ExampleResult:
     """Trains (or reuses) every model of `config`, writes Table 1, the table of every
     model, the faithfulness table and figure of Table 1's models and, with `--sweep`,
     Figure 2 to `workdir`; returns what it wrote."""
@@ -152,7 +159,8 @@ def train_and_evaluate(config: Config, workdir) -> app.ExampleResult:
     rows = []
     for i, spec in enumerate(todo, start=1):
         app.log(f"\n-- model {i} of {len(todo)}")
-        rows.append(train_or_load(spec, data, config, out))
+        rows.append(train_or_load(spec, data, config, out, logs))
+    rows = gather_stored(out / "runs", settings(config, data), rows)
     dim = data.train[0].shape[1]
     arch = f"{dim}-{config.width}x{config.depth}-{data.classes} ReLU network"
     norm = ("no input normalisation" if data.normalize is None else

@@ -48,7 +48,8 @@ class Config:
 
 
 # The fields a trained model depends on: a stored result is reused only if they match.
-TRAINING_FIELDS = ("data_dir", "units", "num_negative_ones", "epochs", "batch_size", "lr",
+# (and the data's fingerprint: the data, wherever --data_dir finds it).
+TRAINING_FIELDS = ("units", "num_negative_ones", "epochs", "batch_size", "lr",
                    "val_fraction", "test_size", "seed")
 
 

@@ -86,8 +86,9 @@ class Config:
                        lower_bound=0)
 
 
-# The fields a trained model depends on: a stored result is reused only if they match.
-TRAINING_FIELDS = ("data_dir", "dataset", "normalize", "epochs", "batch_size", "lr",
+# The fields a trained model depends on: a stored result is reused only if they match
+# (and the data's fingerprint: the data, wherever --data_dir finds it).
+TRAINING_FIELDS = ("normalize", "epochs", "batch_size", "lr",
                    "momentum", "init", "depth", "width", "val_size", "train_size", "test_size",
                    "wrt", "seed")
 
