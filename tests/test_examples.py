@@ -30,7 +30,7 @@ import tensorflow as tf
 from absl import flags
 
 import keras_roll
-from examples.common import app, config_flags, selection, tables, training
+from examples.common import app, config_flags, search, selection, tables, training
 from examples.common.margin_stats import spearman
 from examples.common.runs import ModelSpec, model_specs
 from examples.demo import main as demo
@@ -325,6 +325,74 @@ def test_validation_loss_is_the_objective_in_normalised_units():
     logs = wrapped.evaluate(x, y, batch_size=5, verbose=0, return_dict=True)
     assert logs["loss"] == pytest.approx(ce + 2.0 * reference.mean(), rel=1e-4)
     assert logs["roll_loss"] == pytest.approx(reference.mean(), rel=1e-4)
+
+
+# ----------------------------------------------------------------------------- --search
+
+
+def _falling(rate, noise=()):
+    """A fake training: validation accuracy 0.9812 - rate * lam (plus fixed noise per
+    call), recording the lams it was asked for."""
+    calls = []
+
+    def val_acc_of(lam):
+        calls.append(lam)
+        return 0.9812 - rate * lam + (noise[len(calls) - 1] if len(calls) <= len(noise) else 0)
+    return val_acc_of, calls
+
+
+@pytest.mark.parametrize("rate, start", [(0.004, 2.0), (0.03, 2.0), (0.0005, 2.0),
+                                         (0.004, 0.1)])
+def test_bisection_finds_the_largest_lam_that_meets_the_target(rate, start):
+    """Accuracy falls linearly with lam; the target is 97 % (98 % minus 1). By hand,
+    round(100 * (0.9812 - rate * lam)) >= 97 holds for lam <= (0.9812 - 0.965) / rate,
+    so the answer lies in [lam, upper) around that edge: met below, missed above."""
+    val_acc_of, calls = _falling(rate)
+    edge = (0.9812 - 0.965) / rate
+    result = search.bisect_lam(val_acc_of, cutoff=97, start=start, steps=8)
+    assert len(calls) == len(set(calls)) <= 8
+    assert result.lam is not None and result.lam <= edge
+    assert search.meets(dict(result.tried)[result.lam], 97)
+    assert result.upper is not None and result.upper > edge
+    assert not search.meets(dict(result.tried)[result.upper], 97)
+    assert result.upper / result.lam < 4 ** 0.25  # the x4 bracket halved (in log) twice
+
+
+def test_bisection_goes_down_when_the_papers_lam_is_too_strong():
+    """Fashion-MNIST-like: at the start lam every model is points below vanilla; the
+    search lowers lam (a recipe that raises it goes the wrong way)."""
+    val_acc_of, calls = _falling(0.025)  # lam 2: 93 %, 5 points below 98 %
+    result = search.bisect_lam(val_acc_of, cutoff=98, start=2.0, steps=4)
+    assert calls[0] == 2.0 and all(lam < 2.0 for lam in calls[1:])
+    assert result.lam is not None and result.lam < 2.0 and result.upper <= 2.0
+    assert round(100 * (0.9812 - 0.025 * result.lam)) >= 98
+
+
+def test_bisection_reuses_known_models_and_reports_a_miss():
+    known = {1.0: 0.90, 0.25: 0.91}  # both miss 98 %
+    val_acc_of, calls = _falling(0.5)  # everything tried misses too
+    result = search.bisect_lam(val_acc_of, cutoff=98, start=1.0, steps=2, known=known)
+    assert calls == [0.0625, 0.0156] and result.lam is None and result.upper == 0.0156
+    with pytest.raises(ValueError, match="start must be a positive lam"):
+        search.bisect_lam(val_acc_of, cutoff=98, start=0.0, steps=2)
+
+
+def test_search_rows_meet_each_table_row(capsys):
+    """Both rows (same accuracy, 1 % less) get a lam whose row meets its target, and
+    the selection picks exactly those models."""
+    def train_roll(lam):
+        acc = 0.9812 - 0.006 * lam
+        return {"tag": f"roll_lam{lam:g}", "lam": lam, "val_acc": acc, "acc": acc,
+                "val_l2_p50": lam, "l2_p50": lam}
+
+    vanilla = {"tag": "vanilla", "lam": None, "val_acc": 0.9812, "acc": 0.9812}
+    rows = search.search_rows(train_roll, vanilla, start=2.0, steps=5)
+    same = selection.select(rows, vanilla, 0).row
+    less = selection.select(rows, vanilla, 1).row
+    assert round(100 * same["val_acc"]) >= 98 and round(100 * less["val_acc"]) >= 97
+    assert less["lam"] > same["lam"]
+    assert "--search, ROLL at same accuracy (validation accuracy >= 98 %): lam" in \
+        capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------- config flags

@@ -30,6 +30,7 @@ from examples.common.runs import (
     result_row,
     stored_or_none,
 )
+from examples.common.search import search_rows
 from examples.common.selection import runs_table, selected_table
 from examples.common.tables import write_json
 from examples.common.training import fit_best
@@ -69,7 +70,7 @@ def build_model(config: Config, input_dim: int = 784, classes: int = 10,
 def specs(config: Config) -> list[ModelSpec]:
     """The models to train: vanilla first, then the ROLL grid and the sweep."""
     grid = []
-    if config.roll:
+    if config.roll and not config.search:
         grid += [(lam, c, g) for lam in config.lam for c in config.C for g in config.gamma]
     if config.sweep:
         for i, name in enumerate(("lam", "C", "gamma")):
@@ -78,6 +79,28 @@ def specs(config: Config) -> list[ModelSpec]:
                 point[i] = v
                 grid.append(tuple(point))
     return model_specs(config.vanilla, grid, config.samples)
+
+
+def search(rows: list[dict], data: Data, config: Config, out: Path,
+           logs: app.LogOptions = app.LogOptions()) -> list[dict]:
+    """`--search`: the ROLL rows of the bisection on lam (`search.search_rows`) at each
+    `--C` and `--gamma`, against the vanilla row among `rows`.
+
+    Raises:
+        UsageError: no vanilla model to compare with.
+    """
+    vanilla = next((r for r in rows if r.get("lam") is None), None)
+    if vanilla is None:
+        raise app.UsageError("--search compares with the vanilla model: pass --vanilla (or "
+                             "keep its stored run in --out, trained with the same settings).")
+    found = []
+    for c in config.C:
+        for gamma in config.gamma:
+            found += search_rows(
+                lambda lam, c=c, gamma=gamma: train_or_load(
+                    ModelSpec.roll(lam, c, gamma, config.samples), data, config, out, logs),
+                vanilla, start=config.lam[0], steps=config.search_steps)
+    return found
 
 
 def settings(config: Config, data: Data) -> dict:
@@ -161,6 +184,10 @@ def train_and_evaluate(config: Config, workdir,
         app.log(f"\n-- model {i} of {len(todo)}")
         rows.append(train_or_load(spec, data, config, out, logs))
     rows = gather_stored(out / "runs", settings(config, data), rows)
+    if config.search:
+        rows = gather_stored(out / "runs", settings(config, data),
+                             list({r["tag"]: r for r in rows + search(
+                                 rows, data, config, out, logs)}.values()))
     dim = data.train[0].shape[1]
     arch = f"{dim}-{config.width}x{config.depth}-{data.classes} ReLU network"
     norm = ("no input normalisation" if data.normalize is None else

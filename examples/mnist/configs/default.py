@@ -58,6 +58,13 @@ class Config:
     wrt: str = option("normalize", "Take ROLL's gradients with respect to the output of this "
                       "layer of the model (its Normalization: the paper's normalised units); "
                       "empty: with respect to the [0, 1] pixels.")
+    search: bool = option(
+        False, "Instead of the --lam grid, find each Table 1 row's lam by bisection on "
+        "validation accuracy (the largest lam at vanilla's accuracy, and at 1 % less), "
+        "starting from the first --lam, at each --C and --gamma: for data sets the paper's "
+        "lam does not suit.")
+    search_steps: int = option(4, "Trainings per Table 1 row and (C, gamma) in --search.",
+                               lower_bound=1)
     sweep: bool = option(False, "Also train the one-at-a-time grid --sweep_lam, --sweep_C, "
                          "--sweep_gamma around --sweep_base and draw Figure 2.")
     sweep_lam: tuple[float, ...] = option((0.25, 0.5, 1.0, 2.0, 4.0, 8.0),
