@@ -18,6 +18,7 @@ import gzip
 import io
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from absl import flags
 import keras_roll
 from examples.common import app, config_flags, search, selection, tables, training
 from examples.common.margin_stats import spearman
-from examples.common.runs import ModelSpec, model_specs
+from examples.common.runs import ModelSpec, data_fingerprint, gather_stored, model_specs
 from examples.demo import main as demo
 from examples.japanese_vowel import input_pipeline as jv_input
 from examples.japanese_vowel import main as jv
@@ -639,6 +640,56 @@ def test_mnist_on_another_idx_data_set(idx_folder, tmp_path, capsys):
     assert _is_png(result.figures[0]) and f"Faithfulness curves: {result.figures[0]}" in log
     again = mnist.main(parse(mnist.define_flags, argv))
     assert again.rows[0]["train_time_s"] == row["train_time_s"]  # reused, not retrained
+    # The data moved: the stored run names it by fingerprint, so it is still reused.
+    moved = tmp_path / "elsewhere" / idx_folder.name
+    shutil.copytree(idx_folder, moved)
+    argv_moved = [f"--data_dir={moved}", *argv[1:]]
+    capsys.readouterr()
+    moved_run = mnist.main(parse(mnist.define_flags, argv_moved))
+    assert moved_run.rows[0]["train_time_s"] == row["train_time_s"]
+    assert "vanilla: reusing" in capsys.readouterr().out
+    # One more model in the same --out: the tables gather it with the stored vanilla.
+    roll = mnist.main(parse(mnist.define_flags, [*argv_moved, "--novanilla", "--roll",
+                                                 "--lam=0.5", "--C=1", "--samples=2",
+                                                 "--faithfulness=0"]))
+    assert [r["tag"] for r in roll.rows] == ["vanilla", "roll_lam0.5_C1_gamma100_s2"]
+    _, runs_shown, _ = _check_table(out, "runs", n_rows=2)
+    assert [r[0] for r in runs_shown] == ["Vanilla", "ROLL (lam=0.5, C=1, gamma=100, 2 axes)"]
+    _, table_shown, _ = _check_table(out, "table1", n_rows=3)
+    assert table_shown[0][0] == "Vanilla"
+
+
+def test_tables_gather_every_stored_model_with_the_same_settings(tmp_path, capsys):
+    """Fake stored runs: those with the wanted settings join the rows (vanilla first,
+    then the new rows, then the others by tag); one trained with other settings stays
+    out, and the log says why."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    wanted = {"epochs": 20, "data": "abc"}
+    stored = [("vanilla", None, wanted), ("roll_lam3_C1_gamma100_exact", 3.0, wanted),
+              ("roll_lam1_C1_gamma100_exact", 1.0, wanted),
+              ("roll_lam9_C1_gamma100_exact", 9.0, {"epochs": 5, "data": "abc"})]
+    for tag, lam, settings in stored:
+        (runs / f"{tag}.json").write_text(json.dumps({"tag": tag, "lam": lam,
+                                                      "settings": settings}))
+    (runs / "notes.json").write_text("[1, 2]")  # not a stored row: ignored
+    new = [{"tag": "roll_lam2_C1_gamma100_exact", "lam": 2.0, "settings": wanted}]
+    rows = gather_stored(runs, wanted, new)
+    assert [r["tag"] for r in rows] == ["vanilla", "roll_lam2_C1_gamma100_exact",
+                                        "roll_lam1_C1_gamma100_exact",
+                                        "roll_lam3_C1_gamma100_exact"]
+    log = capsys.readouterr().out
+    assert "not in the tables:" in log and "roll_lam9_C1_gamma100_exact.json" in log
+    assert "epochs=5 (now 20)" in log
+
+
+def test_data_fingerprint_is_the_data_not_its_place():
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    y = np.array([0, 1, 2])
+    assert data_fingerprint(x, y) == data_fingerprint(x.copy(), y.copy())
+    assert data_fingerprint(x, y) != data_fingerprint(x, y[::-1])
+    assert data_fingerprint(x, y) != data_fingerprint(x.astype(np.float64), y)
+    assert data_fingerprint(x, y) != data_fingerprint(x.reshape(4, 3), y)
 
 
 @pytest.mark.slow
