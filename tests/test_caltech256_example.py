@@ -267,6 +267,20 @@ def test_mixed_precision_run(tree, tmp_path):
     assert results["distortion"]["max"]["P100"] >= 0
 
 
+@pytest.mark.slow
+def test_with_vanilla_trains_both_and_compares(tree, tmp_path):
+    """--with_vanilla: the vanilla run, the ROLL run drawn beside it, the comparison of
+    the two on the same test images."""
+    result = _run(*TINY, "--roll", "--samples=1", "--with_vanilla", f"--data_dir={tree}",
+                  f"--out={tmp_path}")
+    assert [r["model"] for r in result.rows] == ["vanilla", "ROLL"]
+    assert result.summary["vanilla"]["roll"] is False and result.summary["roll"]["roll"]
+    assert result.summary["roll"]["figure"]["models"] == ["ROLL", "vanilla"]
+    table = json.loads((tmp_path / "comparison.json").read_text())
+    assert table["rows"][0]["p_at_1"] == result.summary["vanilla"]["test"]["p_at_1"]
+    assert table["rows"][1]["max_p50"] == result.summary["roll"]["distortion"]["max"]["P50"]
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
@@ -415,21 +429,28 @@ def test_multiworker_two_workers(tree, tmp_path):
 
 
 QUICK = [sys.executable, "-m", "examples.caltech256",
-         "--flagfile=examples/configs/caltech256_roll.flags", "--quick", "--num_eval=0"]
+         "--flagfile=examples/configs/caltech256_roll.flags", "--quick", "--num_eval=0",
+         "--nowith_vanilla"]
 
 
 @pytest.mark.slow
 def test_quick_command_line(tmp_path):
-    """The documented --quick command, as a user runs it (a few minutes on 2 cores)."""
+    """The documented --quick command, as a user runs it: vanilla, then ROLL, then both
+    compared (about ten minutes on 2 cores)."""
     proc = subprocess.run(
         [sys.executable, "-m", "examples.caltech256",
          "--flagfile=examples/configs/caltech256_roll.flags", "--quick", "--out", str(tmp_path)],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1800)
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    results = json.loads((tmp_path / "results.json").read_text())
-    assert results["settings"]["image_size"] == 32 and results["roll"] is True
-    assert results["model"] == "resnet18" and len(results["training"]["history"]) == 2
-    assert (tmp_path / "figure4.png").exists()
+    for name, roll in (("vanilla", False), ("roll", True)):
+        results = json.loads((tmp_path / name / "results.json").read_text())
+        assert results["settings"]["image_size"] == 32 and results["roll"] is roll
+        assert results["model"] == "resnet18" and len(results["training"]["history"]) == 2
+    assert (tmp_path / "roll" / "figure4.png").exists()
+    table = json.loads((tmp_path / "comparison.json").read_text())
+    assert [r["model"] for r in table["rows"]] == ["vanilla", "ROLL"]
+    assert all(r["max_p50"] is not None and 0 <= r["p_at_1"] <= 1 for r in table["rows"])
+    assert "vanilla and ROLL" in proc.stdout
 
 
 @pytest.mark.slow

@@ -791,6 +791,27 @@ def test_japanese_vowel_roll(tmp_path):
     assert set(summary["figure3"]["median_width"]) == {"vanilla", "roll"}
 
 
+def test_figure3_panels_share_one_y_range():
+    """The y range of both panels covers the series and the finite ends of both models'
+    intervals (by hand), and the plot keeps it."""
+    from examples.japanese_vowel.train import shared_ylim
+
+    series = np.array([0.0, 1.0, 0.5])
+    a = type("SB", (), {"lower": -np.full((1, 3, 2), 0.1), "upper": np.full((1, 3, 2), 0.1)})
+    b = type("SB", (), {"lower": np.array([[[-2.0, 0], [-np.inf, 0], [-0.2, 0]]]),
+                        "upper": np.array([[[0.3, 0], [0.4, 0], [np.inf, 0]]])})
+    bottom, top = shared_ylim(series, [a, b], channel=0)
+    lo, hi = -2.0, 1.4  # 0 - 2 and 1 + 0.4: the finite ends of both
+    assert (bottom, top) == pytest.approx((lo - 0.17 * (hi - lo), hi + 0.17 * (hi - lo)))
+    x = np.stack([series, series], axis=1)
+    for sb in (a, b):
+        fig = keras_roll.plots.plot_stability_bounds(x, (sb.lower[0], sb.upper[0]),
+                                                     channel=0, ylim=(bottom, top))
+        assert fig.axes[0].get_ylim() == pytest.approx((bottom, top))
+    with pytest.raises(ValueError, match="ylim must be"):
+        keras_roll.plots.plot_stability_bounds(x, (a.lower[0], a.upper[0]), ylim=(1, 0))
+
+
 def test_japanese_vowel_split_is_stratified_and_disjoint():
     config = jv.get_config(parse(jv.define_flags, ["--val_fraction=0.2"]))
     (xtr, ytr, ltr), (xv, yv, lv), (xte, yte, _) = jv_input.load_data(config)
@@ -822,7 +843,37 @@ def test_demo_runs(tmp_path, capsys):
         f"--out={tmp_path}", "--units=8", "--epochs=2", "--toy_epochs=3", "--toy_points=30"]))
     text = capsys.readouterr().out
     assert "vanilla" in text and "ROLL / vanilla" in text and "Figure 3" in text
+    # One line per model, no per-epoch logs or progress bars; the last-epoch warning
+    # only for the epochs the user chose (--epochs here), never for --toy_epochs' default.
+    lines = text.splitlines()
+    per_model = [line for line in lines if line.startswith("  ") and "trained in" in line]
+    assert len(per_model) == 4, text
+    assert not any(w in text for w in ("Epoch 1/", "val_loss:", "certifying", "ex/s"))
+    warnings = [line for line in lines if line.startswith("WARNING")]
+    assert all("roll_lam" in w or "vanilla:" in w for w in warnings), warnings
+    assert len(lines) < 45, text
     figures = result["toy2d"].figures + result["japanese_vowel"].figures
     assert len(figures) == 4 and all(_is_png(p) for p in figures)
     for p in figures:
         assert str(p) in text
+
+
+def test_last_epoch_warning_only_where_asked(capsys):
+    """A model whose best validation loss is at its last epoch (the loss still falls)
+    is warned about with `warn_last_epoch` (the user chose the epochs), else not."""
+    x = np.linspace(-1, 1, 32, dtype="float32")[:, None]
+    y = (x[:, 0] > 0).astype("int64")
+    for warn in (True, False):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(2)])
+        model.compile(keras.optimizers.SGD(0.05),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        fit = training.fit_best(model, model, (x, y), (x, y), 2, 8, verbose=0, name="m",
+                                warn_last_epoch=warn)
+        assert fit.best.epoch == 2  # separable, small steps: still improving
+        said = "WARNING: m: the best validation loss is at the last epoch" in \
+            capsys.readouterr().out
+        assert said is warn
+    assert app.LogOptions(quiet=True).fit_verbose == 0
+    assert app.LogOptions(quiet=True).certify_verbose is False
+    assert app.LogOptions().certify_verbose == "auto"
