@@ -412,9 +412,9 @@ def test_quick_is_a_config_and_set_flags_win():
     assert fast == dataclasses.replace(mnist_quick.get_config(), dataset="MNIST",
                                        normalize="0.1307,0.3081")
     # a flag that is set wins over the quick config, even at the paper's value
-    mine = config("--quick", "--epochs=20", "--lam=2", "--init=KERAS")
-    assert (mine.epochs, mine.lam, mine.width) == (20, (2.0,), mnist_quick.get_config().width)
-    assert mine.init == mnist_default.Init.keras
+    mine = config("--quick", "--lr=0.01", "--lam=2", "--init=TORCH")
+    assert (mine.lr, mine.lam, mine.width) == (0.01, (2.0,), mnist_quick.get_config().width)
+    assert mine.init == mnist_default.Init.torch
 
 
 @pytest.mark.parametrize("module, name", [
@@ -696,8 +696,8 @@ def test_data_fingerprint_is_the_data_not_its_place():
 @pytest.mark.skipif(not (SHARED_DATA / "mnist.npz").is_file(), reason="real MNIST not present")
 def test_mnist_quick_shows_roll_at_work(tmp_path):
     """The documented --quick command on real MNIST: Table 1 has a selected ROLL row with
-    a larger median margin than vanilla's; the faithfulness table has vanilla's row and
-    each selected ROLL model's."""
+    at least 5 x vanilla's median l2 margin within 2 points of its test accuracy; the
+    faithfulness table has vanilla's row and each selected ROLL model's."""
     result = mnist.main(parse(mnist.define_flags, [
         f"--flagfile={CONFIGS / 'mnist_roll.flags'}", "--quick",
         f"--data_dir={SHARED_DATA}", f"--out={tmp_path}"]))
@@ -705,8 +705,9 @@ def test_mnist_quick_shows_roll_at_work(tmp_path):
     picked = [r for r in shown[1:] if "none qualified" not in r[0]]
     assert picked, shown
     assert result.summary["same_acc"] or result.summary["acc_minus_1"]
-    best = result.summary["same_acc"] or result.summary["acc_minus_1"]
-    assert best["ratio_l2_p50"] > 1.5
+    shown_rows = [r for r in (result.summary["same_acc"], result.summary["acc_minus_1"]) if r]
+    assert any(r["ratio_l2_p50"] >= 5 and abs(r["acc"] - result.summary["vanilla_acc"]) <= 0.02
+               for r in shown_rows), shown_rows
     _, faith, _ = _check_table(tmp_path, "faithfulness", n_rows=1 + len(
         {r["tag"] for r in (result.summary["same_acc"], result.summary["acc_minus_1"]) if r}))
     assert faith[0][0] == "Vanilla" and faith[1][0].startswith("ROLL at ")
