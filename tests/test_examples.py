@@ -18,6 +18,7 @@ import gzip
 import io
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -690,6 +691,34 @@ def test_data_fingerprint_is_the_data_not_its_place():
     assert data_fingerprint(x, y) != data_fingerprint(x, y[::-1])
     assert data_fingerprint(x, y) != data_fingerprint(x.astype(np.float64), y)
     assert data_fingerprint(x, y) != data_fingerprint(x.reshape(4, 3), y)
+
+
+@pytest.mark.slow
+def test_mnist_search_end_to_end(idx_folder, tmp_path, capsys):
+    """--search on a tiny data set: vanilla, then ROLL models at the lams the bisection
+    asks for (no --lam grid); every lam it reports as meeting a row's target has a
+    stored model whose validation accuracy meets it."""
+    out = tmp_path / "search"
+    result = mnist.main(parse(mnist.define_flags, [
+        f"--data_dir={idx_folder}", f"--out={out}", *TINY, "--samples=2", "--search",
+        "--search_steps=2", "--lam=1", "--C=1", "--faithfulness=0"]))
+    log = capsys.readouterr().out
+    vanilla = next(r for r in result.rows if r["lam"] is None)
+    rolls = [r for r in result.rows if r["lam"] is not None]
+    assert 1 <= len(rolls) <= 4 and rolls[0]["lam"] == 1.0
+    val_acc = {r["lam"]: r["val_acc"] for r in rolls}
+    for drop in (0, 1):
+        cutoff = round(100 * vanilla["val_acc"]) - drop
+        what = "same accuracy" if drop == 0 else "1 % less accuracy"
+        line = next(x for x in log.splitlines() if x.startswith(f"--search, ROLL at {what}"))
+        found = re.search(r"\): lam ([0-9.e+-]+)", line)
+        missed = re.search(r"\(lam ([0-9.e+-]+) misses it\)", line)
+        if found:  # the reported lam's stored model meets the row's target
+            assert round(100 * val_acc[float(found.group(1))]) >= cutoff, line
+        else:
+            assert "no lam tried meets it" in line
+        if missed:
+            assert round(100 * val_acc[float(missed.group(1))]) < cutoff, line
 
 
 @pytest.mark.slow

@@ -36,7 +36,8 @@ vanilla and a ROLL model (`--with_vanilla`: `<out>/vanilla`, `<out>/roll` and
 `comparison.md`, their test accuracy and gradient distortion side by side).
 
 Modules: `main` (flags, checks, entry point), `train` (`train_and_evaluate(config,
-workdir)`, strategies), `pair` (`--with_vanilla`), `input_pipeline` (split, epoch batches), `models` (ResNet-18, a
-tiny test network), `callbacks`, `checkpoint` (resumable training), `evaluate` (P@k,
-distortion, Figure 4), `report` (results.md), `configs/` (`default`, `quick`).
+workdir)`, strategies), `pair` (`--with_vanilla`), `input_pipeline` (split, epoch
+batches), `models` (ResNet-18, a tiny test network), `callbacks`, `checkpoint`
+(resumable training), `evaluate` (P@k, distortion, Figure 4), `report` (results.md),
+`configs/` (`default`, `quick`).
 """
