@@ -78,6 +78,8 @@ def specs(config: Config) -> list[ModelSpec]:
                 point = list(config.sweep_base)
                 point[i] = v
                 grid.append(tuple(point))
+    if config.search and not (grid or config.vanilla):
+        return []  # --search --novanilla: the stored vanilla model, then the search
     return model_specs(config.vanilla, grid, config.samples)
 
 
@@ -185,9 +187,8 @@ def train_and_evaluate(config: Config, workdir,
         rows.append(train_or_load(spec, data, config, out, logs))
     rows = gather_stored(out / "runs", settings(config, data), rows)
     if config.search:
-        rows = gather_stored(out / "runs", settings(config, data),
-                             list({r["tag"]: r for r in rows + search(
-                                 rows, data, config, out, logs)}.values()))
+        have = {r["tag"] for r in rows}
+        rows += [r for r in search(rows, data, config, out, logs) if r["tag"] not in have]
     dim = data.train[0].shape[1]
     arch = f"{dim}-{config.width}x{config.depth}-{data.classes} ReLU network"
     norm = ("no input normalisation" if data.normalize is None else
