@@ -112,7 +112,8 @@ def shared_ylim(series, bounds, channel: int) -> tuple[float, float]:
     return float(finite.min() - 0.17 * span), float(finite.max() + 0.17 * span)
 
 
-def figure3(rows: list[dict], summary: dict, data, config: Config, out: Path) -> list[Path]:
+def figure3(rows: list[dict], summary: dict, data, config: Config, out: Path,
+            logs: app.LogOptions = app.LogOptions()) -> list[Path]:
     """Figure 3: stability bounds of one channel of one test sequence, vanilla and the
     ROLL model selected at the same accuracy (else at 1 % less, else the first)."""
     _, _, (xte, _, lengths) = data
@@ -131,8 +132,8 @@ def figure3(rows: list[dict], summary: dict, data, config: Config, out: Path) ->
     for name, row in chosen:
         model = build_model(config)
         model.load_weights(out / "runs" / f"{row['tag']}.weights.h5")
-        bounds.append((name, row, keras_roll.stability_bounds(exact_twin(model), x,
-                                                               rigor="float32")))
+        bounds.append((name, row, keras_roll.stability_bounds(
+            exact_twin(model), x, rigor="float32", verbose=logs.certify_verbose)))
     ylim = shared_ylim(x[0, :, ch], [sb for _, _, sb in bounds], ch)
     paths, widths = [], {}
     for name, row, sb in bounds:
@@ -182,7 +183,7 @@ def train_and_evaluate(config: Config, workdir,
                f"Validation: {len(data[1][1])} of the {len(data[0][1]) + len(data[1][1])} "
                f"training sequences (stratified by speaker)."], verbose=not logs.quiet)
     runs_md = runs_table(rows, out, "Japanese Vowels: every trained model")
-    figures = figure3(rows, summary, data, config, out)
+    figures = figure3(rows, summary, data, config, out, logs)
     summary["config"] = dataclasses.asdict(config)
     write_json(out / "summary.json", summary)
     logs.log("\n" + runs_md + "\n" + md)
