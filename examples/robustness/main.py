@@ -41,4 +41,5 @@ def main(fv: flags.FlagValues):
     """
     from examples.robustness import train  # TensorFlow: only once the flags are good
 
-    return train.train_and_evaluate(get_config(fv), fv.out)
+    return train.train_and_evaluate(
+        get_config(fv), fv.out, logs=app.LogOptions(warn_last_epoch=fv["epochs"].present))
