@@ -267,6 +267,20 @@ def test_mixed_precision_run(tree, tmp_path):
     assert results["distortion"]["max"]["P100"] >= 0
 
 
+@pytest.mark.slow
+def test_with_vanilla_trains_both_and_compares(tree, tmp_path):
+    """--with_vanilla: the vanilla run, the ROLL run drawn beside it, the comparison of
+    the two on the same test images."""
+    result = _run(*TINY, "--roll", "--samples=1", "--with_vanilla", f"--data_dir={tree}",
+                  f"--out={tmp_path}")
+    assert [r["model"] for r in result.rows] == ["vanilla", "ROLL"]
+    assert result.summary["vanilla"]["roll"] is False and result.summary["roll"]["roll"]
+    assert result.summary["roll"]["figure"]["models"] == ["ROLL", "vanilla"]
+    table = json.loads((tmp_path / "comparison.json").read_text())
+    assert table["rows"][0]["p_at_1"] == result.summary["vanilla"]["test"]["p_at_1"]
+    assert table["rows"][1]["max_p50"] == result.summary["roll"]["distortion"]["max"]["P50"]
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
@@ -281,8 +295,6 @@ def test_bad_flags_are_refused_while_parsing(tree, tmp_path, monkeypatch):
     cases = [
         ([], "--data_dir is required (without --quick"),
         ([f"--data_dir={tmp_path / 'missing'}"], "is not a directory"),
-        ([f"--data_dir={tmp_path / 'empty'}"], "No class folders (NNN.name)"),
-        ([f"--data_dir={copy}"], "hold no image files: 003.backpack"),
         (["--quick", "--strategy=tpu"], "value should be one of <default|mirrored|multiworker>"),
         (["--quick", "--strategy=multiworker"], "needs TF_CONFIG"),
         (["--quick", "--lr_decay_epochs=2.5"], "--lr_decay_epochs takes whole epochs"),
@@ -290,12 +302,22 @@ def test_bad_flags_are_refused_while_parsing(tree, tmp_path, monkeypatch):
         (["--quick", "--figure_percentiles=50,101"], "101 is above the upper bound 100"),
         (["--quick", f"--weights={tmp_path / 'w.txt'}"], "expected a torchvision state dict"),
         (["--quick", f"--compare_with={tmp_path}"], "has no run_config.json"),
-        (["--quick", "--roll_wrt=stem"], "tiny has no layer 'stem'"),
         (["--flagfile=examples/configs/nope.flags"], "Unable to open flagfile"),
     ]
     for argv, message in cases:
         with pytest.raises(flags.Error) as err:
             _flags("--model=tiny", *argv)
+        assert message in str(err.value), (argv, str(err.value))
+    # What needs keras_roll (the class folders, the layers of the built network) is
+    # checked once the flags are good, before any training, with one line as well.
+    after = [
+        ([f"--data_dir={tmp_path / 'empty'}"], "No class folders (NNN.name)"),
+        ([f"--data_dir={copy}"], "hold no image files: 003.backpack"),
+        (["--quick", "--roll_wrt=stem"], "--roll_wrt=stem: tiny has no layer 'stem'"),
+    ]
+    for argv, message in after:
+        with pytest.raises(app.UsageError) as err:
+            ex.check_with_tensorflow(ex.get_config(_flags("--model=tiny", *argv)))
         assert message in str(err.value), (argv, str(err.value))
 
 
@@ -407,21 +429,28 @@ def test_multiworker_two_workers(tree, tmp_path):
 
 
 QUICK = [sys.executable, "-m", "examples.caltech256",
-         "--flagfile=examples/configs/caltech256_roll.flags", "--quick", "--num_eval=0"]
+         "--flagfile=examples/configs/caltech256_roll.flags", "--quick", "--num_eval=0",
+         "--nowith_vanilla"]
 
 
 @pytest.mark.slow
 def test_quick_command_line(tmp_path):
-    """The documented --quick command, as a user runs it (a few minutes on 2 cores)."""
+    """The documented --quick command, as a user runs it: vanilla, then ROLL, then both
+    compared (about ten minutes on 2 cores)."""
     proc = subprocess.run(
         [sys.executable, "-m", "examples.caltech256",
          "--flagfile=examples/configs/caltech256_roll.flags", "--quick", "--out", str(tmp_path)],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1800)
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    results = json.loads((tmp_path / "results.json").read_text())
-    assert results["settings"]["image_size"] == 32 and results["roll"] is True
-    assert results["model"] == "resnet18" and len(results["training"]["history"]) == 2
-    assert (tmp_path / "figure4.png").exists()
+    for name, roll in (("vanilla", False), ("roll", True)):
+        results = json.loads((tmp_path / name / "results.json").read_text())
+        assert results["settings"]["image_size"] == 32 and results["roll"] is roll
+        assert results["model"] == "resnet18" and len(results["training"]["history"]) == 2
+    assert (tmp_path / "roll" / "figure4.png").exists()
+    table = json.loads((tmp_path / "comparison.json").read_text())
+    assert [r["model"] for r in table["rows"]] == ["vanilla", "ROLL"]
+    assert all(r["max_p50"] is not None and 0 <= r["p_at_1"] <= 1 for r in table["rows"])
+    assert "vanilla and ROLL" in proc.stdout
 
 
 @pytest.mark.slow

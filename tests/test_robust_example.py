@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from examples.common.config_flags import parse_flags
-from examples.robustness import main, train
+from examples.robustness import main, report, train
 
 TINY = ["--train_size=240", "--val_size=60", "--epochs=1", "--width=12", "--depth=2",
         "--samples=3", "--test_size=5", "--max_regions=20", "--radii=0.01,0.1"]
@@ -53,8 +53,35 @@ def test_quick_config_and_bad_flags():
     fv = parse_flags(main.define_flags, ["--quick", "--test_size=7"])
     config = main.get_config(fv)
     assert config.test_size == 7 and config.width == 100 and config.samples == 16
-    named = main.get_config(parse_flags(main.define_flags, ["--dataset=MNIST"]))
-    assert train.mnist_config(named).dataset == "MNIST"
-    assert train.mnist_config(config).dataset is None
+    named = main.get_config(parse_flags(main.define_flags, ["--dataset=Fashion-MNIST"]))
+    assert train.mnist_config(named).dataset == "Fashion-MNIST"
+    # the name comes from the flag (default MNIST), never from the data folder's name
+    assert train.mnist_config(config).dataset == "MNIST"
     with pytest.raises(Exception, match="method"):
         parse_flags(main.define_flags, ["--method=exact"])
+
+
+class _Bounds:
+    """The fields of a RobustRadius that the figure reads, for 4 inputs."""
+
+    def __init__(self, exact):
+        self.correct = np.array([True, True, False, True])
+        self.lower = {p: np.array([0.1, 0.2, 0.0, 0.3]) for p in report.LABELS}
+        self.upper = {p: np.array([0.2, 0.2, 0.0, np.inf]) for p in report.LABELS}
+        self.exact = {p: np.array(exact) for p in report.LABELS}
+
+
+def test_figure_legend_names_only_what_it_draws():
+    """The exact marker is in each panel's legend where some bound is exact, and
+    nowhere (neither legend nor title) when none is."""
+    def labels(results):
+        fig = report.draw(results)
+        return [[t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes], \
+            [ax.get_title() for ax in fig.axes]
+
+    legends, titles = labels([("vanilla", _Bounds([False] * 4))])
+    assert legends == [["vanilla"], ["vanilla"]]
+    assert not any("exact" in t for t in titles)
+    legends, _ = labels([("vanilla", _Bounds([False] * 4)),
+                         ("ROLL", _Bounds([False, True, False, False]))])
+    assert legends == [["vanilla", "ROLL", "exact (lower = upper)"]] * 2

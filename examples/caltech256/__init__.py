@@ -29,12 +29,15 @@ It writes under `--out`:
   integrated gradients at the examples of P50 and P75 worst-case distortion; with
   `--compare_with=<another run's --out>` both models side by side).
 
-`--quick` runs the whole pipeline in a few minutes on 2 CPU cores: a generated image
-tree (`keras_roll.data.make_synthetic_caltech256`, 4 classes) when no `--data_dir` is
-given, 32 x 32 inputs, 2 epochs, 2 axes per channel and small distortion searches.
+`--quick` runs the whole pipeline in minutes on 2 CPU cores: a generated image tree
+(`keras_roll.data.make_synthetic_caltech256`, 4 classes) when no `--data_dir` is given,
+32 x 32 inputs, 2 epochs, 2 axes per channel and small distortion searches, for a
+vanilla and a ROLL model (`--with_vanilla`: `<out>/vanilla`, `<out>/roll` and
+`comparison.md`, their test accuracy and gradient distortion side by side).
 
 Modules: `main` (flags, checks, entry point), `train` (`train_and_evaluate(config,
-workdir)`, strategies), `input_pipeline` (split, epoch batches), `models` (ResNet-18, a
-tiny test network), `callbacks`, `checkpoint` (resumable training), `evaluate` (P@k,
-distortion, Figure 4), `report` (results.md), `configs/` (`default`, `quick`).
+workdir)`, strategies), `pair` (`--with_vanilla`), `input_pipeline` (split, epoch
+batches), `models` (ResNet-18, a tiny test network), `callbacks`, `checkpoint`
+(resumable training), `evaluate` (P@k, distortion, Figure 4), `report` (results.md),
+`configs/` (`default`, `quick`).
 """

@@ -1,7 +1,10 @@
 """The Caltech-256 example's entry point: its flags (one per field of
 `configs/default.py`, plus `--quick` and `--out`), the checks absl runs on them before
-any work (the data tree, the weights, the strategy's cluster, the ROLL layer), and
-`main`.
+any work (the data folder, the weights, the strategy's cluster), and `main`.
+
+Nothing here imports TensorFlow, so a bad flag ends the run with one line in about a
+second; `main` then loads it and checks what needs it (the class folders of the tree,
+the ROLL layer of the built network) before training, with one line as well.
 
     python -m examples.caltech256 --flagfile=examples/configs/caltech256_roll.flags \\
         --data_dir=~/data [--quick] [--strategy=mirrored] [--mixed_precision]
@@ -14,13 +17,13 @@ import os
 
 from absl import flags
 
-from examples.caltech256 import train
 from examples.caltech256.configs import default, quick
 from examples.caltech256.configs.default import Strategy
-from examples.caltech256.models import build_model
 from examples.common import app
 from examples.common.config_flags import config_from_flags, define_config_flags
-from keras_roll.data.caltech256 import WHERE_TO_GET, check_tree
+
+GET_IT = ("Get Caltech-256 from https://data.caltech.edu/records/nyy15-4j048 "
+          "(256_ObjectCategories.tar), extract it and pass the extracted folder or its parent")
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
@@ -31,7 +34,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.register_multi_flags_validator(
         ["data_dir", "quick"], lambda f: f["data_dir"] is not None or f["quick"],
         message=f"--data_dir is required (without --quick, which generates a tree). "
-                f"{WHERE_TO_GET}", flag_values=fv)
+                f"{GET_IT}.", flag_values=fv)
     flags.register_validator(
         "strategy", lambda s: s != Strategy.multiworker or bool(os.environ.get("TF_CONFIG")),
         message="--strategy=multiworker needs TF_CONFIG on every host, e.g. TF_CONFIG='"
@@ -48,10 +51,6 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         message="--lr_decay_epochs takes whole epochs >= 1", flag_values=fv)
     flags.register_validator("weights", _checked(_check_weights), flag_values=fv)
     flags.register_validator("compare_with", _checked(_check_compare_with), flag_values=fv)
-    # Checked against the network the flags build; absl runs validators once every flag
-    # is parsed, so the other flags' values are final.
-    flags.register_validator("roll_wrt", lambda _: _check_roll_wrt(get_config(fv)),
-                             flag_values=fv)
 
 
 def get_config(fv: flags.FlagValues) -> default.Config:
@@ -69,7 +68,30 @@ def main(fv: flags.FlagValues, callbacks=()):
     result = main(parse_flags(define_flags, ["--quick", "--out=/tmp/caltech"]))
     ```
     """
-    return train.train_and_evaluate(get_config(fv), fv.out, callbacks=callbacks)
+    from examples.caltech256 import pair, train  # TensorFlow: only once the flags are good
+
+    config = get_config(fv)
+    check_with_tensorflow(config)
+    if pair.wanted(config):
+        return pair.train_and_compare(config, fv.out, callbacks=callbacks)
+    return train.train_and_evaluate(config, fv.out, callbacks=callbacks)
+
+
+def check_with_tensorflow(config: default.Config) -> None:
+    """The checks that need keras_roll: the class folders of `--data_dir` and the layer
+    `--roll_wrt` in the network the flags build.
+
+    Raises:
+        UsageError: the message says what is wrong and what to pass instead.
+    """
+    from keras_roll.data.caltech256 import check_tree
+
+    if config.data_dir is not None:
+        try:
+            check_tree(os.path.expanduser(config.data_dir))
+        except (ValueError, OSError) as e:
+            raise app.UsageError(f"--data_dir={config.data_dir}: {e}") from None
+    _check_roll_wrt(config)
 
 
 def _checked(check):
@@ -87,7 +109,8 @@ def _checked(check):
 
 
 def _check_data_dir(path):
-    check_tree(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path!r} is not a directory. {GET_IT}.")
 
 
 def _check_weights(path):
@@ -105,13 +128,15 @@ def _check_compare_with(path):
                                     f"a finished run")
 
 
-def _check_roll_wrt(config: default.Config) -> bool:
+def _check_roll_wrt(config: default.Config) -> None:
     """`--roll_wrt` names a layer of the network the flags build (before any training)."""
+    from examples.caltech256.models import build_model
+
     if config.roll and config.roll_wrt:
         small = build_model(dataclasses.replace(config, image_size=32), classes=2)
         names = [layer.name for layer in small.layers]
         if config.roll_wrt not in names:
-            raise flags.ValidationError(
-                f"{small.name} has no layer {config.roll_wrt!r}; its first layers are "
-                f"{', '.join(names[:6])}, ... (--roll_wrt= for the [0, 1] pixels)")
-    return True
+            raise app.UsageError(
+                f"--roll_wrt={config.roll_wrt}: {small.name} has no layer "
+                f"{config.roll_wrt!r}; its first layers are {', '.join(names[:6])}, ... "
+                f"(--roll_wrt= for the [0, 1] pixels)")

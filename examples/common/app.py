@@ -8,6 +8,7 @@ bars do not run into.
 * `log`: prints a line without breaking the progress bar on the terminal
   (`tqdm.write`);
 * `ExampleResult`: what `train_and_evaluate(config, workdir)` returns;
+* `LogOptions`: how much an example prints (the demo: one line per model);
 * `output_dir`, `quiet_tensorflow`.
 
 Example:
@@ -30,7 +31,7 @@ from typing import NamedTuple
 
 from absl import app, flags
 
-__all__ = ["ExampleResult", "UsageError", "define_run_flags", "log", "output_dir",
+__all__ = ["ExampleResult", "LogOptions", "UsageError", "define_run_flags", "log", "output_dir",
            "quiet_tensorflow", "run"]
 
 
@@ -50,6 +51,41 @@ class ExampleResult(NamedTuple):
     figures: list
     summary: dict
     out: Path
+
+
+class LogOptions(NamedTuple):
+    """How much an example prints.
+
+    Attributes:
+        quiet: one line per model and the caller's own summary: no per-epoch Keras
+            logs, progress bars or tables (they are still written to files).
+        warn_last_epoch: warn when a model's best validation loss is at its last epoch
+            ("try more --epochs"); off where the user did not choose the epochs.
+
+    Example:
+
+    ```python
+    result = train.train_and_evaluate(config, out, logs=LogOptions(quiet=True))
+    ```
+    """
+
+    quiet: bool = False
+    warn_last_epoch: bool = True
+
+    def log(self, *parts) -> None:
+        """`log(*parts)` unless quiet."""
+        if not self.quiet:
+            log(*parts)
+
+    @property
+    def fit_verbose(self):
+        """Keras `fit`'s verbosity: 0 when quiet, else None (`fit_best`'s default)."""
+        return 0 if self.quiet else None
+
+    @property
+    def certify_verbose(self):
+        """keras_roll's `verbose=`: no progress bar when quiet, else "auto"."""
+        return False if self.quiet else "auto"
 
 
 class UsageError(ValueError):

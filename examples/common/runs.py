@@ -3,6 +3,10 @@ stored result in `<out>/runs/<tag>.*`, reused by a rerun with the same settings.
 
 A stored result is `<tag>.json` (the row: settings, history, statistics),
 `<tag>.weights.h5` (the best validation-loss epoch) and `<tag>.npz` (test margins).
+The settings name the data by a fingerprint of its arrays (`data_fingerprint`), not by
+its path, so a data folder that moves does not force retraining; the tables gather
+every stored model trained with the same settings (`gather_stored`), not only the
+models of the last command.
 
 Example:
 
@@ -15,6 +19,7 @@ row = load_stored(out / "runs" / f"{specs[0].tag}.json", settings, resume=True)
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -25,8 +30,8 @@ from examples.common.margin_stats import exact_twin, margin_stats
 from examples.common.tables import jsonable, write_json
 from keras_roll.roll.config import RollConfig
 
-__all__ = ["ModelSpec", "evaluate_and_store", "load_stored", "model_specs", "result_row",
-           "stored_or_none"]
+__all__ = ["ModelSpec", "data_fingerprint", "evaluate_and_store", "gather_stored",
+           "load_stored", "model_specs", "result_row", "stored_or_none"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +106,7 @@ def result_row(spec: ModelSpec, fit, settings: dict) -> dict:
     }
 
 
-def evaluate_and_store(model, row: dict, val, test, runs: Path) -> dict:
+def evaluate_and_store(model, row: dict, val, test, runs: Path, verbose="auto") -> dict:
     """Adds the validation (`val_*`) and test statistics of `margin_stats` to `row`,
     writes `runs/<tag>.json` and the test margins to `runs/<tag>.npz`; returns the row.
 
@@ -111,10 +116,12 @@ def evaluate_and_store(model, row: dict, val, test, runs: Path) -> dict:
     row = evaluate_and_store(model, row, (xv, yv), (xt, yt), out / "runs")
     ```
     """
-    log(f"   certifying {len(val[1])} validation and {len(test[1])} test points")
+    if verbose:
+        log(f"   certifying {len(val[1])} validation and {len(test[1])} test points")
     twin = exact_twin(model)
-    val_row, _ = margin_stats(model, *val, prefix="val_", regions=False, twin=twin)
-    test_row, cert = margin_stats(model, *test, guarded=True, twin=twin)
+    val_row, _ = margin_stats(model, *val, prefix="val_", regions=False, twin=twin,
+                              verbose=verbose)
+    test_row, cert = margin_stats(model, *test, guarded=True, twin=twin, verbose=verbose)
     row = {**row, **test_row, **val_row}
     np.savez(runs / f"{row['tag']}.npz", l1=cert.margins[1], l2=cert.margins[2])
     write_json(runs / f"{row['tag']}.json", row)
@@ -143,3 +150,59 @@ def load_stored(path: Path, wanted: dict, resume: bool):
         return None
     log(f"== {row.get('tag')}: reusing {path}")
     return row
+
+
+def data_fingerprint(*arrays) -> str:
+    """A short hash of the arrays' shapes, dtypes and values: the data's name in the
+    stored settings (the same data anywhere on disk, in any file format, gives the same
+    fingerprint).
+
+    Example:
+
+    ```python
+    data_fingerprint(x_train, y_train, x_val, y_val)   # 'b2f0c1d93a6e4f57'
+    ```
+    """
+    h = hashlib.blake2b(digest_size=8)
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.shape}{a.dtype.str}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def gather_stored(runs: Path, wanted: dict, rows: list[dict]) -> list[dict]:
+    """`rows` and every other stored row in `runs/` (`<tag>.json`) trained with the
+    settings `wanted`, vanilla first, then in the order of their tags; says in the log
+    which stored rows stay out (other settings) and why.
+
+    Example:
+
+    ```python
+    rows = gather_stored(out / "runs", settings, rows)   # the tables show them all
+    ```
+    """
+    have = {r["tag"] for r in rows}
+    wanted = jsonable(wanted)
+    extra = []
+    for path in sorted(Path(runs).glob("*.json")):
+        if path.stem in have:
+            continue
+        try:
+            row = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(row, dict) or "tag" not in row:
+            continue
+        theirs = row.get("settings") or {}
+        if theirs == wanted:
+            extra.append(row)
+            continue
+        diff = ", ".join(f"{k}={theirs.get(k)!r} (now {v!r})" for k, v in wanted.items()
+                         if theirs.get(k) != v) or "settings of an older version"
+        log(f"   not in the tables: {path} (trained with {diff})")
+    if extra:
+        log(f"   the tables also show {len(extra)} stored model(s) with the same settings: "
+            f"{', '.join(r['tag'] for r in extra)}")
+    gathered = rows + sorted(extra, key=lambda r: r["tag"])
+    return sorted(gathered, key=lambda r: r.get("lam") is not None)  # stable: vanilla first

@@ -91,7 +91,7 @@ GUARDED_COLUMNS = [("spearman", "Spearman l1-l2", fmt),
                    ("guarded_frac", "certified > 0", percent)]
 
 
-def selected_table(rows, out: Path, name: str, title: str, notes=()):
+def selected_table(rows, out: Path, name: str, title: str, notes=(), verbose: bool = True):
     """The paper-style table: vanilla, then ROLL selected on validation at the same and
     at 1 % lower accuracy, with the ratio of P50 l2 margins. A selection no ROLL model
     qualifies for stays in the table as a row saying so, and the log says why (the
@@ -100,7 +100,7 @@ def selected_table(rows, out: Path, name: str, title: str, notes=()):
 
     Writes `out/name.md` / `.json` and `out/summary.json` (vanilla accuracy, the
     selected models and their ratios, the Spearman l1-l2 correlation of every model).
-    Returns `(markdown, summary)`.
+    Returns `(markdown, summary)`. `verbose=False`: the log does not say why.
 
     Example:
 
@@ -119,7 +119,8 @@ def selected_table(rows, out: Path, name: str, title: str, notes=()):
         summary.update(vanilla_acc=vanilla["acc"], vanilla_val_acc=vanilla["val_acc"])
         for drop, key, what in DROPS if rolls else ():
             sel = select(rolls, vanilla, drop)
-            log(f"ROLL at {what}: {sel.reason}.")
+            if verbose:
+                log(f"ROLL at {what}: {sel.reason}.")
             if sel.row is None:
                 summary[key] = None
                 shown.append({"model": f"ROLL at {what}: none qualified (needs validation "

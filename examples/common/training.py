@@ -106,7 +106,7 @@ def array_dataset(x, y, batch_size: int, seed: int | None = None):
 def fit_best(model: keras.Model, fit_model: keras.Model, train, val, epochs: int,
              batch_size: int | None = None, weights_path=None, verbose=None,
              progress: str | None = None, name: str = "the model",
-             seed: int = 0) -> FitResult:
+             seed: int = 0, warn_last_epoch: bool = True) -> FitResult:
     """`fit_model.fit` on `train` with `val` as validation data, then the weights of the
     best validation-loss epoch put back into `model` (which `fit_model` wraps or is).
 
@@ -123,6 +123,8 @@ def fit_best(model: keras.Model, fit_model: keras.Model, train, val, epochs: int
             short epochs; pass `verbose=0`).
         name: the model's name in the last-epoch warning.
         seed: the seed of the training arrays' shuffle.
+        warn_last_epoch: log `last_epoch_warning` when the best epoch is the last
+            (off where the user did not choose the epochs, who could not act on it).
 
     Returns:
         A `FitResult`.
@@ -151,7 +153,7 @@ def fit_best(model: keras.Model, fit_model: keras.Model, train, val, epochs: int
         getattr(cb, "close", lambda: None)()
     best.restore()
     warning = last_epoch_warning(best.epoch, epochs, name)
-    if warning:
+    if warning and warn_last_epoch:
         log(warning)
     hist = {k: [float(v) for v in vals] for k, vals in history.history.items()}
     return FitResult(best, hist, seconds)

@@ -14,7 +14,6 @@ from examples.common.config_flags import (
     define_config_flags,
     require_existing_path,
 )
-from examples.japanese_vowel import train
 from examples.japanese_vowel.configs import default, quick
 
 
@@ -43,4 +42,7 @@ def main(fv: flags.FlagValues) -> app.ExampleResult:
     result = main(parse_flags(define_flags, ["--quick", "--out=/tmp/jv"]))
     ```
     """
-    return train.train_and_evaluate(get_config(fv), fv.out)
+    from examples.japanese_vowel import train  # TensorFlow: only once the flags are good
+
+    return train.train_and_evaluate(
+        get_config(fv), fv.out, logs=app.LogOptions(warn_last_epoch=fv["epochs"].present))

@@ -25,13 +25,15 @@ from examples.common import app
 from examples.common.margin_stats import exact_twin
 from examples.common.runs import (
     ModelSpec,
+    data_fingerprint,
     evaluate_and_store,
+    gather_stored,
     model_specs,
     result_row,
     stored_or_none,
 )
 from examples.common.selection import model_label, runs_table, selected_table
-from examples.common.tables import write_json
+from examples.common.tables import fmt, percent, write_json
 from examples.common.training import fit_best
 from examples.japanese_vowel.configs.default import TRAINING_FIELDS, Config
 from examples.japanese_vowel.input_pipeline import load_data, sequence_dataset
@@ -44,12 +46,16 @@ def build_model(config: Config) -> keras.Model:
                                                num_negative_ones=config.num_negative_ones)
 
 
-def settings(config: Config) -> dict:
-    """The settings a trained model depends on (a stored result is reused if they match)."""
-    return {k: getattr(config, k) for k in TRAINING_FIELDS}
+def settings(config: Config, data) -> dict:
+    """The settings a trained model depends on (a stored result is reused if they match):
+    the training fields and the data's fingerprint (not its path)."""
+    arrays = [a for split in data for a in split]
+    return {**{k: getattr(config, k) for k in TRAINING_FIELDS},
+            "data": data_fingerprint(*arrays)}
 
 
-def train_one(spec: ModelSpec, data, config: Config, out: Path) -> dict:
+def train_one(spec: ModelSpec, data, config: Config, out: Path,
+              logs: app.LogOptions = app.LogOptions()) -> dict:
     """Trains one model (best validation-loss epoch) and evaluates it on the test set."""
     (xtr, ytr, ltr), (xv, yv, lv), (xte, yte, _) = data
     runs = app.output_dir(out / "runs")
@@ -62,27 +68,52 @@ def train_one(spec: ModelSpec, data, config: Config, out: Path) -> dict:
         fit_model = model
     fit_model.compile(optimizer=keras.optimizers.Adam(config.lr, amsgrad=True),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    app.log(f"\n== {spec.tag}: scoRNN({config.units}), {len(xtr)} training sequences, "
-            f"{config.epochs} epochs")
+    logs.log(f"\n== {spec.tag}: scoRNN({config.units}), {len(xtr)} training sequences, "
+             f"{config.epochs} epochs")
     fit = fit_best(
         model, fit_model, sequence_dataset(xtr, ytr, ltr, config.batch_size, seed=config.seed),
         sequence_dataset(xv, yv, lv, config.batch_size), config.epochs,
-        weights_path=runs / f"{spec.tag}.weights.h5", name=spec.tag)
-    app.log(f"   best validation loss {fit.best.best:.4f} at epoch {fit.best.epoch}")
-    row = result_row(spec, fit, settings(config))
-    return evaluate_and_store(model, row, (xv, yv), (xte, yte), runs)
+        weights_path=runs / f"{spec.tag}.weights.h5", name=spec.tag,
+        verbose=logs.fit_verbose, warn_last_epoch=logs.warn_last_epoch)
+    logs.log(f"   best validation loss {fit.best.best:.4f} at epoch {fit.best.epoch}")
+    row = result_row(spec, fit, settings(config, data))
+    return evaluate_and_store(model, row, (xv, yv), (xte, yte), runs,
+                              verbose=logs.certify_verbose)
 
 
-def train_or_load(spec: ModelSpec, data, config: Config, out: Path) -> dict:
+def train_or_load(spec: ModelSpec, data, config: Config, out: Path,
+                  logs: app.LogOptions = app.LogOptions()) -> dict:
     """A stored result with the same settings (with `--resume`; re-certified with
     `--reevaluate`), else `train_one`."""
     _, (xv, yv, _), (xte, yte, _) = data
-    row = stored_or_none(out / "runs" / f"{spec.tag}.json", settings(config), config.resume,
+    row = stored_or_none(out / "runs" / f"{spec.tag}.json", settings(config, data),
+                         config.resume,
                          config.reevaluate, lambda: build_model(config), (xv, yv), (xte, yte))
-    return row if row is not None else train_one(spec, data, config, out)
+    return row if row is not None else train_one(spec, data, config, out, logs)
 
 
-def figure3(rows: list[dict], summary: dict, data, config: Config, out: Path) -> list[Path]:
+def shared_ylim(series, bounds, channel: int) -> tuple[float, float]:
+    """One y range for the Figure 3 panels of every model: the channel `series` and the
+    finite ends of every model's stability interval, with a 15 % margin.
+
+    Example:
+
+    ```python
+    shared_ylim(x[0, :, 3], [sb_vanilla, sb_roll], channel=3)   # (bottom, top)
+    ```
+    """
+    values = [np.asarray(series, np.float64)]
+    for sb in bounds:
+        for side in (sb.lower, sb.upper):
+            end = values[0] + np.asarray(side, np.float64)[0, :, channel]
+            values.append(end[np.isfinite(end)])
+    finite = np.concatenate(values)
+    span = float(finite.max() - finite.min()) or 1.0
+    return float(finite.min() - 0.17 * span), float(finite.max() + 0.17 * span)
+
+
+def figure3(rows: list[dict], summary: dict, data, config: Config, out: Path,
+            logs: app.LogOptions = app.LogOptions()) -> list[Path]:
     """Figure 3: stability bounds of one channel of one test sequence, vanilla and the
     ROLL model selected at the same accuracy (else at 1 % less, else the first)."""
     _, _, (xte, _, lengths) = data
@@ -97,24 +128,38 @@ def figure3(rows: list[dict], summary: dict, data, config: Config, out: Path) ->
                     next((r for r in rows if r["lam"] is not None), None))
     if roll_row is not None:
         chosen.append(("roll", roll_row))
-    paths, widths = [], {}
+    bounds = []
     for name, row in chosen:
         model = build_model(config)
         model.load_weights(out / "runs" / f"{row['tag']}.weights.h5")
-        sb = keras_roll.stability_bounds(exact_twin(model), x, rigor="float32")
+        bounds.append((name, row, keras_roll.stability_bounds(
+            exact_twin(model), x, rigor="float32", verbose=logs.certify_verbose)))
+    ylim = shared_ylim(x[0, :, ch], [sb for _, _, sb in bounds], ch)
+    paths, widths = [], {}
+    for name, row, sb in bounds:
         widths[name] = float(np.median((sb.upper - sb.lower)[0, :, ch]))
         path = out / f"figure3_{name}.png"
         keras_roll.plots.plot_stability_bounds(
             x[0], sb, channel=ch, channel_name=f"LPC coefficient {ch + 1}",
-            title=f"{model_label(row)}: stability bounds, test sequence {i}", path=path)
+            title=f"{model_label(row)}: stability bounds, test sequence {i}", path=path,
+            ylim=ylim)
         paths.append(path)
     summary["figure3"] = {"example": i, "channel": ch, "median_width": widths}
     return paths
 
 
-def train_and_evaluate(config: Config, workdir) -> app.ExampleResult:
+def one_line(row: dict) -> str:
+    """A trained model in one line: test accuracy, #CLR, median l2 margin, time."""
+    return (f"  {model_label(row)}: test accuracy {percent(row['acc'])}, #CLR {row['clr']}, "
+            f"median l2 margin {fmt(row['l2_p50'])}, best epoch {row['best_epoch']} of "
+            f"{row.get('epochs') or row['best_epoch']}, trained in {fmt(row['train_time_s'])} s")
+
+
+def train_and_evaluate(config: Config, workdir,
+                       logs: app.LogOptions = app.LogOptions()) -> app.ExampleResult:
     """Trains (or reuses) every model of `config`, writes Table 3, the table of every
-    model and Figure 3 to `workdir`; returns what it wrote."""
+    model and Figure 3 to `workdir`; returns what it wrote. `logs`: how much it prints
+    (quiet: one line per model)."""
     app.quiet_tensorflow()
     out = app.output_dir(workdir)
     data = load_data(config)
@@ -127,19 +172,22 @@ def train_and_evaluate(config: Config, workdir) -> app.ExampleResult:
     todo = model_specs(config.vanilla, grid, config.samples)
     rows = []
     for i, spec in enumerate(todo, start=1):
-        app.log(f"\n-- model {i} of {len(todo)}")
-        rows.append(train_or_load(spec, data, config, out))
+        logs.log(f"\n-- model {i} of {len(todo)}")
+        rows.append(train_or_load(spec, data, config, out, logs))
+        if logs.quiet:
+            app.log(one_line(rows[-1]))
+    rows = gather_stored(out / "runs", settings(config, data), rows)
     md, summary = selected_table(
         rows, out, "table3", f"Table 3: Japanese Vowels, scoRNN({config.units}) with LeakyReLU",
         notes=["Margins in the units of the LPC coefficients (the data are not normalised).",
                f"Validation: {len(data[1][1])} of the {len(data[0][1]) + len(data[1][1])} "
-               f"training sequences (stratified by speaker)."])
+               f"training sequences (stratified by speaker)."], verbose=not logs.quiet)
     runs_md = runs_table(rows, out, "Japanese Vowels: every trained model")
-    figures = figure3(rows, summary, data, config, out)
+    figures = figure3(rows, summary, data, config, out, logs)
     summary["config"] = dataclasses.asdict(config)
     write_json(out / "summary.json", summary)
-    app.log("\n" + runs_md + "\n" + md)
+    logs.log("\n" + runs_md + "\n" + md)
     for path in figures:
-        app.log(f"Figure 3: {path}")
-    app.log(f"Everything is in {out}/")
+        logs.log(f"Figure 3: {path}")
+    logs.log(f"Everything is in {out}/")
     return app.ExampleResult({"table3": md, "runs": runs_md}, rows, figures, summary, out)

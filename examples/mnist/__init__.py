@@ -20,13 +20,21 @@ the paper does: the largest validation P50 l2 margin at the same and at 1 % lowe
 validation accuracy, in whole percent; a row says so when no ROLL model qualifies),
 `runs.md` / `.json` (every trained model's full row), `summary.json`, `runs/<tag>.*`
 (per-model results, margins and weights; reused by a rerun with the same settings
-unless `--noresume`); with `--sweep`, Figure 2 as `figure2_<hyperparameter>.png`;
-with `--timing`, Table 2 as `table2.md` / `.json`.
+unless `--noresume`; the data is named by a fingerprint of its arrays, not its path);
+with `--sweep`, Figure 2 as `figure2_<hyperparameter>.png`; with `--timing`, Table 2
+as `table2.md` / `.json`. The tables gather every model stored in `--out/runs` with
+the same settings, so models trained by separate commands share one table.
+
+`--search` replaces the `--lam` grid: it finds each Table 1 row's lam by bisection on
+validation accuracy (the largest lam at vanilla's accuracy, and at 1 % less; starting
+from the first `--lam`, `--search_steps` trainings per row), for data sets the paper's
+lam does not suit.
 
     python -m examples.mnist --flagfile=examples/configs/mnist_roll.flags \\
         --data_dir=<folder with mnist.npz or the IDX files>
     python -m examples.mnist --flagfile=examples/configs/mnist_roll.flags --sweep
     python -m examples.mnist --flagfile=examples/configs/mnist_roll.flags --quick
+    python -m examples.mnist --flagfile=examples/configs/mnist_roll.flags --search --C=1
     python -m examples.mnist --timing
 
 Modules: `main` (flags, checks, entry point), `train` (`train_and_evaluate(config,

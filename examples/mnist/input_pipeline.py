@@ -19,7 +19,8 @@ from typing import NamedTuple
 import numpy as np
 
 from examples.common.app import UsageError
-from examples.mnist.configs.default import Config
+from examples.common.runs import data_fingerprint
+from examples.mnist.configs.default import Config, parse_normalize
 from keras_roll.data import mnist_splits
 
 __all__ = ["Data", "load_data", "parse_normalize"]
@@ -35,28 +36,7 @@ class Data(NamedTuple):
     name: str
     classes: int
     normalize: tuple | None  # (mean, std) of the model's Normalization layer, or None
-
-
-def parse_normalize(text: str):
-    """`--normalize` as `(mean, std)`, "train" or None ("none"); ValueError otherwise.
-
-    Example:
-
-    ```python
-    parse_normalize("0.1307,0.3081"), parse_normalize("none")   # (0.1307, 0.3081), None
-    ```
-    """
-    word = text.strip().lower()
-    if word in ("train", "none"):
-        return None if word == "none" else "train"
-    try:
-        mean, std = (float(v) for v in word.split(","))
-    except ValueError:
-        raise ValueError(f"--normalize takes 'mean,std' (two numbers), 'train' or 'none', "
-                         f"got {text!r}") from None
-    if not std > 0:
-        raise ValueError(f"--normalize={text}: the std must be > 0")
-    return mean, std
+    fingerprint: str = ""  # of the split arrays (runs.data_fingerprint)
 
 
 def dataset_name(config: Config) -> str:
@@ -90,4 +70,5 @@ def load_data(config: Config) -> Data:
     if normalize == "train":
         normalize = (float(np.mean(xtr)), float(np.std(xtr)))
     classes = int(max(ytr.max(), yv.max(), yte.max())) + 1
-    return Data((xtr, ytr), (xv, yv), (xte, yte), dataset_name(config), classes, normalize)
+    return Data((xtr, ytr), (xv, yv), (xte, yte), dataset_name(config), classes, normalize,
+                data_fingerprint(xtr, ytr, xv, yv, xte, yte))

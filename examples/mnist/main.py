@@ -1,6 +1,9 @@
 """The MNIST example's entry point: its flags (one per field of `configs/default.py`,
 plus `--quick` and `--out`), the checks absl runs on them before any work, and `main`.
 
+Nothing here imports TensorFlow: the flags and the data path are checked first, so a
+bad flag ends the run with one line in about a second; `main` loads the rest.
+
     python -m examples.mnist --flagfile=examples/configs/mnist_roll.flags \\
         --data_dir=<folder with mnist.npz or the IDX files> [--quick] [--sweep]
     python -m examples.mnist --timing
@@ -16,7 +19,6 @@ from examples.common.config_flags import (
     define_config_flags,
     require_existing_path,
 )
-from examples.mnist import input_pipeline, timing, train
 from examples.mnist.configs import default, quick
 
 
@@ -26,7 +28,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     define_config_flags(fv, default.get_config())
     require_existing_path(fv, "data_dir", "a Keras-layout mnist.npz or a folder holding it "
                                           "or the four IDX files")
-    flags.register_validator("normalize", _valid(input_pipeline.parse_normalize),
+    flags.register_validator("normalize", _valid(default.parse_normalize),
                              flag_values=fv)
     flags.register_validator("sweep_base", lambda v: len(v) == 3,
                              message="--sweep_base takes three numbers: lambda,C,gamma",
@@ -54,12 +56,15 @@ def main(fv: flags.FlagValues):
     result = main(parse_flags(define_flags, ["--quick", "--data_dir=data"]))
     ```
     """
+    from examples.mnist import timing, train  # TensorFlow: only once the flags are good
+
     config = get_config(fv)
     if config.timing:
         md = timing.timing(config, app.output_dir(fv.out))
         app.log(md)
         return md
-    return train.train_and_evaluate(config, fv.out)
+    return train.train_and_evaluate(
+        config, fv.out, logs=app.LogOptions(warn_last_epoch=fv["epochs"].present))
 
 
 def _valid(parse):
@@ -77,7 +82,7 @@ def _check_wrt(config: default.Config) -> bool:
     """`--wrt` names a layer of the model the flags build (checked before training)."""
     if config.wrt:
         try:
-            names = train.layer_names(config)
+            names = default.layer_names(config)
         except ValueError:  # another flag is bad (--normalize): its own validator says so
             return True
         if config.wrt not in names:

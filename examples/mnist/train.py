@@ -25,16 +25,18 @@ from examples.common import app
 from examples.common.runs import (
     ModelSpec,
     evaluate_and_store,
+    gather_stored,
     model_specs,
     result_row,
     stored_or_none,
 )
+from examples.common.search import search_rows
 from examples.common.selection import runs_table, selected_table
 from examples.common.tables import write_json
 from examples.common.training import fit_best
 from examples.mnist.configs.default import TRAINING_FIELDS, Config, Init
 from examples.mnist.explanations import faithfulness_table
-from examples.mnist.input_pipeline import Data, load_data, parse_normalize
+from examples.mnist.input_pipeline import Data, load_data
 
 SWEPT = (("lam", "lambda"), ("C", "C"), ("gamma", "gamma (%)"))
 
@@ -65,16 +67,10 @@ def build_model(config: Config, input_dim: int = 784, classes: int = 10,
     return model
 
 
-def layer_names(config: Config) -> list[str]:
-    """The layer names of the model `config` builds (for checking `--wrt`)."""
-    normalize = None if parse_normalize(config.normalize) is None else (0.0, 1.0)
-    return [layer.name for layer in build_model(config, normalize=normalize).layers]
-
-
 def specs(config: Config) -> list[ModelSpec]:
     """The models to train: vanilla first, then the ROLL grid and the sweep."""
     grid = []
-    if config.roll:
+    if config.roll and not config.search:
         grid += [(lam, c, g) for lam in config.lam for c in config.C for g in config.gamma]
     if config.sweep:
         for i, name in enumerate(("lam", "C", "gamma")):
@@ -82,15 +78,41 @@ def specs(config: Config) -> list[ModelSpec]:
                 point = list(config.sweep_base)
                 point[i] = v
                 grid.append(tuple(point))
+    if config.search and not (grid or config.vanilla):
+        return []  # --search --novanilla: the stored vanilla model, then the search
     return model_specs(config.vanilla, grid, config.samples)
 
 
-def settings(config: Config) -> dict:
-    """The settings a trained model depends on (a stored result is reused if they match)."""
-    return {k: getattr(config, k) for k in TRAINING_FIELDS}
+def search(rows: list[dict], data: Data, config: Config, out: Path,
+           logs: app.LogOptions = app.LogOptions()) -> list[dict]:
+    """`--search`: the ROLL rows of the bisection on lam (`search.search_rows`) at each
+    `--C` and `--gamma`, against the vanilla row among `rows`.
+
+    Raises:
+        UsageError: no vanilla model to compare with.
+    """
+    vanilla = next((r for r in rows if r.get("lam") is None), None)
+    if vanilla is None:
+        raise app.UsageError("--search compares with the vanilla model: pass --vanilla (or "
+                             "keep its stored run in --out, trained with the same settings).")
+    found = []
+    for c in config.C:
+        for gamma in config.gamma:
+            found += search_rows(
+                lambda lam, c=c, gamma=gamma: train_or_load(
+                    ModelSpec.roll(lam, c, gamma, config.samples), data, config, out, logs),
+                vanilla, start=config.lam[0], steps=config.search_steps)
+    return found
 
 
-def train_one(spec: ModelSpec, data: Data, config: Config, out: Path) -> dict:
+def settings(config: Config, data: Data) -> dict:
+    """The settings a trained model depends on (a stored result is reused if they match):
+    the training fields and the data's fingerprint (not its path)."""
+    return {**{k: getattr(config, k) for k in TRAINING_FIELDS}, "data": data.fingerprint}
+
+
+def train_one(spec: ModelSpec, data: Data, config: Config, out: Path,
+              logs: app.LogOptions = app.LogOptions()) -> dict:
     """Trains one model, restores its best validation-loss epoch and evaluates it.
 
     Returns its row; writes `runs/<tag>.json`, `.npz` (test margins) and `.weights.h5`.
@@ -111,20 +133,23 @@ def train_one(spec: ModelSpec, data: Data, config: Config, out: Path) -> dict:
         loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     app.log(f"\n== {spec.tag}: {len(xtr)} training images, {config.epochs} epochs")
     fit = fit_best(model, fit_model, (xtr, ytr), val, config.epochs, config.batch_size,
-                   runs / f"{spec.tag}.weights.h5", name=spec.tag, seed=config.seed)
+                   runs / f"{spec.tag}.weights.h5", name=spec.tag, seed=config.seed,
+                   warn_last_epoch=logs.warn_last_epoch)
     app.log(f"   best validation loss {fit.best.best:.4f} at epoch {fit.best.epoch}")
-    row = result_row(spec, fit, settings(config))
+    row = result_row(spec, fit, settings(config, data))
     return evaluate_and_store(model, row, val, test, runs)
 
 
-def train_or_load(spec: ModelSpec, data: Data, config: Config, out: Path) -> dict:
+def train_or_load(spec: ModelSpec, data: Data, config: Config, out: Path,
+                  logs: app.LogOptions = app.LogOptions()) -> dict:
     """A stored result with the same settings (with `--resume`; re-certified with
     `--reevaluate`), else `train_one`."""
     row = stored_or_none(
-        out / "runs" / f"{spec.tag}.json", settings(config), config.resume, config.reevaluate,
+        out / "runs" / f"{spec.tag}.json", settings(config, data), config.resume,
+        config.reevaluate,
         lambda: build_model(config, data.train[0].shape[1], data.classes, data.normalize),
         data.val, data.test)
-    return row if row is not None else train_one(spec, data, config, out)
+    return row if row is not None else train_one(spec, data, config, out, logs)
 
 
 def figure2(rows: list[dict], config: Config, name: str, out: Path) -> list[Path]:
@@ -147,7 +172,8 @@ def figure2(rows: list[dict], config: Config, name: str, out: Path) -> list[Path
     return paths
 
 
-def train_and_evaluate(config: Config, workdir) -> app.ExampleResult:
+def train_and_evaluate(config: Config, workdir,
+                       logs: app.LogOptions = app.LogOptions()) -> app.ExampleResult:
     """Trains (or reuses) every model of `config`, writes Table 1, the table of every
     model, the faithfulness table and figure of Table 1's models and, with `--sweep`,
     Figure 2 to `workdir`; returns what it wrote."""
@@ -158,7 +184,11 @@ def train_and_evaluate(config: Config, workdir) -> app.ExampleResult:
     rows = []
     for i, spec in enumerate(todo, start=1):
         app.log(f"\n-- model {i} of {len(todo)}")
-        rows.append(train_or_load(spec, data, config, out))
+        rows.append(train_or_load(spec, data, config, out, logs))
+    rows = gather_stored(out / "runs", settings(config, data), rows)
+    if config.search:
+        have = {r["tag"] for r in rows}
+        rows += [r for r in search(rows, data, config, out, logs) if r["tag"] not in have]
     dim = data.train[0].shape[1]
     arch = f"{dim}-{config.width}x{config.depth}-{data.classes} ReLU network"
     norm = ("no input normalisation" if data.normalize is None else

@@ -14,7 +14,6 @@ from examples.common.config_flags import (
     define_config_flags,
     require_existing_path,
 )
-from examples.robustness import train
 from examples.robustness.configs import default, quick
 
 
@@ -40,4 +39,7 @@ def main(fv: flags.FlagValues):
     result = main(parse_flags(define_flags, ["--quick", "--data_dir=data"]))
     ```
     """
-    return train.train_and_evaluate(get_config(fv), fv.out)
+    from examples.robustness import train  # TensorFlow: only once the flags are good
+
+    return train.train_and_evaluate(
+        get_config(fv), fv.out, logs=app.LogOptions(warn_last_epoch=fv["epochs"].present))

@@ -78,8 +78,16 @@ def save(rr, path: Path) -> None:
 
 
 def figure(results, path: Path) -> Path:
+    """Writes `draw(results)` to `path` (PNG); returns the path."""
+    draw(results).savefig(path, dpi=110)
+    return path
+
+
+def draw(results):
     """Per-input [lower, upper] intervals, one panel per norm, the models side by side,
-    inputs sorted by the lower bound (matplotlib, Agg)."""
+    inputs sorted by the lower bound, black dots where the bounds meet (exact; in the
+    legend only when there are some). `results`: `[(label, RobustRadius)]`; returns the
+    matplotlib Figure (Agg)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -88,6 +96,7 @@ def figure(results, path: Path) -> Path:
     axes = fig.subplots(1, 2)
     colors = ("tab:blue", "tab:orange", "tab:green")
     for ax, (p, name) in zip(axes, LABELS.items()):
+        any_exact = False
         for k, (label, rr) in enumerate(results):
             ok = np.flatnonzero(rr.correct)
             order = ok[np.argsort(rr.lower[p][ok])]
@@ -96,13 +105,15 @@ def figure(results, path: Path) -> Path:
             top = np.where(np.isfinite(up), up, lo)
             ax.vlines(pos, lo, top, color=colors[k % 3], lw=1.2, label=label)
             ax.plot(pos, lo, "_", color=colors[k % 3], ms=4)
-            exact = rr.exact[p][order]
-            ax.plot(pos[exact], lo[exact], ".", color="k", ms=3)
+            exact = np.asarray(rr.exact[p][order], bool)
+            if exact.any():  # a legend entry only for what is drawn
+                ax.plot(pos[exact], lo[exact], ".", color="k", ms=3,
+                        label=None if any_exact else "exact (lower = upper)")
+                any_exact = True
         ax.set_yscale("log")
         ax.set_xlabel("test image (sorted by lower bound)")
         ax.set_ylabel(f"minimal {name} perturbation")
-        ax.set_title(f"{name}: [lower, upper] per input (dots: exact)")
+        ax.set_title(f"{name}: [lower, upper] per input")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
+    return fig

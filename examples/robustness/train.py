@@ -46,13 +46,13 @@ def mnist_config(config: Config) -> mnist_default.Config:
         resume=config.resume)
 
 
-def trained_models(config: Config, out):
+def trained_models(config: Config, out, logs: app.LogOptions = app.LogOptions()):
     """`(data, [(spec, model, row)])`: each model trained, or reused from `out/runs`."""
     mc = mnist_config(config)
     data = load_data(mc)
     models = []
     for spec in mnist_train.specs(mc):
-        row = mnist_train.train_or_load(spec, data, mc, out)
+        row = mnist_train.train_or_load(spec, data, mc, out, logs)
         model = mnist_train.build_model(mc, data.train[0].shape[1], data.classes,
                                         data.normalize)
         model.load_weights(out / "runs" / f"{spec.tag}.weights.h5")
@@ -69,12 +69,13 @@ def bound(model, x, y, config: Config):
     return rr, time.perf_counter() - start
 
 
-def train_and_evaluate(config: Config, workdir) -> app.ExampleResult:
+def train_and_evaluate(config: Config, workdir,
+                       logs: app.LogOptions = app.LogOptions()) -> app.ExampleResult:
     """Trains (or reuses) both models, bounds their radii, writes the table, the figure
     and `summary.json` to `workdir`; returns what it wrote."""
     app.quiet_tensorflow()
     out = app.output_dir(workdir)
-    data, models = trained_models(config, out)
+    data, models = trained_models(config, out, logs)
     x, y = data.test
     rows, results = [], []
     for spec, model, _ in models:

@@ -10,7 +10,6 @@ from absl import flags
 
 from examples.common import app
 from examples.common.config_flags import config_from_flags, define_config_flags
-from examples.toy2d import train
 from examples.toy2d.configs import default, quick
 
 
@@ -39,4 +38,7 @@ def main(fv: flags.FlagValues) -> app.ExampleResult:
     result = main(fv)     # tables, rows, figures, summary, out
     ```
     """
-    return train.train_and_evaluate(get_config(fv), fv.out)
+    from examples.toy2d import train  # TensorFlow: only once the flags are good
+
+    return train.train_and_evaluate(
+        get_config(fv), fv.out, logs=app.LogOptions(warn_last_epoch=fv["epochs"].present))

@@ -52,7 +52,8 @@ def fit_model_for(name: str, model: keras.Model, config: Config) -> keras.Model:
     return keras_roll.wrap(model, lam=config.lam, C=config.C, gamma=100.0)
 
 
-def train_one(name: str, data, config: Config, out: Path):
+def train_one(name: str, data, config: Config, out: Path,
+              logs: app.LogOptions = app.LogOptions()):
     """Trains one of vanilla / distance / roll; returns `(twin, row, certificate)`: the
     trained model's exact twin, its row and the certificate of the training points."""
     (x, y), (xv, yv) = data
@@ -62,11 +63,13 @@ def train_one(name: str, data, config: Config, out: Path):
     fit_model.compile(optimizer=keras.optimizers.Adam(config.lr), loss="binary_crossentropy",
                       metrics=["accuracy"])
     fit = fit_best(model, fit_model, (x, y.astype("float32")), (xv, yv.astype("float32")),
-                   config.epochs, config.batch_size, verbose=0, progress=name, name=name,
-                   seed=config.seed)
+                   config.epochs, config.batch_size, verbose=0,
+                   progress=None if logs.quiet else name, name=name, seed=config.seed,
+                   warn_last_epoch=logs.warn_last_epoch)
     twin = exact_twin(model)
-    row, cert = margin_stats(model, x, y, twin=twin)
-    val, _ = margin_stats(model, xv, yv, prefix="val_", regions=False, twin=twin)
+    row, cert = margin_stats(model, x, y, twin=twin, verbose=logs.certify_verbose)
+    val, _ = margin_stats(model, xv, yv, prefix="val_", regions=False, twin=twin,
+                          verbose=logs.certify_verbose)
     row.update(val)
     row.update({"tag": name, "model": TITLES[name], "best_epoch": fit.best.epoch,
                 "val_loss": fit.best.best, "train_time_s": fit.seconds})
@@ -86,9 +89,11 @@ def figure1(name: str, twin, row: dict, x, y, cert, config: Config, out: Path) -
     return path
 
 
-def train_and_evaluate(config: Config, workdir) -> app.ExampleResult:
+def train_and_evaluate(config: Config, workdir,
+                       logs: app.LogOptions = app.LogOptions()) -> app.ExampleResult:
     """Trains every model of `config.models`, writes the table and Figure 1 panels to
-    `workdir`; returns what it wrote."""
+    `workdir`; returns what it wrote. `logs`: how much it prints (quiet: one line per
+    model)."""
     app.quiet_tensorflow()
     out = app.output_dir(workdir)
     kind = config.kind.value
@@ -97,9 +102,13 @@ def train_and_evaluate(config: Config, workdir) -> app.ExampleResult:
     x, y = data[0]
     rows, figures = [], []
     for name in config.models:
-        app.log(f"== {name}: {config.depth} x {config.width} ReLU, {config.n} points, "
-                f"{config.epochs} epochs")
-        twin, row, cert = train_one(name, data, config, out)
+        logs.log(f"== {name}: {config.depth} x {config.width} ReLU, {config.n} points, "
+                 f"{config.epochs} epochs")
+        twin, row, cert = train_one(name, data, config, out, logs)
+        if logs.quiet:
+            app.log(f"  {row['model']}: training accuracy {percent(row['acc'])}, #CLR "
+                    f"{row['clr']}, median l2 margin {fmt(row['l2_p50'])}, trained in "
+                    f"{fmt(row['train_time_s'])} s")
         rows.append(row)
         figures.append(figure1(name, twin, row, x, y, cert, config, out))
     vanilla = next((r for r in rows if r["tag"] == "vanilla"), None)
@@ -116,8 +125,8 @@ def train_and_evaluate(config: Config, workdir) -> app.ExampleResult:
         notes=[f"#CLR and l2 margins over the {config.n} training points (the circles of "
                f"Figure 1); lam={config.lam:g}, C={config.C:g}; each model at its best "
                f"validation-loss epoch ({config.n} validation points)."])
-    app.log("\n" + md)
+    logs.log("\n" + md)
     for path in figures:
-        app.log(f"Figure 1: {path}")
+        logs.log(f"Figure 1: {path}")
     return app.ExampleResult({"table": md}, rows, figures,
                              {"config": dataclasses.asdict(config)}, out)

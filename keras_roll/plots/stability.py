@@ -11,7 +11,7 @@ __all__ = ["plot_stability_bounds"]
 
 def plot_stability_bounds(x, bounds, channel: int = 0, example: int = 0,
                           channel_name: str | None = None, title: str | None = None,
-                          path=None):
+                          path=None, ylim=None):
     """Per-coordinate stability bounds of a time series (Figure 3).
 
     Draws one channel of the series over time and, as a band, the interval
@@ -28,6 +28,10 @@ def plot_stability_bounds(x, bounds, channel: int = 0, example: int = 0,
         channel_name: legend / axis name of the channel.
         title: figure title.
         path: optional PNG path.
+        ylim: `(bottom, top)` of the y axis, e.g. the same for the panels of two models
+            that are compared; bounds beyond it are cut there (unbounded sides are
+            marked on its edges). Default: the series and its finite bounds, with a
+            15 % margin.
 
     Returns:
         The matplotlib `Figure`: the series and its band on one axis.
@@ -66,6 +70,12 @@ def plot_stability_bounds(x, bounds, channel: int = 0, example: int = 0,
     finite = np.concatenate([series, low[np.isfinite(low)], high[np.isfinite(high)]])
     span = float(finite.max() - finite.min()) or 1.0
     bottom, top = finite.min() - 0.15 * span, finite.max() + 0.15 * span
+    shown = (bottom - 0.02 * span, top + 0.02 * span)
+    if ylim is not None:
+        bottom, top = shown = tuple(float(v) for v in ylim)
+        if not (np.isfinite(bottom) and np.isfinite(top) and bottom < top):
+            raise ValueError(f"ylim must be (bottom, top) with finite bottom < top; got "
+                             f"{ylim!r}.")
     low_d, high_d = np.maximum(low, bottom), np.minimum(high, top)
 
     fig = new_figure((7.2, 3.8))
@@ -79,7 +89,7 @@ def plot_stability_bounds(x, bounds, channel: int = 0, example: int = 0,
         if inf.any():
             ax.scatter(t[inf], np.full(inf.sum(), y), marker=marker, color="tab:orange",
                        s=22, label=f"unbounded {side} side", zorder=3)
-    ax.set_ylim(bottom - 0.02 * span, top + 0.02 * span)
+    ax.set_ylim(*shown)
     ax.set_xlim(t[0] - 0.5, t[-1] + 0.5)
     ax.set_xlabel("time step")
     ax.set_ylabel(f"value of {name}")

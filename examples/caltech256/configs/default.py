@@ -143,6 +143,9 @@ class Config:
                            "exact, region by region).", lower_bound=0)
     compare_with: str | None = option(None, "Another run's --out (e.g. the vanilla run): its "
                                       "best model is drawn beside this one in the figure.")
+    with_vanilla: bool = option(False, "With --roll: train a vanilla model too, then ROLL "
+                                "(in --out/vanilla and --out/roll), and compare them in "
+                                "--out/comparison.md (on under --quick).")
 
 
 # The fields that define a training run: a rerun with another value of one of them is

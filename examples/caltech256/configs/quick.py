@@ -14,4 +14,5 @@ def get_config() -> default.Config:
     return dataclasses.replace(
         default.get_config(), image_size=32, epochs=2, lr_decay_epochs=(1.0,), samples=2,
         val_per_class=2, test_per_class=3, num_eval=4, distortion_samples=64, population=32,
-        generations=3, monitor_images=2, save_freq=2, ig_steps=16)
+        generations=3, monitor_images=2, save_freq=2, ig_steps=16,
+        with_vanilla=True)

@@ -58,6 +58,13 @@ class Config:
     wrt: str = option("normalize", "Take ROLL's gradients with respect to the output of this "
                       "layer of the model (its Normalization: the paper's normalised units); "
                       "empty: with respect to the [0, 1] pixels.")
+    search: bool = option(
+        False, "Instead of the --lam grid, find each Table 1 row's lam by bisection on "
+        "validation accuracy (the largest lam at vanilla's accuracy, and at 1 % less), "
+        "starting from the first --lam, at each --C and --gamma: for data sets the paper's "
+        "lam does not suit.")
+    search_steps: int = option(4, "Trainings per Table 1 row and (C, gamma) in --search.",
+                               lower_bound=1)
     sweep: bool = option(False, "Also train the one-at-a-time grid --sweep_lam, --sweep_C, "
                          "--sweep_gamma around --sweep_base and draw Figure 2.")
     sweep_lam: tuple[float, ...] = option((0.25, 0.5, 1.0, 2.0, 4.0, 8.0),
@@ -86,8 +93,9 @@ class Config:
                        lower_bound=0)
 
 
-# The fields a trained model depends on: a stored result is reused only if they match.
-TRAINING_FIELDS = ("data_dir", "dataset", "normalize", "epochs", "batch_size", "lr",
+# The fields a trained model depends on: a stored result is reused only if they match
+# (and the data's fingerprint: the data, wherever --data_dir finds it).
+TRAINING_FIELDS = ("normalize", "epochs", "batch_size", "lr",
                    "momentum", "init", "depth", "width", "val_size", "train_size", "test_size",
                    "wrt", "seed")
 
@@ -95,3 +103,42 @@ TRAINING_FIELDS = ("data_dir", "dataset", "normalize", "epochs", "batch_size", "
 def get_config() -> Config:
     """The paper's settings."""
     return Config()
+
+
+def parse_normalize(text: str):
+    """`--normalize` as `(mean, std)`, "train" or None ("none"); ValueError otherwise.
+
+    Example:
+
+    ```python
+    parse_normalize("0.1307,0.3081"), parse_normalize("none")   # (0.1307, 0.3081), None
+    ```
+    """
+    word = text.strip().lower()
+    if word in ("train", "none"):
+        return None if word == "none" else "train"
+    try:
+        mean, std = (float(v) for v in word.split(","))
+    except ValueError:
+        raise ValueError(f"--normalize takes 'mean,std' (two numbers), 'train' or 'none', "
+                         f"got {text!r}") from None
+    if not std > 0:
+        raise ValueError(f"--normalize={text}: the std must be > 0")
+    return mean, std
+
+
+def layer_names(config: Config) -> list[str]:
+    """The layer names of the network `config` builds, as `keras_roll.models.fc` names
+    them (for checking `--wrt` before TensorFlow is loaded).
+
+    Example:
+
+    ```python
+    layer_names(dataclasses.replace(get_config(), depth=1))
+    # ['pixels', 'normalize', 'dense_1', 'relu_1', 'predictions']
+    ```
+    """
+    names = ["pixels"] + (["normalize"] if parse_normalize(config.normalize) is not None else [])
+    for i in range(1, config.depth + 1):
+        names += [f"dense_{i}", f"relu_{i}"]
+    return names + ["predictions"]

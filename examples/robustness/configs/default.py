@@ -37,9 +37,9 @@ class Config:
     data_dir: str | None = option(
         None, "The data: a Keras-layout mnist.npz, or a folder holding it or the four IDX "
         "files. Default: the Keras cache, then a prepared tensorflow-datasets copy.")
-    dataset: str | None = option(
-        None, "The data set's name in the table's title; default: the name of the "
-        "--data_dir folder (or file), or MNIST without --data_dir.")
+    dataset: str = option(
+        "MNIST", "The data set's name in the table's title and the figure (another data "
+        "set in MNIST's layout: pass its name).")
     train_size: int = option(0, "Train on the first N training images (0: all 55,000).",
                              lower_bound=0)
     val_size: int = option(5000, "Validation images (the best epoch is kept).",
