@@ -245,6 +245,7 @@ def test_epoch_ramp():
 # ----------------------------------------------------------------------------- distribute, saving
 
 
+@pytest.mark.slow  # a fresh interpreter with two logical CPU devices, as ROLL's own
 def test_two_replicas_step_equals_one_replica(tmp_path):
     out = tmp_path / "report.json"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),

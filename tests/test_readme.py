@@ -85,6 +85,8 @@ SHORTER = (
     ("docs/guide.md", 'mode="max", seed=0)', 'mode="max", seed=0, population=24, generations=2)'),
     ("docs/guide.md", "epochs=10", "epochs=2"),
     ("docs/guide.md", "norms=(2, np.inf))", 'norms=(2, np.inf), method="region")'),
+    ("docs/guide.md", "ibp.fit(x, y, epochs=20", "ibp.fit(x, y, epochs=2"),
+    ("docs/guide.md", "crown.fit(x, y, epochs=20", "crown.fit(x, y, epochs=2"),
 )
 
 
