@@ -36,8 +36,9 @@ import pytest
 
 _CPU = pytest.StashKey[dict]()
 
-LONGEST_FIRST = ("test_roll.py", "test_rule_conformance.py", "test_errors.py",
-                 "test_robust.py", "test_roll_exact.py", "test_models.py", "test_scornn.py",
+LONGEST_FIRST = ("test_readme.py", "test_roll.py", "test_roll_exact.py", "test_errors.py",
+                 "test_certified_training.py", "test_rule_conformance.py", "test_options.py",
+                 "test_robust.py", "test_models.py", "test_scornn.py", "test_bounds.py",
                  "test_twin.py", "test_fast_paths.py", "test_soundness.py", "test_distribute.py",
                  "test_margins.py", "test_examples.py", "test_caltech256_example.py",
                  "test_robust_exact.py", "test_distortion.py")

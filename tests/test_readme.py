@@ -210,6 +210,7 @@ def test_readme_runs_as_written():
     assert "margin_l2_p50" in ns["wrapped"].history.history
 
 
+@pytest.mark.slow  # compiled fits; the default suite checks retracing in test_errors.py
 @pytest.mark.graph
 def test_documented_calls_print_no_retracing_warning():
     blocks = shortened("README.md", readme_blocks())[:2]  # certify, count_regions, fit
@@ -227,6 +228,7 @@ def test_documented_calls_print_no_retracing_warning():
     assert retracing == [], retracing
 
 
+@pytest.mark.slow  # about 25 s; the README's blocks run in the default suite
 def test_guide_main_examples_run_as_written():
     ns: dict = {}
     try:
