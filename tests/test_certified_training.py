@@ -17,10 +17,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -30,6 +27,7 @@ import tensorflow as tf
 import keras_roll
 from keras_roll.callbacks import BetaRamp, EpsilonRamp, KappaRamp
 from keras_roll.robust.bounds import interval_bounds
+from tests.test_regularizers import two_replica_cases
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -247,22 +245,7 @@ def test_epoch_ramp():
 
 @pytest.mark.slow  # a fresh interpreter with two logical CPU devices, as ROLL's own
 def test_two_replicas_step_equals_one_replica(tmp_path):
-    out = tmp_path / "report.json"
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests",
-                                                        "_certified_distribute.py"),
-                           str(out)], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    report = json.loads(out.read_text())
-    assert report["replicas"] == 2
-    for name in ("ibp", "crown_ibp"):
-        case = report[name]
-        assert case["reg_update"] > 1e-2, name
-        assert case["weight_diff"] <= 1e-6 + 1e-4 * case["reg_update"], name
-        assert case["loss"][1] == pytest.approx(case["loss"][0], rel=1e-5), name
-        assert case["term"][1] == pytest.approx(case["term"][0], rel=1e-5), name
+    for name, case in two_replica_cases(tmp_path, "ibp", "crown_ibp").items():
         assert case["certified"][1] == pytest.approx(case["certified"][0], abs=1e-7), name
 
 

@@ -293,19 +293,21 @@ def test_keras_round_trip(config, tmp_path):
     assert keras_roll.unwrap(loaded) is layer.inner_model
 
 
-@pytest.mark.slow  # a fresh interpreter with two logical CPU devices, as ROLL's own
-def test_two_replicas_step_equals_one_replica(tmp_path):
+def two_replica_cases(tmp_path, *names) -> dict:
+    """Runs tests/_regularizers_distribute.py for `names` in a fresh interpreter and
+    checks, per regularizer, that two replicas take the step one replica takes;
+    returns the report's cases."""
     out = tmp_path / "report.json"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests",
                                                         "_regularizers_distribute.py"),
-                           str(out)], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+                           str(out), *names], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(out.read_text())
     assert report["replicas"] == 2
-    for name in ("mmr", "input_gradient"):
+    for name in names:
         case = report[name]
         # the regularizer moves the weights by far more than the tolerance, so an
         # add_loss that Keras did not scale by 1 / replicas would fail here
@@ -313,6 +315,12 @@ def test_two_replicas_step_equals_one_replica(tmp_path):
         assert case["weight_diff"] <= 1e-6 + 1e-4 * case["reg_update"], name
         assert case["loss"][1] == pytest.approx(case["loss"][0], rel=1e-5), name
         assert case["term"][1] == pytest.approx(case["term"][0], rel=1e-5), name
+    return {name: report[name] for name in names}
+
+
+@pytest.mark.slow  # a fresh interpreter with two logical CPU devices, as ROLL's own
+def test_two_replicas_step_equals_one_replica(tmp_path):
+    two_replica_cases(tmp_path, "mmr", "input_gradient")
 
 
 # ----------------------------------------------------------------------------- errors
