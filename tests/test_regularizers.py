@@ -125,6 +125,23 @@ def test_mmr_loss_equals_numpy_by_hand(relu_case, p, k_b, k_d):
         assert np.max(np.abs(everything - ref)) > 1e-2
 
 
+def test_mmr_on_the_first_examples_of_a_batch(relu_case):
+    """`examples=m`: the term of the first m examples only (numpy on x[:m]); the
+    outputs of the whole batch; in `fit` the logged term is their mean."""
+    model, x, y = relu_case
+    config = keras_roll.MMRConfig(p=2, k_B=3, gamma_B=1.0, gamma_D=1.5, examples=3)
+    term = config.term(model)
+    result = term(tf.constant(x), tf.constant(y), training=True)
+    ref = numpy_mmr(model.get_weights(), x[:3], y[:3], 2, 3, 3, 1.0, 1.5)
+    np.testing.assert_allclose(result.per_example.numpy(), ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(result.outputs.numpy(), model(x).numpy(), rtol=1e-6)
+    # more examples asked than the batch has: every example
+    whole = keras_roll.MMRConfig(p=2, k_B=3, gamma_B=1.0, gamma_D=1.5, examples=100)
+    np.testing.assert_allclose(
+        whole.term(model)(tf.constant(x), tf.constant(y), training=True).per_example.numpy(),
+        numpy_mmr(model.get_weights(), x, y, 2, 3, 3, 1.0, 1.5), rtol=1e-5, atol=1e-6)
+
+
 def test_mmr_accepts_one_hot_labels(relu_case):
     model, x, y = relu_case
     sparse = keras_roll.mmr_loss(model, x, y, k_B=3).numpy()
@@ -331,6 +348,7 @@ def test_two_replicas_step_equals_one_replica(tmp_path):
     (keras_roll.MMRConfig, {"k_B": 0}, "k_B=0"),
     (keras_roll.MMRConfig, {"k_B": 2.5}, "k_B=2.5"),
     (keras_roll.MMRConfig, {"k_D": 0}, "or None"),
+    (keras_roll.MMRConfig, {"examples": 0}, "examples per batch"),
     (keras_roll.MMRConfig, {"gamma_B": 0.0}, "gamma_B=0.0"),
     (keras_roll.MMRConfig, {"gamma_D": float("inf")}, "gamma_D=inf"),
     (keras_roll.MMRConfig, {"lam": -1.0}, "lam=-1.0"),
