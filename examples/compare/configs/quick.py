@@ -1,0 +1,16 @@
+"""`--quick`: a few minutes on 2 CPU cores that run every method and every measurement
+end to end: 2,000 training, 500 validation and 500 test images, a 784-100x2-10 network,
+3 epochs, one search step per operating point, and small evaluation sets (the numbers
+show the pipeline, not the methods' standing)."""
+
+import dataclasses
+
+from examples.compare.configs import default
+
+
+def get_config() -> default.Config:
+    return dataclasses.replace(
+        default.get_config(), train_size=2000, val_size=500, test_size=500, depth=2,
+        width=100, epochs=3, eval_size=200, robust_size=10, distortion_size=10, worst_size=2,
+        distortion_samples=200, worst_population=64, worst_generations=2, search_steps=1,
+        roll_samples=8, mmr_examples=8)

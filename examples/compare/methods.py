@@ -1,0 +1,111 @@
+"""The methods side by side: how each one wraps the model, which knob the search tunes,
+and the ramps it trains with.
+
+Every method trains the same network from the same initial weights; a method is one
+`Method` value, and `METHODS` maps the names of `--methods` to them. The knob is the
+hyperparameter the search moves (stronger regularization as it grows): `lam` for the
+penalties (ROLL, MMR, input gradient), the training radius `eps` for certified
+training (IBP, CROWN-IBP).
+
+Example:
+
+```python
+method = METHODS["ibp"]
+fit_model = method.wrap(model, config, 0.1)
+callbacks = method.ramps(config, 0.1, steps_per_epoch=157)
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import keras
+
+import keras_roll
+from examples.compare.configs.default import Config, parse_norm
+
+__all__ = ["METHODS", "Method"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One method of the comparison.
+
+    Attributes:
+        name: its name in `--methods`, tags and tables' keys.
+        label: its name in tables and figures.
+        knob: the hyperparameter the search tunes ("" for vanilla).
+        start: `config -> ` the search's first value of the knob.
+        regularizer: `(config, value) -> ` the keras_roll regularizer config (None:
+            the plain model; ROLL is wrapped by its keyword arguments).
+    """
+
+    name: str
+    label: str
+    knob: str = ""
+    start: Callable[[Config], float] = lambda config: 0.0
+    regularizer: Callable[[Config, float], object] = lambda config, value: None
+
+    @property
+    def tuned(self) -> bool:
+        """Whether the search tunes a knob (every method but vanilla)."""
+        return bool(self.knob)
+
+    def wrap(self, model: keras.Model, config: Config, value: float) -> keras.Model:
+        """The model `fit` trains: `model` itself for vanilla, else its keras_roll wrapper."""
+        if self.name == "vanilla":
+            return model
+        if self.name == "roll":
+            return keras_roll.wrap(model, lam=value, C=config.roll_C, gamma=100.0,
+                                   samples=config.roll_samples,
+                                   seed=None if config.roll_samples is None else config.seed)
+        return keras_roll.wrap(model, regularizer=self.regularizer(config, value))
+
+    def ramps(self, config: Config, value: float, steps_per_epoch: int) -> list:
+        """The certified-training ramps (Gowal et al.; Zhang et al.): after one epoch at
+        `eps = 0` (none when training for one epoch), eps rises to `value` and kappa
+        falls from 1 to its final value over `config.ramp` of the training steps
+        (CROWN-IBP's beta from 1 to 0 with them), ending by the last step."""
+        if self.name not in ("ibp", "crown_ibp"):
+            return []
+        total = config.epochs * steps_per_epoch
+        begin = steps_per_epoch if config.epochs > 1 else 0
+        # ends by the last step, which then trains at eps = value
+        length = max(0, min(round(config.ramp * total), total - begin - 1))
+        kappa = config.ibp_kappa if self.name == "ibp" else config.crown_ibp_kappa
+        ramps = [keras_roll.callbacks.EpsilonRamp(value, length=length, begin=begin),
+                 keras_roll.callbacks.KappaRamp(1.0, kappa, length=length, begin=begin)]
+        if self.name == "crown_ibp":
+            ramps.append(keras_roll.callbacks.BetaRamp(1.0, 0.0, length=length, begin=begin))
+        return ramps
+
+
+def _mmr(config: Config, value: float):
+    return keras_roll.MMRConfig(lam=value, p=parse_norm(config.mmr_p), k_B=config.mmr_k_B,
+                                gamma_B=config.mmr_gamma_B, gamma_D=config.mmr_gamma_D,
+                                examples=config.mmr_examples)
+
+
+def _input_gradient(config: Config, value: float):
+    return keras_roll.InputGradientConfig(lam=value, p=parse_norm(config.input_gradient_p))
+
+
+def _ibp(config: Config, value: float):
+    return keras_roll.IBPConfig(eps=0.0, kappa=1.0)
+
+
+def _crown_ibp(config: Config, value: float):
+    return keras_roll.CrownIBPConfig(eps=0.0, kappa=1.0, beta=1.0)
+
+
+METHODS = {m.name: m for m in (
+    Method("vanilla", "vanilla"),
+    Method("roll", "ROLL", "lam", lambda c: c.roll_lam),
+    Method("mmr", "MMR", "lam", lambda c: c.mmr_lam, _mmr),
+    Method("input_gradient", "input gradient", "lam", lambda c: c.input_gradient_lam,
+           _input_gradient),
+    Method("ibp", "IBP", "eps", lambda c: c.ibp_eps, _ibp),
+    Method("crown_ibp", "CROWN-IBP", "eps", lambda c: c.crown_ibp_eps, _crown_ibp),
+)}
