@@ -64,6 +64,10 @@ def test_flagfile_and_quick_parse():
     assert config.train_size == 10000 and config.epochs == 10   # the flagfile wins
     assert config.width == quick.get_config().width             # the rest is quick's
     assert fv.out == "runs/compare"
+    cnn_flags = FLAGFILE.with_name("compare_cnn.flags")
+    cnn = parse_flags(compare.define_flags, [f"--flagfile={cnn_flags}"])
+    assert compare.get_config(cnn).arch == default.Arch.cnn and cnn.out == "runs/compare_cnn"
+    assert compare.get_config(cnn).train_size == 10000
 
 
 @pytest.mark.parametrize("argv, message", [
