@@ -77,6 +77,8 @@ def test_flagfile_and_quick_parse():
     (["--arch=resnet"], "value should be one of <mlp|cnn>"),
     (["--ramp=1.5"], "1.5 is not a number in the range [0.0, 1.0]"),
     (["--data_dir=/no/such/folder"], "--data_dir does not exist"),
+    (["--fixed=ibp:0.1,ibp:zero"], "--fixed takes method:value items"),
+    (["--fixed=vanilla:1"], "got 'vanilla:1'"),
 ])
 def test_bad_flags_are_refused_while_parsing(argv, message):
     with pytest.raises(flags.IllegalFlagValueError) as err:
@@ -200,7 +202,7 @@ def test_certified_training_ramps_reach_the_knob(npz, tmp_path):
 def test_whole_comparison_runs_and_resumes(npz, tmp_path, capsys):
     from examples.compare import experiment
 
-    config = tiny(npz)
+    config = tiny(npz, fixed=("ibp:0.3",))
     result = experiment.run(config, tmp_path)
     md = (tmp_path / "compare.md").read_text()
     table = json.loads((tmp_path / "compare.json").read_text())
@@ -208,6 +210,7 @@ def test_whole_comparison_runs_and_resumes(npz, tmp_path, capsys):
     assert labels[0] == ("vanilla", "reference")
     for label in ("ROLL", "MMR", "input gradient", "IBP", "CROWN-IBP"):
         assert (label, "same accuracy") in labels and (label, "1 % less accuracy") in labels
+    assert ("IBP", "fixed (--fixed)") in labels
     assert (tmp_path / "compare.png").read_bytes().startswith(PNG)
     assert "Leads each column" in md
     vanilla = next(r for r in result.rows if r["method"] == "vanilla")
@@ -221,6 +224,10 @@ def test_whole_comparison_runs_and_resumes(npz, tmp_path, capsys):
     log = capsys.readouterr().out
     assert "training images" not in log and "== measuring" not in log
     assert "reusing" in log
+
+
+def test_fixed_models_parse():
+    assert default.parse_fixed(["ibp:0.1", "roll:4"]) == [("ibp", 0.1), ("roll", 4.0)]
 
 
 def test_quick_config_is_small():

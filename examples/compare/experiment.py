@@ -19,11 +19,11 @@ from pathlib import Path
 
 from examples.common import app
 from examples.common.tables import write_json
-from examples.compare.configs.default import Config
+from examples.compare.configs.default import Config, parse_fixed
 from examples.compare.measure import Measures, measure
 from examples.compare.methods import METHODS
 from examples.compare.report import table_rows, write_report
-from examples.compare.train import build_model, load, search, train_or_load
+from examples.compare.train import OperatingPoint, build_model, load, search, train_or_load
 
 __all__ = ["measured", "run"]
 
@@ -63,6 +63,9 @@ def run(config: Config, workdir) -> app.ExampleResult:
     for name in config.methods:
         if name != "vanilla":
             points += search(METHODS[name], vanilla, data, config, out)
+    for name, value in parse_fixed(config.fixed):
+        row = train_or_load(METHODS[name], value, data, config, out)
+        points.append(OperatingPoint(name, None, row, "fixed by --fixed"))
     chosen = {vanilla["tag"]: vanilla, **{p.row["tag"]: p.row for p in points if p.row}}
     measures = {tag: measured(row, data, config, out) for tag, row in chosen.items()}
     rows = table_rows(vanilla, points, measures, {n: m.label for n, m in METHODS.items()})

@@ -98,7 +98,7 @@ def table_rows(vanilla: dict, points: list[OperatingPoint], measures: dict,
     rows = [_row("vanilla", "reference", "-", vanilla["val_acc"], measures[vanilla["tag"]],
                  vanilla["epoch_s"], vanilla["epoch_s"])]
     for point in points:
-        what = POINT_NAMES[point.drop]
+        what = POINT_NAMES.get(point.drop, "fixed (--fixed)")
         if point.row is None:
             rows.append({"label": labels[point.method], "point": what,
                          "knob": "none met the target"})

@@ -168,13 +168,14 @@ class OperatingPoint(NamedTuple):
 
     Attributes:
         method: the method's name.
-        drop: the target: vanilla's validation accuracy minus `drop` whole percent.
+        drop: the target: vanilla's validation accuracy minus `drop` whole percent
+            (None: a model of `--fixed`, no target).
         row: the chosen model's row (None: no value tried meets the target).
         note: how it was found (the values tried and their accuracies).
     """
 
     method: str
-    drop: int
+    drop: int | None
     row: dict | None
     note: str
 

@@ -60,6 +60,10 @@ class Config:
     worst_generations: int = option(30, "Generations of the genetic search.", lower_bound=0)
     certified_eps: tuple[float, ...] = option((0.1, 0.3), "l_inf radii of the certified "
                                               "accuracy ([0, 1] pixel units).", above=0.0)
+    fixed: tuple[str, ...] = option(
+        (), "Also train and measure these models outside the operating points, each as "
+        "method:value (e.g. ibp:0.1, the training eps the certified-training papers use "
+        "for that radius, whatever the accuracy).")
     search_steps: int = option(3, "New trainings per method and operating point in the "
                                "bisection of its knob on validation accuracy.", lower_bound=1)
     roll_lam: float = option(2.0, "ROLL: the first lambda of the search.", above=0.0)
@@ -132,3 +136,26 @@ def parse_norm(text: str) -> float:
     if word in ("inf", "infinity"):
         return float("inf")
     raise ValueError(f"a norm is 1, 2 or inf (also l1, l2, linf), got {text!r}")
+
+
+def parse_fixed(items) -> list[tuple[str, float]]:
+    """`--fixed` as `(method, value)` pairs; ValueError naming the bad item otherwise.
+
+    Example:
+
+    ```python
+    parse_fixed(["ibp:0.1", "roll:4"])         # [("ibp", 0.1), ("roll", 4.0)]
+    ```
+    """
+    pairs = []
+    for item in items:
+        name, _, value = str(item).partition(":")
+        try:
+            number = float(value)
+        except ValueError:
+            number = float("nan")
+        if name not in METHODS or name == "vanilla" or not number > 0:
+            raise ValueError(f"--fixed takes method:value items with a method of "
+                             f"{', '.join(METHODS[1:])} and a value > 0; got {item!r}")
+        pairs.append((name, number))
+    return pairs
