@@ -30,7 +30,7 @@ import numpy as np
 import keras_roll
 from examples.common import app
 from examples.common.runs import data_fingerprint, load_stored
-from examples.common.search import bisect_lam
+from examples.common.search import bisect_lam, meets
 from examples.common.selection import DROPS
 from examples.common.tables import write_json
 from examples.common.training import array_dataset, fit_verbosity
@@ -185,22 +185,26 @@ def search(method: Method, vanilla: dict, data: Data, config: Config,
     """`method`'s model at each operating point (`DROPS`: vanilla's validation accuracy,
     and one point less): the largest knob value whose validation accuracy meets it, by
     bisection from the method's start value, `--search_steps` new trainings per point
-    (trainings are shared between the points)."""
+    (trainings are shared between the points); each point then takes the largest value
+    tried that meets it."""
     rows, known = {}, {}
 
     def val_acc_of(value):
         rows[value] = train_or_load(method, value, data, config, out)
         return rows[value]["val_acc"]
 
+    for drop, _, _ in DROPS:
+        cutoff = round(100 * vanilla["val_acc"]) - drop
+        bisect_lam(val_acc_of, cutoff, method.start(config), config.search_steps, known=known)
+    tried = ", ".join(f"{v:g}: {100 * a:.1f} %" for v, a in sorted(known.items()))
+    note = f"{method.knob} tried (validation accuracy): {tried}"
     points = []
     for drop, _, what in DROPS:
+        # the largest value tried that meets the point (a later search may find one)
         cutoff = round(100 * vanilla["val_acc"]) - drop
-        result = bisect_lam(val_acc_of, cutoff, method.start(config), config.search_steps,
-                            known=known)
-        tried = ", ".join(f"{v:g}: {100 * a:.1f} %" for v, a in result.tried)
-        note = f"{method.knob} tried (validation accuracy): {tried}"
-        row = None if result.lam is None else rows[result.lam]
-        found = "none meets it" if row is None else f"{method.knob}={result.lam:g}"
+        value = max((v for v, a in known.items() if meets(a, cutoff)), default=None)
+        row = None if value is None else rows[value]
+        found = "none meets it" if row is None else f"{method.knob}={value:g}"
         app.log(f"-- {method.label} at {what} (validation accuracy >= {cutoff} %): {found}; "
                 f"{note}")
         points.append(OperatingPoint(method.name, drop, row, note))
