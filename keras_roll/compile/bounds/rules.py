@@ -38,6 +38,7 @@ box = rule.interval(op, [Box(-r, r)], at, arithmetic)
 from __future__ import annotations
 
 import enum
+import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -60,6 +61,7 @@ __all__ = [
     "activation_vertices",
     "bound_rule",
     "check_bounds",
+    "nondecreasing",
     "register_bound_rule",
     "relaxation_lines",
     "supported_passes",
@@ -155,6 +157,17 @@ class BoundRule:
         """Sound lines below and above an elementwise op on `[lo, hi]` (absolute values)."""
         raise NotImplementedError
 
+    def centred_interval(self, op: Op, radius: tf.Tensor, at: OpValues,
+                         arithmetic: Arithmetic) -> Box | None:
+        """`interval` on the box `|a' - a| <= radius` around every input (the input set
+        of the passes, before any op), or None to let the pass call `interval`.
+
+        `radius` is a scalar or `[B, 1, ...]`. A rule may answer without per-example
+        work where the box's centre offset is 0 and its radius the same on every axis
+        (`AffineBounds`: centre 0, radius `radius * |A| 1`).
+        """
+        return None
+
 
 class AffineBounds(BoundRule):
     """An affine op `y = A a + b`: centre `A c`, radius `|A| r` (`Arithmetic.magnitude`)."""
@@ -169,6 +182,18 @@ class AffineBounds(BoundRule):
         r = arithmetic.magnitude(op, radii, NO_RECORD, None, None)
         return Box(c - r, c + r)
 
+    def centred_interval(self, op, radius, at, arithmetic):
+        """Centre offset `A 0 = 0` and radius `radius * (|A| 1)`: one product of `|A|`
+        with ones for the whole batch instead of two products per example (`|A|` is
+        linear, so `|A| (radius 1) = radius (|A| 1)` up to rounding). A subclass that
+        overrides `interval` gets its own `interval` here too."""
+        if type(self).interval is not AffineBounds.interval:
+            return None
+        ones = [tf.ones(tf.concat([[1], tf.shape(a)[1:]], 0), a.dtype) for a in at.inputs]
+        r = radius * arithmetic.magnitude(op, ones, NO_RECORD, None, None)
+        r = tf.broadcast_to(r, tf.shape(at.output))
+        return Box(-r, r)
+
 
 class ActivationBounds(BoundRule):
     """A pointwise piecewise-linear `Activation`: its range over the vertices of the
@@ -179,11 +204,35 @@ class ActivationBounds(BoundRule):
     def interval(self, op, boxes, at, arithmetic):
         z0, h0, box = at.inputs[0], at.output, boxes[0]
         lo, hi = z0 + box.lo, z0 + box.hi
+        if nondecreasing(op):  # the extremes are at the ends (ReLU, leaky ReLU, ReLU6)
+            return Box(tf.cast(op.fn(lo), lo.dtype) - h0, tf.cast(op.fn(hi), lo.dtype) - h0)
         vals = tf.stack([tf.cast(op.fn(v), lo.dtype) for v in activation_vertices(op, lo, hi)])
         return Box(tf.reduce_min(vals, 0) - h0, tf.reduce_max(vals, 0) - h0)
 
     def lines(self, op, lo, hi):
         return relaxation_lines(op, lo, hi)
+
+
+_NONDECREASING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def nondecreasing(op: Activation) -> bool:
+    """Whether the piecewise-linear `op.fn` never decreases: every piece's slope is a
+    number `>= 0` and at no breakpoint does it jump down (checked once per op, eagerly,
+    at the breakpoint and the next float above it). Then its range over `[lo, hi]` is
+    `[fn(lo), fn(hi)]`."""
+    known = _NONDECREASING.get(op)
+    if known is not None:
+        return known
+    result = all(isinstance(s, (int, float)) and s >= 0 for s in op.slopes)
+    if result and op.breakpoints:
+        with tf.init_scope():
+            at = tf.constant(op.breakpoints, tf.float64)
+            above = tf.math.nextafter(at, tf.fill(tf.shape(at), tf.constant(np.inf, tf.float64)))
+            jumps = tf.cast(op.fn(above), tf.float64) - tf.cast(op.fn(at), tf.float64)
+            result = bool(np.all(np.asarray(jumps) >= 0))
+    _NONDECREASING[op] = result
+    return result
 
 
 def activation_vertices(op: Activation, lo: tf.Tensor, hi: tf.Tensor) -> list:
