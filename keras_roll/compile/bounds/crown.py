@@ -90,7 +90,18 @@ def dual_norm(lam_input: tf.Tensor, p) -> tf.Tensor:
         return tf.where(pos, tf.sqrt(tf.where(pos, sq, tf.ones_like(sq))), tf.zeros_like(sq))
     if p == 1:
         return tf.reduce_max(tf.abs(flat), -1)
-    return tf.reduce_sum(tf.abs(flat), -1)
+    return _l1_rows(flat)
+
+
+@tf.custom_gradient
+def _l1_rows(flat):
+    """`sum |flat|` over the last axis, with the gradient `sign(flat) g` broadcast in one
+    product (autodiff would tile `g` first)."""
+
+    def grad(g):
+        return tf.sign(flat) * g[..., None]
+
+    return tf.reduce_sum(tf.abs(flat), -1), grad
 
 
 def relaxed_lower_bounds(structure: ProgramStructure, values: Values, key: int,

@@ -62,6 +62,7 @@ __all__ = [
     "bound_rule",
     "check_bounds",
     "nondecreasing",
+    "plain_relu",
     "register_bound_rule",
     "relaxation_lines",
     "supported_passes",
@@ -266,21 +267,35 @@ def relaxation_lines(op, lo: tf.Tensor, hi: tf.Tensor) -> RelaxationLines:
     a_l, b_l, a_u, b_u = relaxation_lines(relu_op, lo, hi)
     ```
     """
-    verts = activation_vertices(op, lo, hi)
+    relu = plain_relu(op)
+    if relu:
+        # fn(v) - a v is convex for the candidates' a in [0, 1]: its maximum over the
+        # vertices is at an end and the next float above 0 is never an extreme, so the
+        # same offsets come from the ends and clip(0) alone (the same values; where
+        # vertices tie, at lo = 0 exactly, the gradient picks another subgradient).
+        verts = [lo, hi, tf.minimum(tf.maximum(tf.zeros_like(lo), lo), hi)]
+        scale = tf.maximum(tf.abs(lo), tf.abs(hi))
+    else:
+        verts = activation_vertices(op, lo, hi)
     vals = [tf.cast(op.fn(v), lo.dtype) for v in verts]
     f_lo, f_hi = vals[0], vals[1]
     width = hi - lo
     flat = width <= 1e-12 * (1.0 + tf.abs(lo) + tf.abs(hi))
     chord = tf.where(flat, op.slope(lo), (f_hi - f_lo) / tf.where(flat, tf.ones_like(width), width))
     mid = (lo + hi) / 2.0
-    scale = tf.reduce_max(tf.stack([tf.abs(v) for v in vals + verts]), 0)
+    if not relu:
+        scale = tf.reduce_max(tf.stack([tf.abs(v) for v in vals + verts]), 0)
     best_l = best_u = None
     for a in (chord, op.slope(lo), op.slope(hi)):
         a = tf.cast(a, lo.dtype) + tf.zeros_like(lo)
-        gaps = tf.stack([f - a * v for f, v in zip(vals, verts)])
+        gaps = [f - a * v for f, v in zip(vals, verts)]
         safety = 8.0 * _U64 * scale * (1.0 + tf.abs(a))
-        b_l = tf.reduce_min(gaps, 0) - safety
-        b_u = tf.reduce_max(gaps, 0) + safety
+        if relu:
+            b_l = tf.minimum(tf.minimum(gaps[0], gaps[1]), gaps[2]) - safety
+            b_u = tf.maximum(gaps[0], gaps[1]) + safety
+        else:
+            b_l = tf.reduce_min(tf.stack(gaps), 0) - safety
+            b_u = tf.reduce_max(tf.stack(gaps), 0) + safety
         if best_l is None:
             best_l, best_u = (a, b_l), (a, b_u)
             continue
@@ -289,6 +304,24 @@ def relaxation_lines(op, lo: tf.Tensor, hi: tf.Tensor) -> RelaxationLines:
         best_l = (tf.where(better_l, a, best_l[0]), tf.where(better_l, b_l, best_l[1]))
         best_u = (tf.where(better_u, a, best_u[0]), tf.where(better_u, b_u, best_u[1]))
     return RelaxationLines(best_l[0], best_l[1], best_u[0], best_u[1])
+
+
+_PLAIN_RELU: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def plain_relu(op: Activation) -> bool:
+    """Whether `op` is `max(z, 0)`: one breakpoint at 0, slopes 0 and 1, and
+    `fn(-1, 0, 1) = (0, 0, 1)` (checked once per op, eagerly)."""
+    known = _PLAIN_RELU.get(op)
+    if known is None:
+        known = op.breakpoints == (0.0,) and all(
+            isinstance(s, (int, float)) for s in op.slopes) and tuple(op.slopes) == (0.0, 1.0)
+        if known:
+            with tf.init_scope():
+                at = tf.constant([-1.0, 0.0, 1.0], tf.float64)
+                known = bool(np.all(np.asarray(tf.cast(op.fn(at), tf.float64)) == [0, 0, 1]))
+        _PLAIN_RELU[op] = known
+    return known
 
 
 _AFFINE = AffineBounds()
