@@ -237,16 +237,18 @@ def worst_case_logits(model, x, y, eps, *, p=np.inf, beta=0.0) -> WorstCase:
     # The intervals of the margins of every pair of classes (rows shared by the batch:
     # two small products with the last layer's box), then each example's L - 1.
     pairs = passes.interval(tf.constant(_margin_rows(classes), logits.dtype)[None])
-    lower = m0 + tf.gather(tf.reshape(pairs, [-1, classes, classes - 1]), labels, batch_dims=1)
+    ibp = tf.gather(tf.reshape(pairs, [-1, classes, classes - 1]), labels, batch_dims=1)
+    lower = m0 + ibp
     if not (isinstance(beta, (int, float)) and beta == 0):
         beta = tf.cast(beta, logits.dtype)
-        ibp = lower
         rows = tf.one_hot(labels, classes, dtype=logits.dtype)[:, None] - others
+        mixed = lower
 
         def crown_ibp():
-            return beta * (m0 + passes.crown_ibp(rows)) + (1 - beta) * ibp
+            crown = m0 + passes.crown_ibp(rows, interval=ibp)
+            return beta * crown + (1 - beta) * mixed
 
-        lower = tf.cond(beta > 0, crown_ibp, lambda: ibp)  # as Zhang et al.: none at 0
+        lower = tf.cond(beta > 0, crown_ibp, lambda: mixed)  # as Zhang et al.: none at 0
     lower = tf.einsum("bk,bkl->bl", lower, others)                 # [B, L], 0 at y
     certified = tf.reduce_all((lower > 0) | _own(labels, classes), axis=-1)
     return WorstCase(logits, lower, certified)

@@ -140,8 +140,8 @@ def interval_lower_bounds(structure: ProgramStructure, values: Values, result: B
 def box_lower(lam: tf.Tensor, box: Box) -> tf.Tensor:
     """`[B, C]`: the minimum of `lam . v` over `v` in the box, `Lambda+ lo + Lambda- hi`
     summed by products (one matmul for functionals shared by the batch, `B = 1`)."""
-    pos, neg = tf.maximum(lam, 0.0), tf.minimum(lam, 0.0)
-    pos, neg = _flat_rows(pos), _flat_rows(neg)
+    pos = tf.maximum(lam, 0.0)
+    pos, neg = _flat_rows(pos), _flat_rows(lam - pos)  # lam - pos = min(lam, 0), exactly
     lo, hi = _flat_rows(box.lo[:, None])[:, 0], _flat_rows(box.hi[:, None])[:, 0]
     if lam.shape[0] == 1:
         return (tf.matmul(lo, pos[0], transpose_b=True)

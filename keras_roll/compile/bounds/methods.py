@@ -134,10 +134,10 @@ class IntervalPasses:
         rows = _output_rows(self.structure, self.values, rows)
         return interval_lower_bounds(self.structure, self.values, self.boxes, rows)
 
-    def crown_ibp(self, rows: tf.Tensor) -> tf.Tensor:
+    def crown_ibp(self, rows: tf.Tensor, interval: tf.Tensor | None = None) -> tf.Tensor:
         """`[B, C]` CROWN-IBP lower bounds of `rows . (f(x') - f(x))`: the relaxation's
         backward pass on the intervals' bounds of every nonlinear op's input, kept where
-        it beats the intervals."""
+        it beats the intervals (`interval`: `self.interval(rows)` if the caller has it)."""
         structure, values = self.structure, self.values
         check_bounds(structure, BoundPass.RELAXATION, values.masks)
         lines = RelaxedOps(values)
@@ -147,4 +147,6 @@ class IntervalPasses:
         rows = _output_rows(structure, values, rows)
         low = relaxed_lower_bounds(structure, values, structure.output_key, rows, lines,
                                    self.boxes.deltas, self.eps, self.p)
-        return tf.maximum(low, interval_lower_bounds(structure, values, self.boxes, rows))
+        if interval is None:
+            interval = interval_lower_bounds(structure, values, self.boxes, rows)
+        return tf.maximum(low, interval)
