@@ -51,7 +51,10 @@ as `wrap(model, regularizer=...).fit` computes it, then SGD (targets: at most
 `keras_roll.CrownIBPConfig` at beta = 1, the start of its ramp, where the CROWN pass
 runs; l_inf, eps = 0.1): cross-entropy + the term, the paper's
 `kappa * CE + (1 - kappa) * CE(worst-case logits)` (targets: IBP at most 2 x, CROWN-IBP
-at most 6 x vanilla).
+at most 6 x vanilla); beside them, as the cost reference, the same two steps written
+out by hand for this MLP in plain TensorFlow (`_hand_margin_bounds`: the same bounds
+within float32 rounding, without the library's rounding safety, generic rules and
+relative intervals).
 
 FLOP count of the exact step (matmuls only, multiply-add = 2 FLOPs; B = 64,
 D = 784 axes, H = 300, L = 10; k = D along the input axes, k = H along the H1
