@@ -16,6 +16,7 @@ from keras_roll.compile.bounds import (
     BoundMethod,
     BoundPass,
     Box,
+    IntervalPasses,
     capture,
     check_bounds,
     lower_bounds,
@@ -371,6 +372,32 @@ def test_every_method_bounds_the_sampled_outputs(name, method):
     ibp = lower_bounds(structure, values, rows, tf.constant([EPS, EPS]), np.inf,
                        BoundMethod.INTERVAL, arithmetic).numpy()
     assert np.all(low >= ibp - 1e-12)
+
+
+@pytest.mark.parametrize("guard", [False, True])
+def test_one_interval_pass_serves_both_bounds_and_any_rows(guard):
+    """`IntervalPasses`: functionals shared by the batch (`[1, C, L]`, one product with
+    the last layer's box) give the bounds of the same rows per example (`[B, C, L]`,
+    summed per example); CROWN-IBP on the shared pass, given the intervals, equals
+    `lower_bounds` with its own passes (with and without rounding)."""
+    model = NETS["dense"]()
+    x = _inputs(model, 3)
+    twin, structure, values = _setup(model, x)
+    arithmetic = arithmetic_of(twin, guard=guard)
+    eps = tf.constant([EPS, 0.5 * EPS, 2 * EPS], tf.float64)
+    shared = np.random.default_rng(3).normal(size=(1, 4, 3))
+    per_example = tf.constant(np.repeat(shared, 3, 0))
+    passes = IntervalPasses(structure, values, eps, np.inf, arithmetic)
+    ibp = passes.interval(tf.constant(shared)).numpy()
+    np.testing.assert_allclose(ibp, passes.interval(per_example).numpy(), rtol=1e-12,
+                               atol=1e-12)
+    crown = passes.crown_ibp(per_example, interval=tf.constant(ibp)).numpy()
+    ref = lower_bounds(structure, values, per_example, eps, np.inf, BoundMethod.CROWN_IBP,
+                       arithmetic).numpy()
+    np.testing.assert_allclose(crown, ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ibp, lower_bounds(structure, values, per_example, eps, np.inf,
+                                                 BoundMethod.INTERVAL, arithmetic).numpy(),
+                               rtol=1e-12, atol=1e-12)
 
 
 # --------------------------------------------------------------------------- weights
