@@ -126,14 +126,21 @@ class GenericAffine(AffineBounds):
         return super().interval(op, boxes, at, arithmetic)
 
 
+def _flatten_net():
+    keras.utils.set_random_seed(7)
+    inp = keras.Input((3, 3, 2))
+    h = L.Dense(4, activation="relu")(L.Flatten()(inp))
+    return keras.Model(inp, L.Dense(3)(h))
+
+
 @pytest.mark.parametrize("guard", [False, True])
-@pytest.mark.parametrize("name", sorted(NETS))
+@pytest.mark.parametrize("name", [*sorted(NETS), "flatten"])
 def test_first_affine_op_on_the_box_equals_the_generic_rule(name, guard):
     """The first affine op on the input box takes its radius from `eps |A| 1` once for
     the batch (centre 0): every value's interval equals the one the generic rule's two
     products per example give, for one eps and per-example eps, with and without the
-    rounding of the model's evaluation."""
-    model = NETS[name]()
+    rounding of the model's evaluation (a first op that changes the rank too)."""
+    model = _flatten_net() if name == "flatten" else NETS[name]()
     x = _inputs(model, 3)
     twin, structure, values = _setup(model, x)
     first = type(structure.nodes[0].op)

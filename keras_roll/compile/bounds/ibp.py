@@ -80,7 +80,8 @@ def interval_pass(structure: ProgramStructure, values: Values, eps: tf.Tensor,
     """
     check_bounds(structure, BoundPass.INTERVAL, values.masks)
     x = values.x
-    e = tf.cast(eps, x.dtype)
+    radius = tf.cast(eps, x.dtype)  # a scalar or [B]
+    e = radius
     if e.shape.rank != 0:
         e = tf.reshape(e, tf.concat([[-1], tf.ones(tf.rank(x) - 1, tf.int32)], 0))
     ball = Box(-e + tf.zeros_like(x), e + tf.zeros_like(x))
@@ -97,7 +98,7 @@ def interval_pass(structure: ProgramStructure, values: Values, eps: tf.Tensor,
         out = None
         if boxes[structure.input_key] is ball and all(k == structure.input_key
                                                       for k in node.inputs):
-            out = rule.centred_interval(node.op, e, at, arithmetic)
+            out = rule.centred_interval(node.op, radius, at, arithmetic)
         if out is None:
             out = rule.interval(node.op, ins, at, arithmetic)
         delta = None

@@ -163,7 +163,7 @@ class BoundRule:
         """`interval` on the box `|a' - a| <= radius` around every input (the input set
         of the passes, before any op), or None to let the pass call `interval`.
 
-        `radius` is a scalar or `[B, 1, ...]`. A rule may answer without per-example
+        `radius` is a scalar or `[B]`. A rule may answer without per-example
         work where the box's centre offset is 0 and its radius the same on every axis
         (`AffineBounds`: centre 0, radius `radius * |A| 1`).
         """
@@ -191,8 +191,11 @@ class AffineBounds(BoundRule):
         if type(self).interval is not AffineBounds.interval:
             return None
         ones = [tf.ones(tf.concat([[1], tf.shape(a)[1:]], 0), a.dtype) for a in at.inputs]
+        shape = tf.shape(at.output)
+        if radius.shape.rank != 0:  # [B] -> [B, 1, ...] in the output's rank
+            radius = tf.reshape(radius, tf.concat([[-1], tf.ones_like(shape[1:])], 0))
         r = radius * arithmetic.magnitude(op, ones, NO_RECORD, None, None)
-        r = tf.broadcast_to(r, tf.shape(at.output))
+        r = tf.broadcast_to(r, shape)
         return Box(-r, r)
 
 
@@ -227,11 +230,9 @@ def nondecreasing(op: Activation) -> bool:
         return known
     result = all(isinstance(s, (int, float)) and s >= 0 for s in op.slopes)
     if result and op.breakpoints:
-        with tf.init_scope():
-            at = tf.constant(op.breakpoints, tf.float64)
-            above = tf.math.nextafter(at, tf.fill(tf.shape(at), tf.constant(np.inf, tf.float64)))
-            jumps = tf.cast(op.fn(above), tf.float64) - tf.cast(op.fn(at), tf.float64)
-            result = bool(np.all(np.asarray(jumps) >= 0))
+        at = np.asarray(op.breakpoints, np.float64)
+        values = _eager_fn(op, np.concatenate([at, np.nextafter(at, np.inf)]))
+        result = values is not None and bool(np.all(values[len(at):] >= values[:len(at)]))
     _NONDECREASING[op] = result
     return result
 
@@ -317,11 +318,20 @@ def plain_relu(op: Activation) -> bool:
         known = op.breakpoints == (0.0,) and all(
             isinstance(s, (int, float)) for s in op.slopes) and tuple(op.slopes) == (0.0, 1.0)
         if known:
-            with tf.init_scope():
-                at = tf.constant([-1.0, 0.0, 1.0], tf.float64)
-                known = bool(np.all(np.asarray(tf.cast(op.fn(at), tf.float64)) == [0, 0, 1]))
+            values = _eager_fn(op, np.array([-1.0, 0.0, 1.0]))
+            known = values is not None and bool(np.all(values == [0.0, 0.0, 1.0]))
         _PLAIN_RELU[op] = known
     return known
+
+
+def _eager_fn(op: Activation, points: np.ndarray) -> np.ndarray | None:
+    """`op.fn` at `points`, evaluated eagerly (also while a graph is traced) in float64,
+    or None where the function cannot be evaluated so (the generic path then runs)."""
+    try:
+        with tf.init_scope():
+            return np.asarray(tf.cast(op.fn(tf.constant(points, tf.float64)), tf.float64))
+    except Exception:  # noqa: BLE001 - any failure means: do not take the shortcut
+        return None
 
 
 _AFFINE = AffineBounds()
