@@ -234,14 +234,17 @@ def worst_case_logits(model, x, y, eps, *, p=np.inf, beta=0.0) -> WorstCase:
           - tf.reduce_sum(others * logits[:, None], -1))                # z_y - z_j
     passes = IntervalPasses(structure, values, tf.cast(eps, logits.dtype), p,
                             Arithmetic(_linear_magnitude))
-    # The intervals of the margins of every pair of classes (rows shared by the batch:
-    # two small products with the last layer's box), then each example's L - 1.
-    pairs = passes.interval(tf.constant(_margin_rows(classes), logits.dtype)[None])
-    ibp = tf.gather(tf.reshape(pairs, [-1, classes, classes - 1]), labels, batch_dims=1)
+    rows = tf.one_hot(labels, classes, dtype=logits.dtype)[:, None] - others
+    if _pairs_fit(structure, values, classes, lin.memory_budget):
+        # The intervals of the margins of every pair of classes (rows shared by the
+        # batch: two small products with the last layer's box), then each example's.
+        pairs = passes.interval(tf.constant(_margin_rows(classes), logits.dtype)[None])
+        ibp = tf.gather(tf.reshape(pairs, [-1, classes, classes - 1]), labels, batch_dims=1)
+    else:  # many classes: the L - 1 rows of each example
+        ibp = passes.interval(rows)
     lower = m0 + ibp
     if not (isinstance(beta, (int, float)) and beta == 0):
         beta = tf.cast(beta, logits.dtype)
-        rows = tf.one_hot(labels, classes, dtype=logits.dtype)[:, None] - others
         mixed = lower
 
         def crown_ibp():
@@ -252,6 +255,14 @@ def worst_case_logits(model, x, y, eps, *, p=np.inf, beta=0.0) -> WorstCase:
     lower = tf.einsum("bk,bkl->bl", lower, others)                 # [B, L], 0 at y
     certified = tf.reduce_all((lower > 0) | _own(labels, classes), axis=-1)
     return WorstCase(logits, lower, certified)
+
+
+def _pairs_fit(structure, values, classes: int, budget: int) -> bool:
+    """Whether the functionals of every pair of classes at the last op's input (`L (L-1)`
+    rows shared by the batch) fit the twin's memory budget."""
+    index = structure.producer[structure.output_key]
+    width = max(int(np.prod(v.shape[1:])) for v in values.inputs[index])
+    return classes * (classes - 1) * width * values.x.dtype.size <= budget
 
 
 def _margin_rows(classes: int) -> np.ndarray:
