@@ -51,7 +51,10 @@ as `wrap(model, regularizer=...).fit` computes it, then SGD (targets: at most
 `keras_roll.CrownIBPConfig` at beta = 1, the start of its ramp, where the CROWN pass
 runs; l_inf, eps = 0.1): cross-entropy + the term, the paper's
 `kappa * CE + (1 - kappa) * CE(worst-case logits)` (targets: IBP at most 2 x, CROWN-IBP
-at most 6 x vanilla).
+at most 6 x vanilla); beside them, as the cost reference, the same two steps written
+out by hand for this MLP in plain TensorFlow (`_hand_margin_bounds`: the same bounds
+within float32 rounding, without the library's rounding safety, generic rules and
+relative intervals).
 
 FLOP count of the exact step (matmuls only, multiply-add = 2 FLOPs; B = 64,
 D = 784 axes, H = 300, L = 10; k = D along the input axes, k = H along the H1
@@ -147,6 +150,71 @@ RIVALS = {
     "CROWN-IBP, l_inf, eps = 0.1, beta = 1": CrownIBPConfig(eps=0.1, kappa=0.5, beta=1.0),
 }
 CERTIFIED = ("IBP", "CROWN-IBP")
+HAND = {False: "IBP written by hand (reference)", True: "CROWN-IBP written by hand (reference)"}
+
+
+def _hand_margin_bounds(model: keras.Model, x, y, eps: float, crown: bool):
+    """The logits and `[B, L-1]` lower bounds of `z_y - z_j` of the 784-300x4-10 MLP over
+    the l_inf ball, written out in plain TensorFlow as the papers state them (no rounding
+    safety, no generic rules): IBP (Gowal et al.: clean pass, then centre and radius
+    products per layer, the first layer's radius `eps * sum |W|`, the margins folded into
+    the last layer), and CROWN-IBP (Zhang et al.: on the same boxes, the chord above and
+    the adaptive line below every unstable ReLU, pulled back to the input). The cost
+    reference of the library's steps: the same products, the least elementwise work."""
+    dense = [layer for layer in model.layers if isinstance(layer, keras.layers.Dense)]
+    ws, bs = [d.kernel for d in dense], [d.bias for d in dense]
+    h, pre = x, []
+    for w, b in zip(ws[:-1], bs[:-1]):
+        pre.append(h @ w + b)
+        h = tf.nn.relu(pre[-1])
+    logits = h @ ws[-1] + bs[-1]
+    r = eps * tf.reduce_sum(tf.abs(ws[0]), 0)[None]
+    boxes = [(pre[0] - r, pre[0] + r)]
+    for w, b in zip(ws[1:], bs[1:]):
+        lo, hi = (tf.nn.relu(t) for t in boxes[-1])
+        c, r = ((lo + hi) / 2) @ w + b, ((hi - lo) / 2) @ tf.abs(w)
+        boxes.append((c - r, c + r))
+    others = tf.one_hot((y[:, None] + tf.range(1, L)) % L, L)
+    rows = tf.one_hot(y, L)[:, None] - others                               # [B, L-1, L]
+    lo, hi = (tf.nn.relu(t) for t in boxes[-2])
+    lam = tf.einsum("bkl,hl->bkh", rows, ws[-1])
+    const = tf.einsum("bkl,l->bk", rows, bs[-1])
+    ibp = (tf.einsum("bkh,bh->bk", lam, (lo + hi) / 2) + const
+           - tf.einsum("bkh,bh->bk", tf.abs(lam), (hi - lo) / 2))
+    if not crown:
+        return logits, ibp
+    for i in range(len(ws) - 2, -1, -1):
+        lo, hi = boxes[i]
+        unstable = (lo < 0) & (hi > 0)
+        a_u = tf.where(hi <= 0, 0.0, tf.where(lo >= 0, 1.0, hi / tf.where(unstable, hi - lo, 1.0)))
+        a_l = tf.where(hi <= 0, 0.0, tf.where(lo >= 0, 1.0, tf.cast(hi > -lo, x.dtype)))
+        below = lam >= 0
+        const += tf.reduce_sum(tf.where(below, 0.0, tf.where(unstable, -a_u * lo, 0.0)[:, None])
+                               * lam, -1)
+        lam = tf.where(below, a_l[:, None], a_u[:, None]) * lam
+        const += tf.einsum("bkh,h->bk", lam, bs[i])
+        lam = tf.einsum("bkh,dh->bkd", lam, ws[i])
+    bound = tf.einsum("bkd,bd->bk", lam, x) + const - eps * tf.reduce_sum(tf.abs(lam), -1)
+    return logits, tf.maximum(bound, ibp)
+
+
+def _hand_certified_step(model: keras.Model, crown: bool):
+    """`kappa CE + (1 - kappa) CE(worst-case logits)` of `_hand_margin_bounds` (eps 0.1,
+    kappa 0.5, beta 1), then SGD as in `vanilla_step`."""
+    variables = model.trainable_variables
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            logits, lower = _hand_margin_bounds(model, x, y, 0.1, crown)
+            worst = tf.concat([tf.zeros_like(lower[:, :1]), -lower], 1)  # label first
+            clean = tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
+            robust = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.zeros_like(y), worst)
+            loss = tf.reduce_mean(0.5 * clean + 0.5 * robust)
+        for v, g in zip(variables, tape.gradient(loss, variables)):
+            v.assign_sub(0.01 * g)
+        return loss
+
+    return step
 
 
 def _term_step(model: keras.Model, config):
@@ -184,6 +252,9 @@ def _rivals():
         steps[ROLL_AXES] = compile_step(roll_step(model, one_chunk, fewest_directions=False), b)
     steps.update({name: compile_step(_term_step(model, config), b)
                   for name, config in rivals.items()})
+    if FLAGS.rivals_certified:
+        for crown in (False, True):
+            steps[HAND[crown]] = compile_step(_hand_certified_step(model, crown), b)
     reset = weight_reset(model)
     times = interleaved_medians({k: (lambda s=s: s(x, y).numpy()) for k, s in steps.items()},
                                 repeats=5 if quick else 20, warmup=1, setup=reset)
@@ -194,6 +265,10 @@ def _rivals():
         print(f"  {name:<38} {1e3 * t:10.1f} ms/step{ratio}")
     print("targets: MMR and the input-gradient norm at most 3 x vanilla; IBP at most 2 x, "
           "CROWN-IBP at most 6 x")
+    for crown, name in HAND.items():
+        ours = next((t for k, t in times.items() if k.startswith(CERTIFIED[crown])), None)
+        if name in times and ours is not None:
+            print(f"ratio {CERTIFIED[crown]} / {name}: {ours / times[name]:6.2f}")
     for name in rivals:
         if name.startswith("MMR"):
             print(f"ratio {name} / {ROLL_AXES}: {times[name] / times[ROLL_AXES]:6.2f}")

@@ -16,6 +16,7 @@ from keras_roll.compile.bounds import (
     BoundMethod,
     BoundPass,
     Box,
+    IntervalPasses,
     capture,
     check_bounds,
     lower_bounds,
@@ -115,6 +116,47 @@ def test_intervals_contain_every_sampled_point(name):
         tol = 1e-7 * (hi - lo) + 1e-12
         assert np.all(d >= lo - tol), node.name
         assert np.all(d <= hi + tol), node.name
+
+
+class GenericAffine(AffineBounds):
+    """`AffineBounds` with its own `interval` (so the pass never takes the shortcut of the
+    first op on the input box): the reference for the shortcut."""
+
+    def interval(self, op, boxes, at, arithmetic):
+        return super().interval(op, boxes, at, arithmetic)
+
+
+def _flatten_net():
+    keras.utils.set_random_seed(7)
+    inp = keras.Input((3, 3, 2))
+    h = L.Dense(4, activation="relu")(L.Flatten()(inp))
+    return keras.Model(inp, L.Dense(3)(h))
+
+
+@pytest.mark.parametrize("guard", [False, True])
+@pytest.mark.parametrize("name", [*sorted(NETS), "flatten"])
+def test_first_affine_op_on_the_box_equals_the_generic_rule(name, guard):
+    """The first affine op on the input box takes its radius from `eps |A| 1` once for
+    the batch (centre 0): every value's interval equals the one the generic rule's two
+    products per example give, for one eps and per-example eps, with and without the
+    rounding of the model's evaluation (a first op that changes the rank too)."""
+    model = _flatten_net() if name == "flatten" else NETS[name]()
+    x = _inputs(model, 3)
+    twin, structure, values = _setup(model, x)
+    first = type(structure.nodes[0].op)
+    assert type(keras_roll.compile.bounds.bound_rule(structure.nodes[0].op)) is AffineBounds
+    for eps in (tf.constant(EPS, tf.float64), tf.constant([EPS, 0.0, 2 * EPS], tf.float64)):
+        fast = interval_pass(structure, values, eps, arithmetic_of(twin, guard=guard)).boxes
+        register_bound_rule(first, GenericAffine())
+        try:
+            ref = interval_pass(structure, values, eps, arithmetic_of(twin, guard=guard)).boxes
+        finally:
+            unregister_bound_rule(first)
+        for key, box in ref.items():
+            assert fast[key].lo.shape == box.lo.shape, key
+            for a, b in zip(fast[key], box):
+                np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12,
+                                           atol=1e-12 * np.abs(b.numpy()).max())
 
 
 def _one_affine_layer(layer, shape):
@@ -241,6 +283,65 @@ def test_relaxation_lines_lie_below_and_above_the_activation(name):
     assert np.all(np.min(a_u * z + b_u - f, 0) <= slack)
 
 
+@pytest.mark.parametrize("name", ["relu", "relu6", "threshold", "leaky", "prelu_negative"])
+def test_activation_intervals_are_the_range_on_a_grid(name):
+    """The interval of an activation over `[lo, hi]` against its minimum and maximum over
+    1001 points and its breakpoints (and just above them); nondecreasing activations (the
+    ends alone) are told from the others (a negative slope)."""
+    op = _activations()[name]
+    assert keras_roll.compile.bounds.rules.nondecreasing(op) == (name != "prelu_negative")
+    rng = np.random.default_rng(8)
+    a, b = rng.normal(0, 4, (2, 1, 200))
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    z0 = (lo + hi) / 2
+    h0 = op.fn(tf.constant(z0)).numpy()
+    at = keras_roll.compile.bounds.rules.OpValues([tf.constant(z0)], tf.constant(h0))
+    box = keras_roll.compile.bounds.rules.ActivationBounds().interval(
+        op, [Box(tf.constant(lo - z0), tf.constant(hi - z0))], at, None)
+    z = lo + np.linspace(0.0, 1.0, 1001)[:, None, None] * (hi - lo)
+    kinks = [np.clip(k, lo, hi)[None] for b in op.breakpoints
+             for k in (b, np.nextafter(b, np.inf))]
+    z = np.concatenate([z, *kinks])
+    f = op.fn(tf.constant(z.reshape(-1, 200))).numpy().reshape(z.shape) - h0
+    np.testing.assert_allclose(box.lo.numpy(), f.min(0), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(box.hi.numpy(), f.max(0), rtol=0, atol=1e-12)
+
+
+def test_relu_lines_equal_the_vertex_search(monkeypatch):
+    """A plain ReLU's lines come from its ends and clip(0) alone: the same lines as the
+    search over every vertex of any activation, on random intervals and on the edge cases
+    (an end at 0, zero width, tiny widths), and the same gradients in `lo`, `hi` but at
+    `lo = 0` exactly."""
+    op = _activations()["relu"]
+    assert keras_roll.compile.bounds.rules.plain_relu(op)
+    assert not keras_roll.compile.bounds.rules.plain_relu(_activations()["leaky"])
+    rng = np.random.default_rng(9)
+    a, b = rng.normal(0, 2, (2, 1, 300))
+    edges = np.array([[0.0, 1.0], [-1.0, 0.0], [0.0, 0.0], [2.0, 2.0], [-3.0, -3.0],
+                      [-1e-14, 1e-14], [0.0, 1e-13], [-1.0, 1e-9], [-1e-9, 1.0]]).T
+    lo = np.concatenate([np.minimum(a, b), edges[0][None]], 1)
+    hi = np.concatenate([np.maximum(a, b), edges[1][None]], 1)
+
+    def lines_and_grads():
+        t_lo, t_hi = tf.constant(lo), tf.constant(hi)
+        with tf.GradientTape() as tape:
+            tape.watch([t_lo, t_hi])
+            lines = relaxation_lines(op, t_lo, t_hi)
+            total = sum(tf.reduce_sum(t * w) for t, w in zip(lines, (1.0, 2.0, 3.0, 4.0)))
+        return [t.numpy() for t in lines], [g.numpy() for g in tape.gradient(total,
+                                                                             [t_lo, t_hi])]
+
+    fast, fast_grads = lines_and_grads()
+    monkeypatch.setattr(keras_roll.compile.bounds.rules, "plain_relu", lambda op: False)
+    ref, ref_grads = lines_and_grads()
+    for got, want in zip(fast, ref):
+        np.testing.assert_array_equal(got, want)
+    # at lo = 0 exactly (a kink of the offsets in lo) each takes another subgradient
+    smooth = lo != 0.0
+    for got, want in zip(fast_grads, ref_grads):
+        np.testing.assert_allclose(got[smooth], want[smooth], rtol=1e-9, atol=1e-9)
+
+
 def test_relu_lines_are_crowns_adaptive_choice():
     """ReLU across 0: the chord above, slope 1 below if `u >= -l` else 0."""
     op = _activations()["relu"]
@@ -278,6 +379,32 @@ def test_every_method_bounds_the_sampled_outputs(name, method):
     ibp = lower_bounds(structure, values, rows, tf.constant([EPS, EPS]), np.inf,
                        BoundMethod.INTERVAL, arithmetic).numpy()
     assert np.all(low >= ibp - 1e-12)
+
+
+@pytest.mark.parametrize("guard", [False, True])
+def test_one_interval_pass_serves_both_bounds_and_any_rows(guard):
+    """`IntervalPasses`: functionals shared by the batch (`[1, C, L]`, one product with
+    the last layer's box) give the bounds of the same rows per example (`[B, C, L]`,
+    summed per example); CROWN-IBP on the shared pass, given the intervals, equals
+    `lower_bounds` with its own passes (with and without rounding)."""
+    model = NETS["dense"]()
+    x = _inputs(model, 3)
+    twin, structure, values = _setup(model, x)
+    arithmetic = arithmetic_of(twin, guard=guard)
+    eps = tf.constant([EPS, 0.5 * EPS, 2 * EPS], tf.float64)
+    shared = np.random.default_rng(3).normal(size=(1, 4, 3))
+    per_example = tf.constant(np.repeat(shared, 3, 0))
+    passes = IntervalPasses(structure, values, eps, np.inf, arithmetic)
+    ibp = passes.interval(tf.constant(shared)).numpy()
+    np.testing.assert_allclose(ibp, passes.interval(per_example).numpy(), rtol=1e-12,
+                               atol=1e-12)
+    crown = passes.crown_ibp(per_example, interval=tf.constant(ibp)).numpy()
+    ref = lower_bounds(structure, values, per_example, eps, np.inf, BoundMethod.CROWN_IBP,
+                       arithmetic).numpy()
+    np.testing.assert_allclose(crown, ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ibp, lower_bounds(structure, values, per_example, eps, np.inf,
+                                                 BoundMethod.INTERVAL, arithmetic).numpy(),
+                               rtol=1e-12, atol=1e-12)
 
 
 # --------------------------------------------------------------------------- weights

@@ -1,7 +1,8 @@
 """Certified training by bound passes: IBP and CROWN-IBP (`keras_roll.roll.certified`).
 
 * the worst-case logits against interval bound propagation written by hand in numpy
-  (Gowal et al.: boxes through the layers, the margins folded into the last Dense),
+  (Gowal et al.: boxes through the layers, the margins folded into the last Dense;
+  the margins of every class pair, or each example's when they do not fit the budget),
   against `robust_radius`'s passes (`keras_roll.robust.interval_bounds`), and, on a
   2-D net, against brute force over a fine grid of the l_inf box (never above the
   true minimum of any margin);
@@ -101,6 +102,22 @@ def test_ibp_worst_case_logits_equal_numpy_and_robust_passes():
                                atol=1e-5)
     certified = (numpy_ibp(model, x, y, 0.1) + np.eye(3)[y] > 0).all(-1)
     np.testing.assert_array_equal(worst.certified.numpy(), certified)
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_margins_without_the_class_pairs_are_the_same(beta):
+    """Where the functionals of every pair of classes would not fit the twin's memory
+    budget, each example's L - 1 rows are bounded instead: the same bounds (against the
+    numpy intervals too)."""
+    model = relu_net()
+    x, y = small_data()
+    pairs = keras_roll.worst_case_logits(model, x, y, 0.1, beta=beta)
+    rows = keras_roll.worst_case_logits(keras_roll.linearize(model, memory_budget=16), x, y,
+                                        0.1, beta=beta)
+    np.testing.assert_allclose(rows.lower.numpy(), pairs.lower.numpy(), rtol=1e-6, atol=1e-6)
+    if beta == 0.0:
+        np.testing.assert_allclose(rows.lower.numpy(), numpy_ibp(model, x, y, 0.1), rtol=1e-4,
+                                   atol=1e-5)
 
 
 @pytest.mark.parametrize("beta", [1.0, 0.3])

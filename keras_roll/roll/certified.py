@@ -32,7 +32,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.bounds import Arithmetic, BoundMethod, capture, lower_bounds
+from keras_roll.compile.bounds import Arithmetic, BoundMethod, IntervalPasses, capture
 from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
 from keras_roll.roll.terms import (
@@ -227,28 +227,49 @@ def worst_case_logits(model, x, y, eps, *, p=np.inf, beta=0.0) -> WorstCase:
     classes = int(np.prod(logits.shape[1:]))
     logits = tf.reshape(logits, [-1, classes])
     labels = class_indices(y, classes, "Certified training")
-    # the L - 1 margins z_y - z_j, j != y (no functional for y itself)
+    # the L - 1 margins z_y - z_j, j = y + 1, ..., y + L - 1 (mod L): no functional for y
     others = tf.one_hot((labels[:, None] + tf.range(1, classes)) % classes, classes,
                         dtype=logits.dtype)                            # [B, L-1, L]
+    m0 = (tf.gather(logits, labels, batch_dims=1)[:, None]
+          - tf.reduce_sum(others * logits[:, None], -1))                # z_y - z_j
+    passes = IntervalPasses(structure, values, tf.cast(eps, logits.dtype), p,
+                            Arithmetic(_linear_magnitude))
     rows = tf.one_hot(labels, classes, dtype=logits.dtype)[:, None] - others
-    m0 = tf.reduce_sum(rows * logits[:, None], -1)
-    eps = tf.cast(eps, logits.dtype)
-    arithmetic = Arithmetic(_linear_magnitude)
-    budget = int(lin.memory_budget)
-
-    def bound(method):
-        return m0 + lower_bounds(structure, values, rows, eps, p, method, arithmetic, budget)
-
-    lower = bound(BoundMethod.INTERVAL)
+    if _pairs_fit(structure, values, classes, lin.memory_budget):
+        # The intervals of the margins of every pair of classes (rows shared by the
+        # batch: two small products with the last layer's box), then each example's.
+        pairs = passes.interval(tf.constant(_margin_rows(classes), logits.dtype)[None])
+        ibp = tf.gather(tf.reshape(pairs, [-1, classes, classes - 1]), labels, batch_dims=1)
+    else:  # many classes: the L - 1 rows of each example
+        ibp = passes.interval(rows)
+    lower = m0 + ibp
     if not (isinstance(beta, (int, float)) and beta == 0):
         beta = tf.cast(beta, logits.dtype)
-        ibp = lower
-        # as Zhang et al.: no CROWN pass once beta has reached 0
-        lower = tf.cond(beta > 0, lambda: beta * bound(BoundMethod.CROWN_IBP)
-                        + (1 - beta) * ibp, lambda: ibp)
+        mixed = lower
+
+        def crown_ibp():
+            crown = m0 + passes.crown_ibp(rows, interval=ibp)
+            return beta * crown + (1 - beta) * mixed
+
+        lower = tf.cond(beta > 0, crown_ibp, lambda: mixed)  # as Zhang et al.: none at 0
     lower = tf.einsum("bk,bkl->bl", lower, others)                 # [B, L], 0 at y
     certified = tf.reduce_all((lower > 0) | _own(labels, classes), axis=-1)
     return WorstCase(logits, lower, certified)
+
+
+def _pairs_fit(structure, values, classes: int, budget: int) -> bool:
+    """Whether the functionals of every pair of classes at the last op's input (`L (L-1)`
+    rows shared by the batch) fit the twin's memory budget."""
+    index = structure.producer[structure.output_key]
+    width = max(int(np.prod(v.shape[1:])) for v in values.inputs[index])
+    return classes * (classes - 1) * width * values.x.dtype.size <= budget
+
+
+def _margin_rows(classes: int) -> np.ndarray:
+    """`[L (L-1), L]`: `e_y - e_j` for `y = 0..L-1`, `j = y + 1, ..., y + L - 1 (mod L)`."""
+    eye = np.eye(classes)
+    return np.stack([eye[y] - eye[(y + k) % classes]
+                     for y in range(classes) for k in range(1, classes)])
 
 
 def _own(labels, classes):

@@ -72,9 +72,10 @@ class RelaxedOps:
         if lines is None:
             return None
         a_l, c_l, a_u, c_u = lines
-        pos, neg = tf.maximum(lam, 0.0), tf.minimum(lam, 0.0)
-        new = pos * a_l[:, None] + neg * a_u[:, None]
-        const = pos * c_l[:, None] + neg * c_u[:, None]
+        # Lambda+ a_L + Lambda- a_U as one product by the slope each sign picks
+        below = lam >= 0
+        new = tf.where(below, a_l[:, None], a_u[:, None]) * lam
+        const = tf.where(below, c_l[:, None], c_u[:, None]) * lam
         const = tf.reduce_sum(tf.reshape(const, tf.concat([tf.shape(const)[:2], [-1]], 0)), -1)
         return new, const
 
@@ -89,7 +90,18 @@ def dual_norm(lam_input: tf.Tensor, p) -> tf.Tensor:
         return tf.where(pos, tf.sqrt(tf.where(pos, sq, tf.ones_like(sq))), tf.zeros_like(sq))
     if p == 1:
         return tf.reduce_max(tf.abs(flat), -1)
-    return tf.reduce_sum(tf.abs(flat), -1)
+    return _l1_rows(flat)
+
+
+@tf.custom_gradient
+def _l1_rows(flat):
+    """`sum |flat|` over the last axis, with the gradient `sign(flat) g` broadcast in one
+    product (autodiff would tile `g` first)."""
+
+    def grad(g):
+        return tf.sign(flat) * g[..., None]
+
+    return tf.reduce_sum(tf.abs(flat), -1), grad
 
 
 def relaxed_lower_bounds(structure: ProgramStructure, values: Values, key: int,

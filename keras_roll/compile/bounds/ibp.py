@@ -80,10 +80,12 @@ def interval_pass(structure: ProgramStructure, values: Values, eps: tf.Tensor,
     """
     check_bounds(structure, BoundPass.INTERVAL, values.masks)
     x = values.x
-    e = tf.cast(eps, x.dtype)
+    radius = tf.cast(eps, x.dtype)  # a scalar or [B]
+    e = radius
     if e.shape.rank != 0:
         e = tf.reshape(e, tf.concat([[-1], tf.ones(tf.rank(x) - 1, tf.int32)], 0))
-    boxes = {structure.input_key: Box(-e + tf.zeros_like(x), e + tf.zeros_like(x))}
+    ball = Box(-e + tf.zeros_like(x), e + tf.zeros_like(x))
+    boxes = {structure.input_key: ball}
     deltas: list = []
     for i, node in enumerate(structure.nodes):
         rule = bound_rule(node.op)
@@ -93,7 +95,12 @@ def interval_pass(structure: ProgramStructure, values: Values, eps: tf.Tensor,
             tight = refine(node, i, ins[0], boxes, deltas)
             ins = [Box(tf.maximum(ins[0].lo, tight.lo), tf.minimum(ins[0].hi, tight.hi))]
             boxes[node.inputs[0]] = ins[0]
-        out = rule.interval(node.op, ins, at, arithmetic)
+        out = None
+        if boxes[structure.input_key] is ball and all(k == structure.input_key
+                                                      for k in node.inputs):
+            out = rule.centred_interval(node.op, radius, at, arithmetic)
+        if out is None:
+            out = rule.interval(node.op, ins, at, arithmetic)
         delta = None
         if arithmetic.rounding is not None:
             mags = [tf.maximum(tf.abs(a + b.lo), tf.abs(a + b.hi))
@@ -132,10 +139,19 @@ def interval_lower_bounds(structure: ProgramStructure, values: Values, result: B
 
 
 def box_lower(lam: tf.Tensor, box: Box) -> tf.Tensor:
-    """`[B, C]`: the minimum of `lam . v` over `v` in the box."""
-    pos, neg = tf.maximum(lam, 0.0), tf.minimum(lam, 0.0)
-    prod = pos * box.lo[:, None] + neg * box.hi[:, None]
-    return tf.reduce_sum(tf.reshape(prod, tf.concat([tf.shape(prod)[:2], [-1]], 0)), -1)
+    """`[B, C]`: the minimum of `lam . v` over `v` in the box, `Lambda+ lo + Lambda- hi`
+    summed by products (one matmul for functionals shared by the batch, `B = 1`)."""
+    pos = tf.maximum(lam, 0.0)
+    pos, neg = _flat_rows(pos), _flat_rows(lam - pos)  # lam - pos = min(lam, 0), exactly
+    lo, hi = _flat_rows(box.lo[:, None])[:, 0], _flat_rows(box.hi[:, None])[:, 0]
+    if lam.shape[0] == 1:
+        return (tf.matmul(lo, pos[0], transpose_b=True)
+                + tf.matmul(hi, neg[0], transpose_b=True))
+    return tf.einsum("bcn,bn->bc", pos, lo) + tf.einsum("bcn,bn->bc", neg, hi)
+
+
+def _flat_rows(t: tf.Tensor) -> tf.Tensor:
+    return tf.reshape(t, tf.concat([tf.shape(t)[:2], [-1]], 0))
 
 
 def abs_sum(lam: tf.Tensor, delta: tf.Tensor) -> tf.Tensor:

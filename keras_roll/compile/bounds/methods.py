@@ -35,7 +35,7 @@ from keras_roll.compile.bounds.traversal import Values
 from keras_roll.compile.chunking import DEFAULT_EXAMPLES
 from keras_roll.compile.structure import ProgramStructure
 
-__all__ = ["DEFAULT_BUDGET", "BoundMethod", "lower_bounds"]
+__all__ = ["DEFAULT_BUDGET", "BoundMethod", "IntervalPasses", "lower_bounds"]
 
 DEFAULT_BUDGET = 64 * 2**20  # bytes of functionals per pull-back of CROWN's layer bounds
 
@@ -83,21 +83,70 @@ def lower_bounds(structure: ProgramStructure, values: Values, rows: tf.Tensor, e
     """
     method = BoundMethod(method)
     check_bounds(structure, method.passes, values.masks)
-    out = values.value(structure, structure.output_key)
-    rows = tf.reshape(rows, tf.concat([tf.shape(rows)[:2], tf.shape(out)[1:]], 0))
-    if method is BoundMethod.INTERVAL:
-        boxes = interval_pass(structure, values, eps, arithmetic)
-        return interval_lower_bounds(structure, values, boxes, rows)
+    if method is not BoundMethod.RELAXATION:
+        passes = IntervalPasses(structure, values, eps, p, arithmetic)
+        return passes.interval(rows) if method is BoundMethod.INTERVAL else passes.crown_ibp(rows)
     lines = RelaxedOps(values)
-    refine = None
-    if method is BoundMethod.RELAXATION:
-        b = examples or values.x.shape[0] or DEFAULT_EXAMPLES
-        refine = relaxation_refiner(structure, values, lines, eps, p, budget, int(b))
+    b = examples or values.x.shape[0] or DEFAULT_EXAMPLES
+    refine = relaxation_refiner(structure, values, lines, eps, p, budget, int(b))
     boxes = interval_pass(structure, values, eps, arithmetic, refine=refine)
-    if method is BoundMethod.CROWN_IBP:
-        for i, node in enumerate(structure.nodes):
-            if not bound_rule(node.op).linear:
-                lines.set(i, node, boxes.boxes[node.inputs[0]])
+    rows = _output_rows(structure, values, rows)
     low = relaxed_lower_bounds(structure, values, structure.output_key, rows, lines,
                                boxes.deltas, eps, p)
     return tf.maximum(low, interval_lower_bounds(structure, values, boxes, rows))
+
+
+def _output_rows(structure: ProgramStructure, values: Values, rows: tf.Tensor) -> tf.Tensor:
+    """`rows` `[B, C, L]` shaped `[B, C, *output_shape]`."""
+    out = values.value(structure, structure.output_key)
+    return tf.reshape(rows, tf.concat([tf.shape(rows)[:2], tf.shape(out)[1:]], 0))
+
+
+class IntervalPasses:
+    """One interval pass over a batch, shared by the interval and CROWN-IBP bounds of
+    any number of sets of functionals (certified training mixes both).
+
+    Args:
+        structure, values: the program's `ProgramStructure` and a `capture` of the batch.
+        eps, p, arithmetic: as `lower_bounds`.
+
+    Raises:
+        UnsupportedModelError: an op the interval pass does not bound, naming it.
+
+    Example:
+
+    ```python
+    passes = IntervalPasses(structure, values, 0.1, np.inf, arithmetic)
+    ibp = passes.interval(shared_rows)              # [B, C]; rows [1, C, L] or [B, C, L]
+    crown = passes.crown_ibp(rows)                  # [B, C]; the relaxation's pass
+    ```
+    """
+
+    def __init__(self, structure: ProgramStructure, values: Values, eps, p,
+                 arithmetic: Arithmetic):
+        check_bounds(structure, BoundPass.INTERVAL, values.masks)
+        self.structure, self.values, self.eps, self.p = structure, values, eps, p
+        self.boxes = interval_pass(structure, values, eps, arithmetic)
+
+    def interval(self, rows: tf.Tensor) -> tf.Tensor:
+        """`[B, C]` interval lower bounds of `rows . (f(x') - f(x))` (`rows` `[B, C, L]`,
+        or `[1, C, L]` shared by the batch)."""
+        rows = _output_rows(self.structure, self.values, rows)
+        return interval_lower_bounds(self.structure, self.values, self.boxes, rows)
+
+    def crown_ibp(self, rows: tf.Tensor, interval: tf.Tensor | None = None) -> tf.Tensor:
+        """`[B, C]` CROWN-IBP lower bounds of `rows . (f(x') - f(x))`: the relaxation's
+        backward pass on the intervals' bounds of every nonlinear op's input, kept where
+        it beats the intervals (`interval`: `self.interval(rows)` if the caller has it)."""
+        structure, values = self.structure, self.values
+        check_bounds(structure, BoundPass.RELAXATION, values.masks)
+        lines = RelaxedOps(values)
+        for i, node in enumerate(structure.nodes):
+            if not bound_rule(node.op).linear:
+                lines.set(i, node, self.boxes.boxes[node.inputs[0]])
+        rows = _output_rows(structure, values, rows)
+        low = relaxed_lower_bounds(structure, values, structure.output_key, rows, lines,
+                                   self.boxes.deltas, self.eps, self.p)
+        if interval is None:
+            interval = interval_lower_bounds(structure, values, self.boxes, rows)
+        return tf.maximum(low, interval)

@@ -38,6 +38,7 @@ box = rule.interval(op, [Box(-r, r)], at, arithmetic)
 from __future__ import annotations
 
 import enum
+import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -60,6 +61,8 @@ __all__ = [
     "activation_vertices",
     "bound_rule",
     "check_bounds",
+    "nondecreasing",
+    "plain_relu",
     "register_bound_rule",
     "relaxation_lines",
     "supported_passes",
@@ -155,6 +158,17 @@ class BoundRule:
         """Sound lines below and above an elementwise op on `[lo, hi]` (absolute values)."""
         raise NotImplementedError
 
+    def centred_interval(self, op: Op, radius: tf.Tensor, at: OpValues,
+                         arithmetic: Arithmetic) -> Box | None:
+        """`interval` on the box `|a' - a| <= radius` around every input (the input set
+        of the passes, before any op), or None to let the pass call `interval`.
+
+        `radius` is a scalar or `[B]`. A rule may answer without per-example
+        work where the box's centre offset is 0 and its radius the same on every axis
+        (`AffineBounds`: centre 0, radius `radius * |A| 1`).
+        """
+        return None
+
 
 class AffineBounds(BoundRule):
     """An affine op `y = A a + b`: centre `A c`, radius `|A| r` (`Arithmetic.magnitude`)."""
@@ -169,6 +183,21 @@ class AffineBounds(BoundRule):
         r = arithmetic.magnitude(op, radii, NO_RECORD, None, None)
         return Box(c - r, c + r)
 
+    def centred_interval(self, op, radius, at, arithmetic):
+        """Centre offset `A 0 = 0` and radius `radius * (|A| 1)`: one product of `|A|`
+        with ones for the whole batch instead of two products per example (`|A|` is
+        linear, so `|A| (radius 1) = radius (|A| 1)` up to rounding). A subclass that
+        overrides `interval` gets its own `interval` here too."""
+        if type(self).interval is not AffineBounds.interval:
+            return None
+        ones = [tf.ones(tf.concat([[1], tf.shape(a)[1:]], 0), a.dtype) for a in at.inputs]
+        shape = tf.shape(at.output)
+        if radius.shape.rank != 0:  # [B] -> [B, 1, ...] in the output's rank
+            radius = tf.reshape(radius, tf.concat([[-1], tf.ones_like(shape[1:])], 0))
+        r = radius * arithmetic.magnitude(op, ones, NO_RECORD, None, None)
+        r = tf.broadcast_to(r, shape)
+        return Box(-r, r)
+
 
 class ActivationBounds(BoundRule):
     """A pointwise piecewise-linear `Activation`: its range over the vertices of the
@@ -179,11 +208,33 @@ class ActivationBounds(BoundRule):
     def interval(self, op, boxes, at, arithmetic):
         z0, h0, box = at.inputs[0], at.output, boxes[0]
         lo, hi = z0 + box.lo, z0 + box.hi
+        if nondecreasing(op):  # the extremes are at the ends (ReLU, leaky ReLU, ReLU6)
+            return Box(tf.cast(op.fn(lo), lo.dtype) - h0, tf.cast(op.fn(hi), lo.dtype) - h0)
         vals = tf.stack([tf.cast(op.fn(v), lo.dtype) for v in activation_vertices(op, lo, hi)])
         return Box(tf.reduce_min(vals, 0) - h0, tf.reduce_max(vals, 0) - h0)
 
     def lines(self, op, lo, hi):
         return relaxation_lines(op, lo, hi)
+
+
+_NONDECREASING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def nondecreasing(op: Activation) -> bool:
+    """Whether the piecewise-linear `op.fn` never decreases: every piece's slope is a
+    number `>= 0` and at no breakpoint does it jump down (checked once per op, eagerly,
+    at the breakpoint and the next float above it). Then its range over `[lo, hi]` is
+    `[fn(lo), fn(hi)]`."""
+    known = _NONDECREASING.get(op)
+    if known is not None:
+        return known
+    result = all(isinstance(s, (int, float)) and s >= 0 for s in op.slopes)
+    if result and op.breakpoints:
+        at = np.asarray(op.breakpoints, np.float64)
+        values = _eager_fn(op, np.concatenate([at, np.nextafter(at, np.inf)]))
+        result = values is not None and bool(np.all(values[len(at):] >= values[:len(at)]))
+    _NONDECREASING[op] = result
+    return result
 
 
 def activation_vertices(op: Activation, lo: tf.Tensor, hi: tf.Tensor) -> list:
@@ -217,21 +268,35 @@ def relaxation_lines(op, lo: tf.Tensor, hi: tf.Tensor) -> RelaxationLines:
     a_l, b_l, a_u, b_u = relaxation_lines(relu_op, lo, hi)
     ```
     """
-    verts = activation_vertices(op, lo, hi)
+    relu = plain_relu(op)
+    if relu:
+        # fn(v) - a v is convex for the candidates' a in [0, 1]: its maximum over the
+        # vertices is at an end and the next float above 0 is never an extreme, so the
+        # same offsets come from the ends and clip(0) alone (the same values; where
+        # vertices tie, at lo = 0 exactly, the gradient picks another subgradient).
+        verts = [lo, hi, tf.minimum(tf.maximum(tf.zeros_like(lo), lo), hi)]
+        scale = tf.maximum(tf.abs(lo), tf.abs(hi))
+    else:
+        verts = activation_vertices(op, lo, hi)
     vals = [tf.cast(op.fn(v), lo.dtype) for v in verts]
     f_lo, f_hi = vals[0], vals[1]
     width = hi - lo
     flat = width <= 1e-12 * (1.0 + tf.abs(lo) + tf.abs(hi))
     chord = tf.where(flat, op.slope(lo), (f_hi - f_lo) / tf.where(flat, tf.ones_like(width), width))
     mid = (lo + hi) / 2.0
-    scale = tf.reduce_max(tf.stack([tf.abs(v) for v in vals + verts]), 0)
+    if not relu:
+        scale = tf.reduce_max(tf.stack([tf.abs(v) for v in vals + verts]), 0)
     best_l = best_u = None
     for a in (chord, op.slope(lo), op.slope(hi)):
         a = tf.cast(a, lo.dtype) + tf.zeros_like(lo)
-        gaps = tf.stack([f - a * v for f, v in zip(vals, verts)])
+        gaps = [f - a * v for f, v in zip(vals, verts)]
         safety = 8.0 * _U64 * scale * (1.0 + tf.abs(a))
-        b_l = tf.reduce_min(gaps, 0) - safety
-        b_u = tf.reduce_max(gaps, 0) + safety
+        if relu:
+            b_l = tf.minimum(tf.minimum(gaps[0], gaps[1]), gaps[2]) - safety
+            b_u = tf.maximum(gaps[0], gaps[1]) + safety
+        else:
+            b_l = tf.reduce_min(tf.stack(gaps), 0) - safety
+            b_u = tf.reduce_max(tf.stack(gaps), 0) + safety
         if best_l is None:
             best_l, best_u = (a, b_l), (a, b_u)
             continue
@@ -240,6 +305,33 @@ def relaxation_lines(op, lo: tf.Tensor, hi: tf.Tensor) -> RelaxationLines:
         best_l = (tf.where(better_l, a, best_l[0]), tf.where(better_l, b_l, best_l[1]))
         best_u = (tf.where(better_u, a, best_u[0]), tf.where(better_u, b_u, best_u[1]))
     return RelaxationLines(best_l[0], best_l[1], best_u[0], best_u[1])
+
+
+_PLAIN_RELU: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def plain_relu(op: Activation) -> bool:
+    """Whether `op` is `max(z, 0)`: one breakpoint at 0, slopes 0 and 1, and
+    `fn(-1, 0, 1) = (0, 0, 1)` (checked once per op, eagerly)."""
+    known = _PLAIN_RELU.get(op)
+    if known is None:
+        known = op.breakpoints == (0.0,) and all(
+            isinstance(s, (int, float)) for s in op.slopes) and tuple(op.slopes) == (0.0, 1.0)
+        if known:
+            values = _eager_fn(op, np.array([-1.0, 0.0, 1.0]))
+            known = values is not None and bool(np.all(values == [0.0, 0.0, 1.0]))
+        _PLAIN_RELU[op] = known
+    return known
+
+
+def _eager_fn(op: Activation, points: np.ndarray) -> np.ndarray | None:
+    """`op.fn` at `points`, evaluated eagerly (also while a graph is traced) in float64,
+    or None where the function cannot be evaluated so (the generic path then runs)."""
+    try:
+        with tf.init_scope():
+            return np.asarray(tf.cast(op.fn(tf.constant(points, tf.float64)), tf.float64))
+    except Exception:  # noqa: BLE001 - any failure means: do not take the shortcut
+        return None
 
 
 _AFFINE = AffineBounds()
