@@ -63,7 +63,7 @@ def columns(certified_eps) -> list[Column]:
              for eps in certified_eps]
     cols += [Column("expected_p50", "distortion P50 (expected)", fmt, -1),
              Column("worst_p50", "distortion P50 (worst)", fmt, -1),
-             Column("clr", "#CLR", _text), Column("clr_lower", "#CLR lower", fmt, +1),
+             Column("clr", "#CLR", _text), Column("clr_lower", "#CLR lower", fmt, -1),
              Column("time_ratio", "time / epoch (x vanilla)", fmt, -1)]
     return cols
 
