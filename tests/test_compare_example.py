@@ -152,7 +152,7 @@ def test_measures_agree_with_independent_bounds(npz):
     for lower, upper in m.robust.values():
         assert lower <= upper
     cert = keras_roll.certify(model, data.test[0][:8], norms=(2,))
-    hidden = keras.Model(model.inputs, model.get_layer("dense_1").output)
+    hidden = keras.Model(model.input, model.get_layer("dense_1").output)
     rng = np.random.default_rng(1)
     for x, r in zip(data.test[0][:8], cert.margins[2]):
         u = rng.normal(size=(200, 784))
