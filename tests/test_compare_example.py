@@ -212,7 +212,8 @@ def test_whole_comparison_runs_and_resumes(npz, tmp_path, capsys):
         assert (label, "same accuracy") in labels and (label, "1 % less accuracy") in labels
     assert ("IBP", "fixed (--fixed)") in labels
     assert (tmp_path / "compare.png").read_bytes().startswith(PNG)
-    assert "Leads each column" in md
+    assert "Leads at vanilla's accuracy" in md and "Leads within one point" in md
+    assert "--fixed rows meet no accuracy target" in md
     vanilla = next(r for r in result.rows if r["method"] == "vanilla")
     for row in table["rows"][1:]:
         if row.get("time_ratio") is not None:
