@@ -149,25 +149,34 @@ def write_report(rows: list[dict], out: Path, title: str, certified_eps,
     return md
 
 
+MARKERS = {"reference": "*", "same accuracy": "o", "1 % less accuracy": "s"}
+
+
 def figure(rows: list[dict], path: Path, title: str, eps=None):
     """Median l2 region margin (and, with `eps`, certified accuracy at l_inf `eps`)
-    against test accuracy, one labelled point per model."""
+    against test accuracy, one point per model: a colour per method, a marker per
+    operating point (a cross for the `--fixed` models)."""
     panels = [("l2_p50", "median l2 region margin (pixels)", True)]
     if eps is not None:
         panels.append((f"cert_{eps:g}", f"certified accuracy at l_inf {eps:g}", False))
-    fig = new_figure((5.2 * len(panels), 4.2))
+    fig = new_figure((5.0 * len(panels) + 1.6, 4.2))
     shown = [r for r in rows if r.get("test_acc") is not None]
+    labels = list(dict.fromkeys(r["label"] for r in shown))
+    colours = {label: f"C{i}" for i, label in enumerate(labels)}
     for i, (key, ylabel, log) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1)
         for r in shown:
-            ax.scatter(100 * r["test_acc"], r[key], s=30)
-            ax.annotate(f"{r['label']}\n{r['point']}" if r["point"] != "reference" else
-                        r["label"], (100 * r["test_acc"], r[key]), fontsize=7,
-                        textcoords="offset points", xytext=(4, 3))
+            ax.scatter(100 * r["test_acc"], r[key], s=55 if r["point"] == "reference" else 30,
+                       c=colours[r["label"]], marker=MARKERS.get(r["point"], "x"))
         if log and all(r[key] > 0 for r in shown):
             ax.set_yscale("log")
         ax.set_xlabel("test accuracy (%)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
+    handles = [ax.scatter([], [], c=colours[label], marker="o", label=label) for label in labels]
+    handles += [ax.scatter([], [], c="grey", marker=m, label=point)
+                for point, m in [*MARKERS.items(), ("fixed (--fixed)", "x")]
+                if any(r["point"] == point for r in shown)]
+    fig.legend(handles=handles, loc="outside right center", fontsize=8)
     fig.suptitle(title, fontsize=9)
     return finish(fig, path)
