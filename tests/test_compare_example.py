@@ -61,13 +61,13 @@ def tiny(npz, **changes):
 def test_flagfile_and_quick_parse():
     fv = parse_flags(compare.define_flags, [f"--flagfile={FLAGFILE}", "--quick"])
     config = compare.get_config(fv)
-    assert config.train_size == 10000 and config.epochs == 10   # the flagfile wins
-    assert config.width == quick.get_config().width             # the rest is quick's
+    assert config.fixed == ("ibp:0.1", "ibp:0.3", "crown_ibp:0.1")   # the flagfile's
+    assert config.train_size == quick.get_config().train_size       # the rest is quick's
     assert fv.out == "runs/compare"
     cnn_flags = FLAGFILE.with_name("compare_cnn.flags")
     cnn = parse_flags(compare.define_flags, [f"--flagfile={cnn_flags}"])
     assert compare.get_config(cnn).arch == default.Arch.cnn and cnn.out == "runs/compare_cnn"
-    assert compare.get_config(cnn).train_size == 10000
+    assert compare.get_config(cnn).train_size == default.get_config().train_size == 10000
 
 
 @pytest.mark.parametrize("argv, message", [

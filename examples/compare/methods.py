@@ -58,9 +58,9 @@ class Method:
         if self.name == "vanilla":
             return model
         if self.name == "roll":
+            samples = config.roll_samples or None  # 0: exact
             return keras_roll.wrap(model, lam=value, C=config.roll_C, gamma=100.0,
-                                   samples=config.roll_samples,
-                                   seed=None if config.roll_samples is None else config.seed)
+                                   samples=samples, seed=None if samples is None else config.seed)
         return keras_roll.wrap(model, regularizer=self.regularizer(config, value))
 
     def ramps(self, config: Config, value: float, steps_per_epoch: int) -> list:
@@ -85,7 +85,7 @@ class Method:
 def _mmr(config: Config, value: float):
     return keras_roll.MMRConfig(lam=value, p=parse_norm(config.mmr_p), k_B=config.mmr_k_B,
                                 gamma_B=config.mmr_gamma_B, gamma_D=config.mmr_gamma_D,
-                                examples=config.mmr_examples)
+                                examples=config.mmr_examples or None)  # 0: all
 
 
 def _input_gradient(config: Config, value: float):

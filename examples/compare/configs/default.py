@@ -1,6 +1,13 @@
 """The side-by-side example's settings: MNIST, the paper's 784-300x4-10 ReLU network
-(or a small CNN), Adam, 20 epochs, and for each regularizer the knob tuned on validation
-accuracy with the search's first value. Each field is also a flag."""
+(or a small CNN), Adam, and for each regularizer the knob tuned on validation accuracy
+with the search's first value. Each field is also a flag.
+
+The defaults are sized for about an hour on 2 CPU cores (docs/results.md, "ROLL among
+its rivals"): 10,000 training images, 10 epochs, two search steps per operating point,
+sampled ROLL (16 axes), MMR's term on 8 examples of each batch, and measurement sets
+of 50-1,000 test images. The papers' scale is `--train_size=0 --epochs=20
+--search_steps=3 --roll_samples=0 --mmr_examples=0` (and larger measurement sets).
+"""
 
 from __future__ import annotations
 
@@ -34,18 +41,18 @@ class Config:
     arch: Arch = option(Arch.mlp, "The network: 'mlp' (depth x width ReLU layers) or 'cnn'.")
     depth: int = option(4, "Hidden layers of the MLP.", lower_bound=1)
     width: int = option(300, "Units per hidden layer of the MLP.", lower_bound=1)
-    epochs: int = option(20, "Training epochs (every method; the weights after the last).",
+    epochs: int = option(10, "Training epochs (every method; the weights after the last).",
                          lower_bound=1)
     batch_size: int = option(64, "Batch size.", lower_bound=1)
     lr: float = option(1e-3, "Adam's learning rate.", above=0.0)
     val_size: int = option(5000, "Validation images held out of the training images.",
                            lower_bound=1)
-    train_size: int = option(0, "Use only the first N training images (0: all).",
+    train_size: int = option(10000, "Use only the first N training images (0: all).",
                              lower_bound=0)
     test_size: int = option(0, "Test images for the accuracy (0: all 10,000).", lower_bound=0)
     eval_size: int = option(1000, "Test images certified (region margins, #CLR).",
                             lower_bound=1)
-    robust_size: int = option(100, "Test images whose robustness radius is bounded "
+    robust_size: int = option(50, "Test images whose robustness radius is bounded "
                               "(robust_radius, certified accuracy).", lower_bound=1)
     distortion_size: int = option(100, "Test images for the expected gradient distortion.",
                                   lower_bound=1)
@@ -53,23 +60,23 @@ class Config:
                              "(the genetic search is the dearest measurement).", lower_bound=0)
     distortion_eps: float = option(0.1, "Radius of the l_inf ball of the gradient distortion "
                                    "([0, 1] pixel units).", above=0.0)
-    distortion_samples: int = option(2000, "Uniform draws per image of the expected "
+    distortion_samples: int = option(1000, "Uniform draws per image of the expected "
                                      "distortion.", lower_bound=1)
-    worst_population: int = option(4800, "Population of the worst-case distortion's genetic "
+    worst_population: int = option(1000, "Population of the worst-case distortion's genetic "
                                    "search.", lower_bound=4)
-    worst_generations: int = option(30, "Generations of the genetic search.", lower_bound=0)
+    worst_generations: int = option(10, "Generations of the genetic search.", lower_bound=0)
     certified_eps: tuple[float, ...] = option((0.1, 0.3), "l_inf radii of the certified "
                                               "accuracy ([0, 1] pixel units).", above=0.0)
     fixed: tuple[str, ...] = option(
         (), "Also train and measure these models outside the operating points, each as "
         "method:value (e.g. ibp:0.1, the training eps the certified-training papers use "
         "for that radius, whatever the accuracy).")
-    search_steps: int = option(3, "New trainings per method and operating point in the "
+    search_steps: int = option(2, "New trainings per method and operating point in the "
                                "bisection of its knob on validation accuracy.", lower_bound=1)
     roll_lam: float = option(2.0, "ROLL: the first lambda of the search.", above=0.0)
     roll_C: float = option(1.0, "ROLL: the hinge weight C.", above=0.0)
-    roll_samples: int | None = option(None, "ROLL: sampled (Eq. 10) with this many input "
-                                      "axes per example; unset: exact (Eq. 9).", lower_bound=1)
+    roll_samples: int = option(16, "ROLL: sampled (Eq. 10) with this many input axes per "
+                               "example; 0: exact (Eq. 9).", lower_bound=0)
     mmr_lam: float = option(1.0, "MMR: the first lambda of the search.", above=0.0)
     mmr_p: str = option("2", "MMR: the norm of its margins: 1, 2 or inf.")
     mmr_k_B: int = option(100, "MMR: the region-boundary distances per example.",
@@ -78,8 +85,8 @@ class Config:
                                 "pixel units).", above=0.0)
     mmr_gamma_D: float = option(2.0, "MMR: the decision-boundary hinge's threshold.",
                                 above=0.0)
-    mmr_examples: int | None = option(None, "MMR: the term on this many examples of each "
-                                      "batch (unset: all).", lower_bound=1)
+    mmr_examples: int = option(8, "MMR: the term on this many examples of each batch "
+                               "(0: all).", lower_bound=0)
     input_gradient_lam: float = option(1.0, "Input gradient: the first lambda of the search.",
                                        above=0.0)
     input_gradient_p: str = option("2", "Input gradient: the norm of the perturbations: 1, "
