@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import keras
@@ -315,6 +316,34 @@ def test_ramps_need_a_certified_term():
     _, wrapped = wrapped_model(keras_roll.IBPConfig())
     with pytest.raises(ValueError, match="no CROWN-IBP term"):
         wrapped.fit(x, y, verbose=0, callbacks=[BetaRamp(1.0, 0.0, length=3)])
+
+
+def test_eps_in_the_units_of_a_leading_rescaling():
+    """wrt="rescale": eps in [0, 1] pixels for a model of 0-255 pixels equals eps on the
+    same network without its Rescaling fed x / 255."""
+    plain = relu_net(seed=3, d=4, hidden=(8, 6))
+    inp = keras.Input((4,))
+    h = keras.layers.Rescaling(1 / 255, name="rescale")(inp)
+    for layer in plain.layers[1:]:
+        h = layer(h)
+    scaled = keras.Model(inp, h)
+    x, y = small_data(n=16)
+    pixels = (np.abs(x) * 255).astype("float32")
+    for config in (keras_roll.IBPConfig(eps=0.1, kappa=0.0),
+                   keras_roll.CrownIBPConfig(eps=0.1, beta=0.5)):
+        ours = dataclasses.replace(config, wrt="rescale").term(scaled)(
+            tf.constant(pixels), tf.constant(y), training=False).per_example.numpy()
+        ref = config.term(plain)(tf.constant(pixels / 255), tf.constant(y),
+                                 training=False).per_example.numpy()
+        np.testing.assert_allclose(ours, ref, rtol=2e-5, atol=1e-6)
+        assert np.all(ref > 0)
+        in_pixels = config.term(scaled)(tf.constant(pixels), tf.constant(y),
+                                        training=False).per_example.numpy()
+        assert np.all(in_pixels < ref)          # eps 0.1 of a 0-255 pixel is much less
+    with pytest.raises(ValueError, match="nosuch"):
+        keras_roll.IBPConfig(wrt="nosuch").term(scaled)
+    with pytest.raises(ValueError, match="wrt=3"):
+        keras_roll.IBPConfig(wrt=3)
 
 
 def test_one_output_models_are_refused():

@@ -35,6 +35,7 @@ import tensorflow as tf
 from keras_roll.compile.bounds import Arithmetic, BoundMethod, IntervalPasses, capture
 from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
+from keras_roll.compile.units import resolve_units
 from keras_roll.roll.terms import (
     TermConfig,
     TermResult,
@@ -96,6 +97,11 @@ class IBPConfig(TermConfig):
         lam: the weight of the term, `>= 0`; 1 gives the paper's objective.
         on_eval: None (default): the term in `evaluate` too (`val_loss` is the
             training objective); False: only in training.
+        wrt: None (default): `eps` in the model's input units; or the name of a
+            leading `Rescaling` / `Normalization` layer with a scalar scale: `eps`
+            (and the ramps' values) in the units of its output, e.g. [0, 1]
+            pixels for a model that takes 0-255 pixels and starts with
+            `Rescaling(1 / 255)` (as `robust_radius(wrt=...)`).
 
     Raises:
         ValueError: a bad value; the message names the field and the value.
@@ -112,6 +118,7 @@ class IBPConfig(TermConfig):
     p: float | str = np.inf
     lam: float = 1.0
     on_eval: bool | None = None
+    wrt: str | None = None
 
     log_name = "ibp_loss"
     method = BoundMethod.INTERVAL
@@ -120,6 +127,9 @@ class IBPConfig(TermConfig):
         self.check_shared("the ball")
         object.__setattr__(self, "eps", check_radius("eps", self.eps))
         object.__setattr__(self, "kappa", check_fraction("kappa", self.kappa))
+        if self.wrt is not None and not isinstance(self.wrt, str):
+            raise ValueError(f"wrt must be None (eps in input units) or the name of a leading "
+                             f"Rescaling / Normalization layer; got wrt={self.wrt!r}.")
 
     @property
     def beta_value(self) -> float:
@@ -313,6 +323,8 @@ class CertifiedTerm:
                              f"class (>= 2, softmax or none at the end); model "
                              f"{model.name!r} has {classes} output(s) with output link "
                              f"'{self.lin.output_link}'.")
+        # eps is stated in `wrt`'s units; the passes take it in input units
+        self.units = resolve_units(self.lin.program, config.wrt)
         self.eps = _variable(config.eps, "eps")
         self.kappa = _variable(config.kappa, "kappa")
         self.beta = _variable(config.beta_value, "beta")
@@ -325,7 +337,8 @@ class CertifiedTerm:
 
     def __call__(self, x, y, training: bool) -> TermResult:
         beta = 0.0 if self.config.method is BoundMethod.INTERVAL else self.beta
-        worst = worst_case_logits(self.lin, x, y, self.eps, p=self.config.p, beta=beta)
+        eps = self.eps if self.units.is_input else self.eps / abs(self.units.scale)
+        worst = worst_case_logits(self.lin, x, y, eps, p=self.config.p, beta=beta)
         labels = class_indices(y, int(worst.logits.shape[-1]), "Certified training")
         clean = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, worst.logits)
         robust = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, -worst.lower)
