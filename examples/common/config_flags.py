@@ -47,7 +47,7 @@ import typing
 from absl import flags
 
 __all__ = ["FloatListParser", "config_from_flags", "define_config_flags", "option",
-           "parse_flags", "require_existing_path"]
+           "parse_flags", "parsed_by", "require_existing_path"]
 
 
 def option(default, help: str, *, lower_bound=None, upper_bound=None,  # noqa: A002
@@ -200,3 +200,22 @@ def _unwrap_optional(hint):
         if len(rest) == 1:
             return rest[0], True
     return hint, False
+
+
+def parsed_by(parse):
+    """An absl validator that accepts a value `parse` accepts and raises `parse`'s
+    ValueError as absl's ValidationError (its message is the flag's error line).
+
+    Example:
+
+    ```python
+    flags.register_validator("normalize", parsed_by(parse_normalize), flag_values=fv)
+    ```
+    """
+    def check(value):
+        try:
+            parse(value)
+        except ValueError as e:
+            raise flags.ValidationError(str(e)) from None
+        return True
+    return check

@@ -16,6 +16,7 @@ from examples.common import app
 from examples.common.config_flags import (
     config_from_flags,
     define_config_flags,
+    parsed_by,
     require_existing_path,
 )
 from examples.compare.configs import default, quick
@@ -31,21 +32,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         "methods", lambda v: set(v) <= set(default.METHODS) and len(v) > 0,
         message="--methods takes a comma-separated subset of " + ", ".join(default.METHODS),
         flag_values=fv)
-    flags.register_validator("fixed", _valid(default.parse_fixed), flag_values=fv)
+    flags.register_validator("fixed", parsed_by(default.parse_fixed), flag_values=fv)
     for name in ("mmr_p", "input_gradient_p"):
         flags.register_validator(name, _is_norm, message=f"--{name} is 1, 2 or inf",
                                  flag_values=fv)
-
-
-def _valid(parse):
-    """A validator that raises `parse`'s ValueError as absl's ValidationError."""
-    def check(value):
-        try:
-            parse(value)
-        except ValueError as e:
-            raise flags.ValidationError(str(e)) from None
-        return True
-    return check
 
 
 def _is_norm(text: str) -> bool:

@@ -17,6 +17,7 @@ from examples.common import app
 from examples.common.config_flags import (
     config_from_flags,
     define_config_flags,
+    parsed_by,
     require_existing_path,
 )
 from examples.mnist.configs import default, quick
@@ -28,7 +29,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     define_config_flags(fv, default.get_config())
     require_existing_path(fv, "data_dir", "a Keras-layout mnist.npz or a folder holding it "
                                           "or the four IDX files")
-    flags.register_validator("normalize", _valid(default.parse_normalize),
+    flags.register_validator("normalize", parsed_by(default.parse_normalize),
                              flag_values=fv)
     flags.register_validator("sweep_base", lambda v: len(v) == 3,
                              message="--sweep_base takes three numbers: lambda,C,gamma",
@@ -65,17 +66,6 @@ def main(fv: flags.FlagValues):
         return md
     return train.train_and_evaluate(
         config, fv.out, logs=app.LogOptions(warn_last_epoch=fv["epochs"].present))
-
-
-def _valid(parse):
-    """A validator that raises `parse`'s ValueError as absl's ValidationError."""
-    def check(value):
-        try:
-            parse(value)
-        except ValueError as e:
-            raise flags.ValidationError(str(e)) from None
-        return True
-    return check
 
 
 def _check_wrt(config: default.Config) -> bool:
