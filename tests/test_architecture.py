@@ -216,18 +216,20 @@ def test_the_graph_walk_check_sees_violations():
 FLOORS = {
     # 0: shared by every job, no dependency on the core
     "errors": 0, "options": 0, "summary": 0, "inputs": 0, "layers": 0, "data": 0,
-    # 1: the compiler (and the model builders, on top of `layers`)
-    "compile": 1, "models": 1,
-    # 2: the rounding guards, passes over the compiled program
-    "rounding": 2,
-    # 3: what a certificate says about one region
-    "certification": 3,
-    # 4: the uses of certificates and of the twin, independent of one another
-    "roll": 4, "attribution": 4, "robust": 4,
-    # 5: drawing results, checking rules, the names kept for a release
-    "plots": 5, "testing": 5, "callbacks": 5, "evaluate": 5,
-    # 6: the package's public names
-    "__init__": 6,
+    # 1: the lp geometry (dual norms, steepest directions, NormDict), on the options' norms
+    "geometry": 1,
+    # 2: the compiler (and the model builders, on top of `layers`)
+    "compile": 2, "models": 2,
+    # 3: the rounding guards, passes over the compiled program
+    "rounding": 3,
+    # 4: what a certificate says about one region
+    "certification": 4,
+    # 5: the uses of certificates and of the twin, independent of one another
+    "roll": 5, "attribution": 5, "robust": 5,
+    # 6: drawing results, checking rules, the names kept for a release
+    "plots": 6, "testing": 6, "callbacks": 6, "evaluate": 6,
+    # 7: the package's public names
+    "__init__": 7,
 }
 INDEPENDENT = {"models", "layers", "data"}
 
@@ -294,7 +296,7 @@ def test_the_layering_check_sees_violations():
     code = ast.parse(
         "from typing import TYPE_CHECKING\n"
         "from keras_roll.compile.twin import linearize\n"        # down: fine
-        "from keras_roll.roll.loss import roll_loss\n"           # a peer of floor 4
+        "from keras_roll.roll.loss import roll_loss\n"           # a peer of floor 5
         "import keras_roll.plots\n"                               # up
         "from keras_roll import options\n"                        # down: fine
         "from keras_roll.attribution.saliency import saliency\n"  # its own unit: fine
@@ -302,7 +304,7 @@ def test_the_layering_check_sees_violations():
         "    from keras_roll.plots import canvas\n"               # an annotation: fine
     )
     hits = layering_violations("keras_roll/attribution/m.py", code)
-    assert len(hits) == 2 and "roll (floor 4)" in hits[0] and "plots" in hits[1], hits
+    assert len(hits) == 2 and "roll (floor 5)" in hits[0] and "plots" in hits[1], hits
     models = layering_violations("keras_roll/models/m.py",
                                  ast.parse("from keras_roll.options import RunOptions\n"))
     assert len(models) == 1 and "independent" in models[0]

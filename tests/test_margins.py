@@ -9,13 +9,10 @@ import pytest
 
 import keras_roll
 from keras_roll import testing
-from keras_roll.certification.margin_math import (
-    directional_margins,
-    dual_norm,
-    margins_from_norms,
-)
+from keras_roll.certification.margin_math import directional_margins, margins_from_norms
 from keras_roll.certification.margins import certify, l2_margins, lp_margins
 from keras_roll.certification.stability import stability_bounds
+from keras_roll.geometry import dual_norm
 from tests import model_zoo as zoo
 
 NORMS = (1, 2, np.inf)

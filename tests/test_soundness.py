@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import keras_roll
-from keras_roll.certification.bisection import steepest_directions
+from keras_roll.geometry import steepest_directions
 
 NORMS = (1, 2, np.inf)
 OFFSETS = (3e-4, 1e-4, 3e-5, 1e-5, 3e-6, 1e-6, 3e-7, 1e-7)

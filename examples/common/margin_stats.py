@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 import keras_roll
-from keras_roll.certification.certificates import percentiles_of
+from keras_roll.summary import percentiles_of
 
 __all__ = ["NORMS", "PERCENTILES", "clr_cell", "exact_twin", "margin_stats", "predictions",
            "spearman"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from examples.common.tables import fmt, percent, write_table
-from keras_roll.certification.certificates import percentiles_of
+from keras_roll.summary import percentiles_of
 
 LABELS = {2: "l2", np.inf: "linf"}
 

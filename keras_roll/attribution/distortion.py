@@ -30,10 +30,10 @@ from keras_roll.attribution.gradients import (
     select_logits,
 )
 from keras_roll.attribution.targets import read_examples
-from keras_roll.certification.tables import Summary
 from keras_roll.compile.chunking import plan_directions
 from keras_roll.compile.units import INPUT_UNITS, Units, resolve_units
 from keras_roll.options import GRADIENT_FIELDS, Choice, RunOptions, check_seed, fixed_budget
+from keras_roll.summary import Summary
 
 __all__ = ["Distortion", "DistortionMode", "gradient_distortion", "sampling_box"]
 

@@ -43,10 +43,10 @@ from keras_roll.attribution.targets import (
     read_examples,
     resolve_targets,
 )
-from keras_roll.certification.tables import Summary
 from keras_roll.compile.caches import compiled_call
 from keras_roll.compile.twin import Linearized, unwrap
 from keras_roll.options import GRADIENT_FIELDS, Choice, RunOptions, check_seed, fixed_budget
+from keras_roll.summary import Summary
 
 __all__ = ["METRICS", "Faithfulness", "Score", "faithfulness"]
 

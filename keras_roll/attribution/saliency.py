@@ -15,7 +15,7 @@ import numpy as np
 from keras_roll.attribution.result import WithRadius
 from keras_roll.attribution.tape_gradients import gradient_engine
 from keras_roll.attribution.targets import read_examples, resolve_targets
-from keras_roll.certification.margins import certify
+from keras_roll.certification import certify
 from keras_roll.compile.units import resolve_units
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.options import FIELDS, RunOptions, fixed_budget

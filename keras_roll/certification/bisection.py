@@ -33,9 +33,9 @@ from keras_roll.certification.margin_math import (
 )
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.twin import Linearized
+from keras_roll.geometry import dual_norm, steepest_directions, to_numpy
 
-__all__ = ["BoundaryDirections", "binding_directions", "bisect_region", "bisect_slice",
-           "steepest_directions"]
+__all__ = ["BoundaryDirections", "binding_directions", "bisect_region", "bisect_slice"]
 
 INF = math.inf
 _DIRECTION = object()  # the tag of a given direction among the rays of bisect_slice
@@ -51,35 +51,6 @@ class BoundaryDirections(NamedTuple):
 
     u: np.ndarray
     t: np.ndarray
-
-
-def steepest_directions(g, p, sign):
-    """Unit-lp directions that move `z_j` fastest, `sign` toward its breakpoint.
-
-    The dual-norm maximiser of `g . u` over `||u||_p <= 1`: `g / ||g||_2` (p=2),
-    `sign(g)` (p=inf), `sign(g_i) e_i` with `i = argmax |g_i|` (p=1).
-
-    Args:
-        g: `[n, D]` gradients (nonzero rows).
-        p: 1, 2 or inf.
-        sign: `[n]` +1 or -1, the direction of the nearest breakpoint.
-
-    Example:
-
-    ```python
-    steepest_directions(np.array([[3.0, -4.0]]), 2, np.array([1.0]))   # [[0.6, -0.8]]
-    ```
-    """
-    if p == 2:
-        u = g / np.linalg.norm(g, axis=-1, keepdims=True)
-    elif p == INF:
-        u = np.sign(g)
-    else:
-        u = np.zeros_like(g)
-        i = np.argmax(np.abs(g), axis=-1)
-        rows = np.arange(g.shape[0])
-        u[rows, i] = np.sign(g[rows, i])
-    return u * sign[:, None]
 
 
 def binding_directions(lin: Linearized, xs: list, index, p):
@@ -131,8 +102,7 @@ def binding_directions(lin: Linearized, xs: list, index, p):
             safe = np.where(live[:, None], g, 1.0)
             sign = np.where(above <= below, 1.0, -1.0)
             u = steepest_directions(safe, p, sign)
-            q = {2: 2, 1: INF, INF: 1}[p]
-            t = neuron_distances(below, above) / np.linalg.norm(safe, ord=q, axis=1)
+            t = neuron_distances(below, above) / to_numpy(dual_norm(safe, p))
             u[~live], t[~live] = np.nan, np.nan
             us.append(u.reshape(x64.shape))
             ts.append(t)

@@ -5,7 +5,7 @@
 arrays (analysis results are numpy; functions used inside training return
 tensors: docs/design.md, section "Return types"); `summary()` prints
 percentiles as in the tables of Lee et al. (ICLR 2019). Their dicts by norm
-(`NormDict`) accept 1, 2, np.inf, 'l1', 'l2', 'linf' and 'inf' as keys. See
+(`keras_roll.geometry.NormDict`) accept 1, 2, np.inf, 'l1', 'l2', 'linf' and 'inf' as keys. See
 docs/design.md, section "Data flow of certify".
 
 Example:
@@ -25,51 +25,17 @@ from collections.abc import Sequence
 import numpy as np
 
 from keras_roll.certification.bisection import binding_directions
-from keras_roll.certification.tables import Summary, format_table, percentiles_of, rigor_line
+from keras_roll.certification.tables import rigor_line
 from keras_roll.certification.zero_radii import no_causes, zero_lines
 from keras_roll.compile.units import INPUT_UNITS, Units
+from keras_roll.geometry import NORM_LABELS, NormDict
 from keras_roll.options import Method, Rigor, parse_norm
+from keras_roll.summary import Summary, format_table, percentiles_of
 
-__all__ = ["Certificate", "NormDict", "StabilityBounds", "concat_padded", "first_part",
-           "percentiles_of"]
+__all__ = ["Certificate", "StabilityBounds", "concat_padded", "first_part"]
 
 INF = math.inf
-NORM_LABELS = {1: "l1", 2: "l2", INF: "linf"}
 PAPER = "Lee et al., ICLR 2019"
-
-
-class NormDict(dict):
-    """A dict keyed by norm that also finds 'l1', 'l2', 'linf', 'inf', 1.0, np.inf.
-
-    Example:
-
-    ```python
-    cert.margins["l2"] is cert.margins[2] is cert.margins[2.0]    # True
-    ```
-    """
-
-    def _key(self, key):
-        try:
-            return parse_norm(key)
-        except ValueError:
-            raise KeyError(f"{key!r}: the norms here are "
-                           f"{[NORM_LABELS[p] for p in self]}.") from None
-
-    def __getitem__(self, key):
-        k = self._key(key)
-        if not dict.__contains__(self, k):
-            raise KeyError(f"{key!r} was not certified; the norms here are "
-                           f"{[NORM_LABELS[p] for p in self]} (pass norms= to certify).")
-        return dict.__getitem__(self, k)
-
-    def __contains__(self, key):
-        try:
-            return dict.__contains__(self, parse_norm(key))
-        except ValueError:
-            return False
-
-    def get(self, key, default=None):
-        return self[key] if key in self else default
 
 
 def first_part(parts: Sequence, cls: type):
@@ -326,11 +292,10 @@ class Certificate:
         out = []
         rows = []
         for p, v in self.margins.items():
-            rows.append((f"{NORM_LABELS[p]} ball", v, self.binding_index[p]))
+            rows.append((f"{NORM_LABELS[p]} ball", v))
         if self.directional is not None:
             k = self.directional.shape[1]
-            rows.append((f"directional (K={k})", self.directional.reshape(-1),
-                         self.directional_index.reshape(-1)))
+            rows.append((f"directional (K={k})", self.directional.reshape(-1)))
         head = (f"Certified margins ({self.units.describe()}): {self.n} examples, method "
                 f"'{self.method}' ({PAPER})")
         out.append(format_table(head, rows, percentiles))
@@ -435,9 +400,9 @@ class StabilityBounds:
         print(keras_roll.stability_bounds(model, x[:1]).summary())
         ```
         """
-        rows = [("upper  +eps(+e_k)", self.upper.reshape(-1), None),
-                ("lower  -eps(-e_k)", -self.lower.reshape(-1), None),
-                ("width", (self.upper - self.lower).reshape(-1), None)]
+        rows = [("upper  +eps(+e_k)", self.upper.reshape(-1)),
+                ("lower  -eps(-e_k)", -self.lower.reshape(-1)),
+                ("width", (self.upper - self.lower).reshape(-1))]
         n = self.lower.shape[0]
         head = (f"Per-coordinate stability bounds (input units): {n} examples x "
                 f"{int(np.prod(self.lower.shape[1:]))} coordinates, method '{self.method}'")

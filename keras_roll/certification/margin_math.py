@@ -15,7 +15,8 @@ with `dist_j = min(below_j, above_j)`, and along a direction `d`
 Conventions: only valid neurons count; a neuron on a breakpoint with
 `g_j != 0` gives 0; a neuron with `g_j = 0` never binds (`0 / 0 = inf`). See
 docs/design.md, section "The maths". All functions are `keras.ops` code and
-accept numpy arrays or tensors; `keras_roll.certification.margins` re-exports them.
+accept numpy arrays or tensors; `keras_roll.certification.margins` re-exports them. The
+dual norms themselves are `keras_roll.geometry.dual_norm`.
 
 With rounding error bounds (`err_at_x`, `err_per_radius`, from
 `keras_roll.rounding.worst_case`), the same functions give the *sound* radii of
@@ -45,21 +46,18 @@ import numpy as np
 from keras import ops
 
 from keras_roll.inputs import Array
-from keras_roll.options import Norm, parse_norm
 
 __all__ = [
     "Margin",
     "NeuronArrays",
     "SliceMargins",
     "directional_margins",
-    "dual_norm",
     "exact_zeros",
     "guard_alternatives",
     "margins_from_norms",
     "min_and_index",
     "neuron_arrays",
     "neuron_distances",
-    "to_numpy",
 ]
 
 INF = math.inf
@@ -122,32 +120,6 @@ def neuron_distances(below: Array, above: Array, valid: Array | None = None):
     return ops.where(_tensor(valid), dist, ops.full_like(dist, np.inf))
 
 
-def dual_norm(g: Array, p: Norm, axis: int = -1):
-    """The dual norm `||g||_q` (1/p + 1/q = 1) that turns distances into lp margins.
-
-    `p=2 -> ||g||_2`, `p=1 -> ||g||_inf = max|g|`, `p=inf -> ||g||_1 = sum|g|`.
-
-    Args:
-        g: gradients, the input axis at `axis`.
-        p: 1, 2 or `np.inf`, the norm of the ball being certified.
-        axis: the input axis to reduce.
-
-    Example:
-
-    ```python
-    dual_norm(np.array([3.0, -4.0]), 2)       # 5.0
-    dual_norm(np.array([3.0, -4.0]), np.inf)  # 7.0
-    ```
-    """
-    p = parse_norm(p)
-    g = _tensor(g)
-    if p == 2:
-        return ops.sqrt(ops.sum(g * g, axis=axis))
-    if p == 1:
-        return ops.max(ops.abs(g), axis=axis)
-    return ops.sum(ops.abs(g), axis=axis)
-
-
 def margins_from_norms(dist: Array, gnorm: Array, valid: Array | None = None,
                        err_at_x: Array | None = None, err_per_radius: Array | None = None,
                        slack: float = 0.0):
@@ -164,7 +136,7 @@ def margins_from_norms(dist: Array, gnorm: Array, valid: Array | None = None,
 
     Args:
         dist: `[..., N]` distances to the nearest breakpoint (`neuron_distances`).
-        gnorm: `[..., N]` dual norms `||g_j||_q` (`dual_norm`).
+        gnorm: `[..., N]` dual norms `||g_j||_q` (`keras_roll.geometry.dual_norm`).
         valid: optional `[..., N]` bool, False for neurons that do not exist.
         err_at_x: optional `[..., N]` bound on the rounding error of every neuron at
             `x`, or a list of such bounds (alternatives: `guard_alternatives`).
@@ -344,11 +316,6 @@ def neuron_arrays(fwd) -> NeuronArrays:
     below = np.asarray(n.below.numpy(), np.float64)
     above = np.asarray(n.above.numpy(), np.float64)
     return NeuronArrays(below, above, n.valid.numpy(), n.piece.numpy())
-
-
-def to_numpy(t) -> np.ndarray:
-    """A numpy array of a tensor (or array)."""
-    return np.asarray(ops.convert_to_numpy(t))
 
 
 def _tensor(x):

@@ -30,7 +30,7 @@ import math
 import numpy as np
 
 from keras_roll.certification.bisection import bisect_slice
-from keras_roll.certification.certificates import Certificate, NormDict
+from keras_roll.certification.certificates import Certificate
 from keras_roll.certification.gradient_norms import iter_jacobian_slices
 from keras_roll.certification.margin_math import (
     Margin,
@@ -40,7 +40,6 @@ from keras_roll.certification.margin_math import (
     margins_from_norms,
     neuron_arrays,
     neuron_distances,
-    to_numpy,
 )
 from keras_roll.certification.rounding_errors import (  # noqa: F401  (rounding_errors re-exported)
     GuardedSlice,
@@ -53,6 +52,7 @@ from keras_roll.certification.zero_radii import explain_zeros
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.twin import Linearized, linearize
 from keras_roll.compile.units import resolve_units
+from keras_roll.geometry import NormDict, to_numpy
 from keras_roll.inputs import Array, Batch, ModelOrTwin, read_batches
 from keras_roll.options import (
     Method,

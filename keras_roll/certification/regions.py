@@ -27,13 +27,13 @@ import tensorflow as tf
 from keras_roll.certification.gradient_norms import iter_gradient_norms
 from keras_roll.certification.margin_math import neuron_arrays, neuron_distances
 from keras_roll.certification.runs import nonfinite
-from keras_roll.certification.tables import Summary
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.twin import linearize
 from keras_roll.compile.units import resolve_units
 from keras_roll.inputs import ModelOrTwin, read_batches
 from keras_roll.options import RunOptions
 from keras_roll.rounding.guard import guard_for
+from keras_roll.summary import Summary
 
 __all__ = ["RegionCount", "count_regions"]
 

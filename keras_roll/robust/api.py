@@ -30,14 +30,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from keras_roll.certification.margin_math import dual_norm, to_numpy
-from keras_roll.certification.margins import certify
-from keras_roll.compile.bounds import BoundPass, check_bounds
+from keras_roll.certification import certify
+from keras_roll.compile.bounds import BoundMethod, BoundPass, check_bounds
 from keras_roll.compile.rules.activations import Link
 from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
-from keras_roll.compile.units import resolve_units
+from keras_roll.compile.units import Units, resolve_units
 from keras_roll.errors import UnsupportedModelError
+from keras_roll.geometry import dual_norm, to_numpy
 from keras_roll.inputs import LabelSpec, ModelOrTwin, read_batches
 from keras_roll.options import Norms, RunOptions, check_bisect_tol, parse_norms
 from keras_roll.robust.adversarial import predict_classes
@@ -51,8 +51,6 @@ from keras_roll.rounding.precision import unit_roundoff
 __all__ = ["METHODS", "SearchOptions", "robust_radius"]
 
 METHODS = tuple(m.value for m in RobustMethod)
-FIELDS = ("lower", "upper", "adversarial", "exact", "exact_value", "runner_up",
-          "lower_method", "upper_method")
 
 
 def _check_arguments(max_regions, bisect_tol, exact_rtol):
@@ -88,19 +86,20 @@ def _warn_saturating_link(lin, rigor) -> None:
             stacklevel=3)
 
 
-def _relaxation_available(twin, method) -> bool:
-    """Whether the relaxation covers the model; 'best' falls back to method 1 if not."""
-    if method not in ("best", "relaxation", "interval"):
-        return False
+def _bound_method(twin, method: RobustMethod) -> BoundMethod | None:
+    """The bound pass of the lower bounds beyond the region, None where the method runs
+    none; 'best' falls back to method 1 (None) if the passes do not cover the model."""
+    if method not in (RobustMethod.BEST, RobustMethod.RELAXATION, RobustMethod.INTERVAL):
+        return None
     try:
         check_bounds(structure_of(twin.program), tuple(BoundPass))
     except UnsupportedModelError as e:
-        if method != "best":
+        if method is not RobustMethod.BEST:
             raise
         warnings.warn(f"robust_radius(method='best') bounds this model without the linear "
                       f"relaxation: {e}", stacklevel=3)
-        return False
-    return True
+        return None
+    return BoundMethod.INTERVAL if method is RobustMethod.INTERVAL else BoundMethod.RELAXATION
 
 
 class SearchOptions(NamedTuple):
@@ -112,9 +111,10 @@ class SearchOptions(NamedTuple):
 
 
 class _Run:
-    """One call's settings and the per-norm arrays of a batch being filled."""
+    """One call's settings; `batch` bounds a batch into a `RobustRadius`."""
 
-    def __init__(self, lin, norms, method, run: RunOptions, search: SearchOptions):
+    def __init__(self, lin, norms, method: RobustMethod, run: RunOptions,
+                 search: SearchOptions, units: Units):
         self.lin = lin
         self.twin = lin.at_dtype("float64")
         self.model = lin.model
@@ -124,82 +124,86 @@ class _Run:
         self.run = run
         self.budget = run.budget(lin.memory_budget)
         self.search = search
-        self.relax = _relaxation_available(self.twin, method)
+        self.units = units
+        self.bound = _bound_method(self.twin, method)
         self.bar, self.shown = None, 0
 
-    def empty(self, x: np.ndarray) -> dict:
+    def empty(self, x: np.ndarray, y) -> RobustRadius:
+        """The bounds of a batch before any method ran: lower 0, no upper bound."""
         b = x.shape[0]
-        out = {}
-        for p in self.norms:
-            out[p] = {"lower": np.zeros(b), "upper": np.full(b, np.nan),
-                      "adversarial": np.full(x.shape, np.nan), "exact": np.zeros(b, bool),
-                      "exact_value": np.full(b, np.nan),
-                      "runner_up": np.full(b, -1, np.int64),
-                      "lower_method": np.full(b, "", object),
-                      "upper_method": np.full(b, "", object)}
-        return out
 
-    def batch(self, x: np.ndarray, y, bar) -> tuple:
-        """Bounds of one batch: `(per-norm dicts, predicted, nonfinite)`."""
+        def per_norm(make) -> dict:
+            return {p: make() for p in self.norms}
+
+        return RobustRadius(
+            lower=per_norm(lambda: np.zeros(b)), upper=per_norm(lambda: np.full(b, np.nan)),
+            adversarial=per_norm(lambda: np.full(x.shape, np.nan)),
+            exact=per_norm(lambda: np.zeros(b, bool)),
+            exact_value=per_norm(lambda: np.full(b, np.nan)),
+            runner_up=per_norm(lambda: np.full(b, -1, np.int64)),
+            lower_method=per_norm(lambda: np.full(b, "", object)),
+            upper_method=per_norm(lambda: np.full(b, "", object)),
+            predicted=np.full(b, -1, np.int64), labels=None if y is None else np.asarray(y),
+            method=self.method, rigor=self.rigor, exact_rtol=self.search.exact_rtol,
+            nonfinite=~np.all(np.isfinite(x.reshape(b, -1)), axis=1), units=self.units)
+
+    def batch(self, x: np.ndarray, y, bar) -> RobustRadius:
+        """The bounds of one batch, in the call's units."""
         b = x.shape[0]
         self.bar, self.shown = bar, 0  # the relaxation reports the examples it finishes
-        res = self.empty(x)
-        bad = ~np.all(np.isfinite(x.reshape(b, -1)), axis=1)
-        pred = np.full(b, -1, np.int64)
+        rr = self.empty(x, y)
+        bad, pred = rr.nonfinite, rr.predicted
         idx = np.flatnonzero(~bad)
         if idx.size:
             pred[idx] = predict_classes(self.model, x[idx])
         if y is not None:
             wrong = idx[pred[idx] != y[idx]]
             for p in self.norms:
-                r = res[p]
-                r["upper"][wrong], r["adversarial"][wrong] = 0.0, x[wrong]
-                r["exact_value"][wrong] = 0.0
-                r["lower_method"][wrong] = r["upper_method"][wrong] = "label"
-                r["runner_up"][wrong] = pred[wrong]
+                rr.upper[p][wrong], rr.adversarial[p][wrong] = 0.0, x[wrong]
+                rr.exact_value[p][wrong] = 0.0
+                rr.lower_method[p][wrong] = rr.upper_method[p][wrong] = "label"
+                rr.runner_up[p][wrong] = pred[wrong]
             idx = idx[pred[idx] == y[idx]]
         if idx.size:
-            bad[idx] |= self._solve(x[idx], pred[idx], idx, res)
+            bad[idx] |= self._solve(x[idx], pred[idx], idx, rr)
         for p in self.norms:
-            r = res[p]
-            met = _bounds_meet(r["lower"], r["upper"], self.search.exact_rtol)
-            r["exact_value"] = np.where(np.isnan(r["exact_value"]) & met, r["upper"],
-                                        r["exact_value"])
-            r["exact"] = np.isfinite(r["exact_value"])
-            for key in ("lower", "upper", "exact_value"):
-                r[key][bad] = np.nan
-            r["adversarial"][bad] = np.nan
-            r["exact"][bad] = False
+            met = _bounds_meet(rr.lower[p], rr.upper[p], self.search.exact_rtol)
+            rr.exact_value[p] = np.where(np.isnan(rr.exact_value[p]) & met, rr.upper[p],
+                                         rr.exact_value[p])
+            rr.exact[p] = np.isfinite(rr.exact_value[p]) & ~bad
+            for field in (rr.lower, rr.upper, rr.exact_value, rr.adversarial):
+                field[p][bad] = np.nan
+            for field in (rr.lower, rr.upper, rr.exact_value):  # distances in the call's units
+                field[p] = self.units.to_units(field[p])
         bar.update(b * len(self.norms) - self.shown)
-        return res, pred, bad
+        return rr
 
     def _finished(self, k: int) -> None:
         """Moves the progress bar by `k` examples finished within the batch."""
         self.bar.update(k)
         self.shown += k
 
-    def _solve(self, x, pred, idx, res) -> np.ndarray:
+    def _solve(self, x, pred, idx, rr: RobustRadius) -> np.ndarray:
         """Runs the methods on correctly classified finite inputs; returns `nonfinite`."""
         bad = np.zeros(x.shape[0], bool)
         x64 = x.astype(np.float64)
         terms = None
-        if self.method in ("best", "region"):
-            bad, terms = self._region(x, x64, pred, idx, res)
+        if self.method in (RobustMethod.BEST, RobustMethod.REGION):
+            bad, terms = self._region(x, x64, pred, idx, rr)
         for p in self.norms:
-            r = res[p]
-            todo = ~bad & ~_bounds_meet(r["lower"][idx], r["upper"][idx],
+            todo = ~bad & ~_bounds_meet(rr.lower[p][idx], rr.upper[p][idx],
                                         self.search.exact_rtol) \
-                & ~np.isfinite(r["exact_value"][idx])
-            if self.method in ("best", "walk"):
-                self._walk(x64, pred, idx, todo, p, r)
-            if self.relax and self.method != "region":
+                & ~np.isfinite(rr.exact_value[p][idx])
+            if self.method in (RobustMethod.BEST, RobustMethod.WALK):
+                self._walk(x64, pred, idx, todo, p, rr)
+            if self.bound is not None:
                 if terms is None:
                     terms = decision_terms(self.twin, x64, pred, guard=False,
                                            memory_budget=self.budget)
-                self._relaxation(x64, pred, idx, todo, p, r, terms)
+                self._relaxation(x64, pred, idx, todo, p, rr, terms)
         return bad
 
-    def _region(self, x, x64, pred, idx, res):
+    def _region(self, x, x64, pred, idx, rr: RobustRadius):
         """Method 1; returns `(nonfinite, DecisionTerms)`."""
         cert = certify(self.lin, x, norms=self.norms, rigor=self.rigor,
                        batch_size=self.run.batch_size, memory_budget=self.run.memory_budget,
@@ -211,11 +215,10 @@ class _Run:
         for p in self.norms:
             margin = np.nan_to_num(cert.margins[p], nan=0.0)
             nb = region_bounds(self.model, x64, pred, terms, margin, p, slack, gap)
-            r = res[p]
-            r["lower"][idx] = nb.lower
-            r["lower_method"][idx] = np.where(nb.lower < margin, "decision", "region")
-            r["exact_value"][idx] = nb.exact_value
-            _take_upper(r, idx, nb, "region")
+            rr.lower[p][idx] = nb.lower
+            rr.lower_method[p][idx] = np.where(nb.lower < margin, "decision", "region")
+            rr.exact_value[p][idx] = nb.exact_value
+            _take_upper(rr, p, idx, nb, "region")
         return np.asarray(cert.nonfinite, bool), terms
 
     def _gap(self, terms) -> float:
@@ -223,43 +226,42 @@ class _Run:
         return link_gap(self.model, self.lin.output_link, terms.margins.shape[1] + 1,
                         self.rigor.guarded)
 
-    def _walk(self, x64, pred, idx, todo, p, r):
+    def _walk(self, x64, pred, idx, todo, p, rr: RobustRadius):
         sub = np.flatnonzero(todo)
         if not sub.size:
             return
         nb = walk_bounds(self.model, self.twin, x64[sub], pred[sub], p,
                          self.search.max_regions, self.budget)
-        _take_upper(r, idx[sub], nb, "walk")
+        _take_upper(rr, p, idx[sub], nb, "walk")
 
-    def _relaxation(self, x64, pred, idx, todo, p, r, terms):
+    def _relaxation(self, x64, pred, idx, todo, p, rr: RobustRadius, terms):
         sub = np.flatnonzero(todo)
         if not sub.size:
             return
-        relax = self.method != "interval"
         guard = self.rigor.guarded
         xs, ps = x64[sub], pred[sub]
 
         gap = self._gap(terms)  # certified where every margin exceeds it
 
         def values(i, eps):
-            low = margin_bounds(self.twin, xs[i], ps[i], eps, p, relax=relax, guard=guard,
-                                memory_budget=self.budget)
+            low = margin_bounds(self.twin, xs[i], ps[i], eps, p, method=self.bound,
+                                guard=guard, memory_budget=self.budget)
             return np.min(low, axis=1) - gap
 
-        known = r["lower"][idx[sub]]
+        known = rr.lower[p][idx[sub]]
         # The affine map at x steers the search: its margins at `known` and its
         # nearest decision hyperplane (the first radius tried).
         m, gq = terms.margins[sub], to_numpy(dual_norm(terms.gradients[sub], p))
         at_known = np.min(m - gq * known[:, None], axis=1) - gap
         with np.errstate(divide="ignore", invalid="ignore"):
             guess = np.min(np.where(gq > 0, m / gq, np.inf), axis=1)
-        lo = largest_certified(values, known, r["upper"][idx[sub]], guess,
+        lo = largest_certified(values, known, rr.upper[p][idx[sub]], guess,
                                self.search.bisect_tol, progress=self._finished,
                                values_at_lower=at_known)
         better = lo > known
         target = idx[sub[better]]
-        r["lower"][target] = lo[better]
-        r["lower_method"][target] = "relaxation" if relax else "interval"
+        rr.lower[p][target] = lo[better]
+        rr.lower_method[p][target] = self.bound.value
 
 
 def _bounds_meet(lower, upper, rtol) -> np.ndarray:
@@ -268,15 +270,16 @@ def _bounds_meet(lower, upper, rtol) -> np.ndarray:
         return np.isfinite(upper) & (upper - lower <= rtol * upper)
 
 
-def _take_upper(r, idx, nb, name):
-    better = np.isfinite(nb.upper) & ~(nb.upper >= r["upper"][idx])
+def _take_upper(rr: RobustRadius, p, idx, nb, name):
+    """Keeps the upper bounds of `nb` (a method's `NormBounds`) where they are smaller."""
+    better = np.isfinite(nb.upper) & ~(nb.upper >= rr.upper[p][idx])
     target = idx[better]
-    r["upper"][target] = nb.upper[better]
-    r["adversarial"][target] = nb.adversarial[better]
-    r["runner_up"][target] = nb.runner_up[better]
-    r["upper_method"][target] = name
-    unset = r["runner_up"][idx] < 0
-    r["runner_up"][idx[unset]] = nb.runner_up[unset]
+    rr.upper[p][target] = nb.upper[better]
+    rr.adversarial[p][target] = nb.adversarial[better]
+    rr.runner_up[p][target] = nb.runner_up[better]
+    rr.upper_method[p][target] = name
+    unset = rr.runner_up[p][idx] < 0
+    rr.runner_up[p][idx[unset]] = nb.runner_up[unset]
 
 
 def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
@@ -390,34 +393,16 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     classes = _check_classifier(lin)
     _warn_saturating_link(lin, run_options.rigor)
     search = SearchOptions(int(max_regions), float(bisect_tol), float(exact_rtol))
-    run = _Run(lin, norms, method, run_options, search)
+    run = _Run(lin, norms, method, run_options, search, units)
     labels = LabelSpec(classes, model=lin.model.name)
     batches = read_batches(x, lin.input_spec, y=y, labels=labels,
                            batch_size=run_options.batch_size, split=True, finite=False)
-    parts = []
     with run_options.progress(None if batches.total is None else batches.total * len(norms),
                               "robust radius") as bar:
-        for batch in batches:
-            parts.append(run.batch(batch.x.numpy(), batch.y, bar) + (batch.y,))
-    return _assemble(parts, norms, method, str(run_options.rigor), float(exact_rtol), lin,
-                     units)
-
-
-def _assemble(parts, norms, method, rigor, exact_rtol, lin, units) -> RobustRadius:
-    fields = {f: {} for f in FIELDS}
-    for p in norms:
-        for f in FIELDS:
-            fields[f][p] = np.concatenate([q[0][p][f] for q in parts])
-    predicted = np.concatenate([q[1] for q in parts])
-    bad = np.concatenate([q[2] for q in parts])
-    labels = None
-    if parts[0][3] is not None:
-        labels = np.concatenate([q[3] for q in parts])
-    if bad.any():
-        warnings.warn(f"{int(bad.sum())} of {bad.size} inputs have non-finite values (NaN / "
-                      f"inf), or non-finite neurons or logits: their bounds are NaN (see "
-                      f".nonfinite).", stacklevel=3)
-    for f in ("lower", "upper", "exact_value"):  # distances in the chosen units
-        fields[f] = {p: units.to_units(v) for p, v in fields[f].items()}
-    return RobustRadius(**fields, predicted=predicted, labels=labels, method=method,
-                        rigor=rigor, exact_rtol=exact_rtol, nonfinite=bad, units=units)
+        parts = [run.batch(batch.x.numpy(), batch.y, bar) for batch in batches]
+    rr = RobustRadius.concat(parts)
+    if rr.nonfinite.any():
+        warnings.warn(f"{int(rr.nonfinite.sum())} of {rr.n} inputs have non-finite values "
+                      f"(NaN / inf), or non-finite neurons or logits: their bounds are NaN "
+                      f"(see .nonfinite).", stacklevel=2)
+    return rr

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.bounds import Arithmetic, BoundMethod, capture, lower_bounds
+from keras_roll.compile.bounds import Arithmetic, BoundMethod, logit_margins, lower_bounds
 from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.structure import structure_of
@@ -36,7 +36,6 @@ from keras_roll.compile.twin import linearize
 from keras_roll.options import parse_norm
 from keras_roll.robust.compiled import compile_batched
 from keras_roll.robust.float_error import OpRounding
-from keras_roll.robust.region import margin_rows
 from keras_roll.rounding import rules
 from keras_roll.rounding.precision import evaluation_precision
 
@@ -60,22 +59,16 @@ def arithmetic_of(twin, guard: bool) -> Arithmetic:
     return Arithmetic(linear_magnitude, rounding)
 
 
-def _bounds_fn(twin, p, relax: bool, guard: bool, budget: int, examples: int, x, pred,
-               eps):
+def _bounds_fn(twin, p, method: BoundMethod, guard: bool, budget: int, examples: int, x,
+               pred, eps):
     """`[B, L-1]` lower bounds of the margins `f_y - f_j` over the ball (compiled)."""
-    structure = structure_of(twin.program)
-    values = capture(twin.interpreter, x)
-    logits = values.value(structure, structure.output_key)
-    logits = tf.reshape(logits, [-1, int(np.prod(logits.shape[1:]))])
-    rows, _ = margin_rows(pred, int(logits.shape[-1]), logits.dtype)
-    m0 = tf.reduce_sum(rows * logits[:, None], -1)
-    method = BoundMethod.RELAXATION if relax else BoundMethod.INTERVAL
-    return m0 + lower_bounds(structure, values, rows, eps, p, method,
-                             arithmetic_of(twin, guard), budget, examples)
+    lm = logit_margins(twin.interpreter, x, pred)
+    return lm.margins + lower_bounds(lm.structure, lm.values, lm.rows, eps, p, method,
+                                     arithmetic_of(twin, guard), budget, examples)
 
 
 def margin_bounds(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
-                  relax: bool = True, guard: bool = True,
+                  method: BoundMethod | str = BoundMethod.RELAXATION, guard: bool = True,
                   memory_budget: int | None = None) -> np.ndarray:
     """`[B, L-1]` lower bounds of `f_y - f_j` over the lp balls of radii `eps` (numpy).
 
@@ -85,7 +78,8 @@ def margin_bounds(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
         pred: `[B]` the classes the margins are measured from.
         eps: `[B]` radii.
         p: the norm of the balls.
-        relax: the linear relaxation (True) or interval bounds alone (False).
+        method: the `BoundMethod` (or its value): "relaxation" (CROWN, the default),
+            "crown_ibp" or "interval" (interval bounds alone).
         guard: bound the rounding of the model's evaluation.
         memory_budget: bytes of functionals per pull-back.
 
@@ -99,7 +93,7 @@ def margin_bounds(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
     budget = int(memory_budget or twin.memory_budget)
     x = np.asarray(x, np.float64)
     chunk = example_chunk(twin, x.shape[1:], budget)
-    key = (p, bool(relax), bool(guard), budget, chunk)
+    key = (p, BoundMethod(method), bool(guard), budget, chunk)
     fn = cached(twin, ("relaxation", *key), lambda: compile_batched(
         functools.partial(_bounds_fn, twin, *key), twin, "xye"))
     out = []
@@ -172,15 +166,13 @@ def interval_bounds(model, x, eps, labels, *, p=np.inf, method: BoundMethod | st
     lin = linearize(model)
     twin = lin if dtype is None else lin.at_dtype(dtype)
     x = tf.cast(x, twin.dtype)
-    structure = structure_of(twin.program)
-    values = capture(twin.interpreter, x)
-    logits = values.value(structure, structure.output_key)
-    classes = int(np.prod(logits.shape[1:]))
-    logits = tf.reshape(logits, [-1, classes])
-    eye = tf.eye(classes, dtype=logits.dtype)
-    rows = tf.one_hot(tf.cast(labels, tf.int32), classes, dtype=logits.dtype)[:, None] - eye
-    m0 = tf.reduce_sum(rows * logits[:, None], -1)
-    low = lower_bounds(structure, values, tf.concat([rows, -rows], 1), eps, p,
+    lm = logit_margins(twin.interpreter, x, tf.cast(labels, tf.int32))
+    rows = lm.margins.shape[-1]
+    low = lower_bounds(lm.structure, lm.values, tf.concat([lm.rows, -lm.rows], 1), eps, p,
                        BoundMethod(method), arithmetic_of(twin, guard),
                        int(memory_budget or lin.memory_budget))
-    return MarginBounds(m0 + low[:, :classes], m0 - low[:, classes:])
+    # back to [B, L] with 0 in column y
+    columns = tf.one_hot(lm.others, int(lm.logits.shape[-1]), dtype=lm.logits.dtype)
+    lower = tf.einsum("bk,bkl->bl", lm.margins + low[:, :rows], columns)
+    upper = tf.einsum("bk,bkl->bl", lm.margins - low[:, rows:], columns)
+    return MarginBounds(lower, upper)

@@ -32,14 +32,13 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.certification.bisection import steepest_directions
-from keras_roll.certification.margin_math import dual_norm, to_numpy
 from keras_roll.compile.bounds.ibp import abs_sum
-from keras_roll.compile.bounds.traversal import capture, forward_nodes, pull_back
+from keras_roll.compile.bounds.margins import logit_margins
+from keras_roll.compile.bounds.traversal import forward_nodes, pull_back
 from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.rules.activations import Link
-from keras_roll.compile.structure import structure_of
+from keras_roll.geometry import dual_norm, steepest_directions, to_numpy
 from keras_roll.options import Rigor
 from keras_roll.robust.adversarial import confirm
 from keras_roll.robust.compiled import compile_batched
@@ -55,7 +54,7 @@ from keras_roll.rounding.precision import (
 )
 
 __all__ = ["DecisionTerms", "NormBounds", "decision_terms", "guard_mode", "link_gap",
-           "margin_rows", "region_bounds"]
+           "region_bounds"]
 
 # The worst-case terms doubled for second-order ones (the inputs an op rounds already
 # carry errors), as `keras_roll.certification.margins.rounding_errors` does.
@@ -115,14 +114,6 @@ class NormBounds(NamedTuple):
     adversarial: np.ndarray
     runner_up: np.ndarray
     exact_value: np.ndarray | None = None
-
-
-def margin_rows(pred: tf.Tensor, classes: int, dtype) -> tuple:
-    """`([B, L-1, L] rows e_y - e_j, [B, L-1] classes j)` for `j != y`, in cyclic order."""
-    others = (pred[:, None] + 1 + tf.range(classes - 1, dtype=pred.dtype)[None]) % classes
-    rows = tf.one_hot(pred, classes, dtype=dtype)[:, None] - tf.one_hot(others, classes,
-                                                                         dtype=dtype)
-    return rows, others
 
 
 def guard_mode(guard) -> str:
@@ -200,20 +191,17 @@ class _LogitGuard:
 
 def _terms_fn(twin, mode: str, x, pred):
     """The compiled body of `decision_terms` for one chunk."""
-    graph = structure_of(twin.program)
-    values = capture(twin.interpreter, x)
-    logits = values.value(graph, graph.output_key)
-    rows, others = margin_rows(pred, int(logits.shape[-1]), logits.dtype)
+    lm = logit_margins(twin.interpreter, x, pred)
     guard = None
     if mode != "none":
-        guard = _LogitGuard(graph, values, x, evaluation_precision(twin.program), mode)
-    res = pull_back(graph, values, graph.output_key, rows,
+        guard = _LogitGuard(lm.structure, lm.values, x, evaluation_precision(twin.program),
+                            mode)
+    res = pull_back(lm.structure, lm.values, lm.structure.output_key, lm.rows,
                     visit=None if guard is None else guard.visit)
-    margins = tf.reduce_sum(rows * logits[:, None], -1)
-    zero = tf.zeros_like(margins)
-    grads = tf.reshape(res.lam_input, tf.concat([tf.shape(rows)[:2], [-1]], 0))
+    zero = tf.zeros_like(lm.margins)
+    grads = tf.reshape(res.lam_input, tf.concat([tf.shape(lm.rows)[:2], [-1]], 0))
     errs = (zero,) * 4 if guard is None else guard.terms(zero)
-    return (margins, grads, others) + errs
+    return (lm.margins, grads, lm.others) + errs
 
 
 def _compiled(twin, mode: str):

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from keras_roll.certification.certificates import NormDict, first_part, percentiles_of
-from keras_roll.certification.tables import Summary, format_table
 from keras_roll.compile.units import INPUT_UNITS, Units
+from keras_roll.geometry import NORM_LABELS, NormDict
 from keras_roll.options import Choice, Rigor, parse_norm
+from keras_roll.summary import Summary, format_table, percentiles_of
 
 __all__ = ["RobustMethod", "RobustRadius"]
 
@@ -55,7 +55,10 @@ class RobustMethod(Choice):
     RELAXATION = "relaxation"
     INTERVAL = "interval"
 
-NORM_LABELS = {1: "l1", 2: "l2", np.inf: "linf"}
+    @property
+    def finds_points(self) -> bool:
+        """Whether the method looks for adversarial points (upper bounds)."""
+        return self not in (RobustMethod.RELAXATION, RobustMethod.INTERVAL)
 
 
 @dataclasses.dataclass(repr=False)
@@ -151,7 +154,9 @@ class RobustRadius:
         ```
         """
         parts = list(parts)
-        first = first_part(parts, cls)
+        if not parts:
+            raise ValueError("RobustRadius.concat needs at least one RobustRadius.")
+        first = parts[0]
         key = (first.method, first.rigor, first.exact_rtol, first.norms, first.units)
         for i, q in enumerate(parts):
             if (q.method, q.rigor, q.exact_rtol, q.norms, q.units) != key:
@@ -218,51 +223,82 @@ class RobustRadius:
         parts = [f"n={self.n}", f"method={str(self.method)!r}", f"rigor={str(self.rigor)!r}"]
         for p in self.norms:
             lab = NORM_LABELS[p]
-            parts.append(f"median_lower_{lab}={percentiles_of(self.lower[p], (50,))[0]:.4g}")
+            median = percentiles_of(self.lower[p][self.correct], (50,))[0]
+            parts.append(f"median_lower_{lab}={median:.4g}")
             parts.append(f"exact_{lab}={float(np.mean(self.exact[p])) if self.n else 0:.0%}")
         return f"RobustRadius({', '.join(parts)})"
 
     def summary(self, print_fn=None, percentiles=(10, 50, 90)) -> Summary:
-        """Percentiles of the bounds and the gap, the share solved exactly and which
-        methods gave the bounds: a `Summary` (its `str` is the table; a notebook
-        shows it); `print_fn` also receives the text.
+        """Percentiles of the bounds and of their ratio over the correctly classified
+        inputs, the share solved exactly and which methods gave the bounds: a `Summary`
+        (its `str` is the table; a notebook shows it); `print_fn` also receives the text.
+
+        Nothing undefined is shown as a number: misclassified inputs (radius 0 by
+        definition) and non-finite ones are counted apart, not folded into the
+        percentiles; an upper bound that is NaN (no adversarial point found, or a
+        method that finds none) and a ratio over a lower bound of 0 are left out of
+        their rows and counted, with the reason, below the table; a row with no value
+        left prints `n/a`.
 
         Example:
 
         ```python
-        keras_roll.robust_radius(model, x_test[:100]).summary()
+        keras_roll.robust_radius(model, x_test[:100], y_test[:100]).summary()
         ```
         """
-        out = []
+        solved = self.correct
         rows = []
+        notes = []
         for p in self.norms:
             lab = NORM_LABELS[p]
-            rows.append((f"{lab} lower", self.lower[p], None))
-            rows.append((f"{lab} upper", self.upper[p][np.isfinite(self.upper[p])], None))
-            rows.append((f"{lab} upper / lower", self.gap(p)[np.isfinite(self.upper[p])],
-                         None))
-        head = (f"Minimal adversarial perturbation ({self.units.describe()}): {self.n} "
-                f"inputs, method '{self.method}', rigor '{self.rigor}'")
-        out.append(format_table(head, rows, percentiles))
-        for p in self.norms:
-            out.append(self._methods_line(p))
+            lower, upper = self.lower[p][solved], self.upper[p][solved]
+            found = np.isfinite(upper)
+            ratio = found & (lower > 0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rows += [(f"{lab} lower", lower), (f"{lab} upper", upper[found]),
+                         (f"{lab} upper / lower", upper[ratio] / lower[ratio])]
+            notes += self._undefined_lines(lab, int(np.sum(~found)),
+                                           int(np.sum(found & (lower <= 0))), int(lower.size))
+        inputs = "correctly classified inputs" if self.labels is not None else "inputs"
+        head = (f"Minimal adversarial perturbation ({self.units.describe()}) of the "
+                f"{int(solved.sum())} {inputs} of {self.n}: method '{self.method}', rigor "
+                f"'{self.rigor}'")
+        out = [format_table(head, rows, percentiles, count=True, column="Bound")]
+        out += notes
+        out += [self._methods_line(p) for p in self.norms]
         if self.labels is not None:
-            out.append(f"Accuracy {self.certified_accuracy(0.0):.1%}; misclassified inputs "
-                       f"have radius 0.")
+            wrong = int(np.sum(~solved & ~self.nonfinite))
+            out.append(f"Accuracy {self.certified_accuracy(0.0):.1%}: {wrong} misclassified "
+                       f"input(s), radius 0 by definition (lower = upper = 0), counted apart "
+                       f"from the table.")
         if self.nonfinite.any():
-            out.append(f"{int(self.nonfinite.sum())} input(s) with non-finite values: NaN.")
+            out.append(f"{int(self.nonfinite.sum())} input(s) with non-finite values: bounds "
+                       f"NaN, counted apart from the table.")
         return Summary.emit(out, print_fn)
+
+    def _undefined_lines(self, lab: str, no_upper: int, zero_lower: int, n: int) -> list:
+        """Why rows of the table leave values out: NaN upper bounds, ratios over 0."""
+        lines = []
+        if no_upper:
+            why = ("no adversarial point found within the search budget (max_regions)"
+                   if self.method.finds_points else
+                   f"method '{self.method}' bounds from below only; 'walk', 'region' or "
+                   f"'best' also find adversarial points")
+            lines.append(f"{lab} upper: NaN (undefined) for {no_upper} of {n}: {why}.")
+        if zero_lower:
+            lines.append(f"{lab} upper / lower: undefined for {zero_lower} of {n} whose lower "
+                         f"bound is 0.")
+        return lines
 
     def _methods_line(self, p) -> str:
         lab = NORM_LABELS[p]
-        ok = ~self.nonfinite
-        # Misclassified inputs are exact at 0: the share counts the others.
-        solved = ok & self.correct
+        solved = self.correct
         exact = float(np.mean(self.exact[p][solved])) if solved.any() else float("nan")
-        found = float(np.mean(np.isfinite(self.upper[p][ok]))) if ok.any() else float("nan")
+        found = float(np.mean(np.isfinite(self.upper[p][solved]))) if solved.any() \
+            else float("nan")
 
         def counts(arr):
-            names, num = np.unique(np.asarray(arr)[ok], return_counts=True)
+            names, num = np.unique(np.asarray(arr)[solved], return_counts=True)
             return ", ".join(f"{n or 'none'} {c}" for n, c in zip(names, num))
 
         of = " of the correctly classified" if self.labels is not None else ""

@@ -32,12 +32,13 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.certification.bisection import steepest_directions
-from keras_roll.certification.margin_math import directional_margins, dual_norm, to_numpy
+from keras_roll.certification import directional_margins
+from keras_roll.compile.bounds import margin_rows
 from keras_roll.compile.caches import cached
+from keras_roll.geometry import dual_norm, steepest_directions, to_numpy
 from keras_roll.robust.adversarial import confirm, lp_norm, predict_classes
 from keras_roll.robust.compiled import compile_batched
-from keras_roll.robust.region import NormBounds, decision_terms, margin_rows
+from keras_roll.robust.region import NormBounds, decision_terms
 
 __all__ = ["line_probe", "walk_bounds"]
 

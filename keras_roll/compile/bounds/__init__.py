@@ -9,11 +9,13 @@ module per bound method.
     crown.py       the linear relaxation's backward pass (CROWN)
     methods.py     BoundMethod and lower_bounds: intervals, CROWN-IBP, CROWN;
                    IntervalPasses (one interval pass, both bounds)
+    margins.py     logit_margins: the capture, logits and rows e_y - e_j of a classifier
 
 The passes walk the same `Program` the twin runs (`keras_roll.compile.structure` gives
 its ops as nodes). docs/design.md, section "Robustness radius".
 """
 
+from keras_roll.compile.bounds.margins import LogitMargins, logit_margins, margin_rows
 from keras_roll.compile.bounds.methods import BoundMethod, IntervalPasses, lower_bounds
 from keras_roll.compile.bounds.rules import (
     ActivationBounds,
@@ -34,7 +36,7 @@ from keras_roll.compile.bounds.traversal import Values, capture, pull_back
 
 __all__ = [
     "ActivationBounds", "AffineBounds", "Arithmetic", "BoundMethod", "BoundPass", "BoundRule",
-    "Box", "IntervalPasses", "RelaxationLines", "Values", "bound_rule", "capture", "check_bounds",
-    "lower_bounds", "pull_back", "register_bound_rule", "relaxation_lines", "supported_passes",
-    "unregister_bound_rule",
+    "Box", "IntervalPasses", "LogitMargins", "RelaxationLines", "Values", "bound_rule", "capture",
+    "check_bounds", "logit_margins", "lower_bounds", "margin_rows", "pull_back",
+    "register_bound_rule", "relaxation_lines", "supported_passes", "unregister_bound_rule",
 ]

@@ -40,8 +40,9 @@ from keras_roll.compile.bounds.rules import Box, bound_rule
 from keras_roll.compile.bounds.traversal import Values, pull_back
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.structure import ProgramStructure
+from keras_roll.geometry import dual_norm
 
-__all__ = ["RelaxedOps", "dual_norm", "relaxation_refiner", "relaxed_lower_bounds"]
+__all__ = ["RelaxedOps", "relaxation_refiner", "relaxed_lower_bounds"]
 
 
 class RelaxedOps:
@@ -80,30 +81,6 @@ class RelaxedOps:
         return new, const
 
 
-def dual_norm(lam_input: tf.Tensor, p) -> tf.Tensor:
-    """`[B, C]`: `||Lambda_x||_q` of every row (`1/p + 1/q = 1`), with a finite gradient
-    at zero (the l2 norm's square root is taken of positive sums only)."""
-    flat = tf.reshape(lam_input, tf.concat([tf.shape(lam_input)[:2], [-1]], 0))
-    if p == 2:
-        sq = tf.reduce_sum(flat * flat, -1)
-        pos = sq > 0
-        return tf.where(pos, tf.sqrt(tf.where(pos, sq, tf.ones_like(sq))), tf.zeros_like(sq))
-    if p == 1:
-        return tf.reduce_max(tf.abs(flat), -1)
-    return _l1_rows(flat)
-
-
-@tf.custom_gradient
-def _l1_rows(flat):
-    """`sum |flat|` over the last axis, with the gradient `sign(flat) g` broadcast in one
-    product (autodiff would tile `g` first)."""
-
-    def grad(g):
-        return tf.sign(flat) * g[..., None]
-
-    return tf.reduce_sum(tf.abs(flat), -1), grad
-
-
 def relaxed_lower_bounds(structure: ProgramStructure, values: Values, key: int,
                          lam: tf.Tensor, lines: RelaxedOps, deltas: list, eps, p) -> tf.Tensor:
     """`[B, C]` lower bounds of `lam . (value(x') - value(x))` over the ball.
@@ -124,7 +101,8 @@ def relaxed_lower_bounds(structure: ProgramStructure, values: Values, key: int,
     res = pull_back(structure, values, key, lam, relax=lines, visit=visit)
     eps = tf.cast(eps, lam.dtype)
     eps = eps[:, None] if eps.shape.rank else eps
-    return res.const - eps * dual_norm(res.lam_input, p)
+    axes = tuple(range(2, res.lam_input.shape.rank))  # [B, C, *input_shape]
+    return res.const - eps * dual_norm(res.lam_input, p, axis=axes)
 
 
 def _rows_per_chunk(values, index, n, budget, b) -> int:
