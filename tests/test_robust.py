@@ -248,7 +248,7 @@ def test_summary_counts_exact_among_correctly_classified(results):
     dataclasses.replace(rr, labels=labels, exact=exact).summary(print_fn=lines.append)
     text = "\n".join(lines)
     assert "l2: exact 0% of the correctly classified" in text, text
-    assert "misclassified inputs have radius 0" in text
+    assert "1 misclassified input(s), radius 0" in text
 
 
 def test_model_outputs_are_the_models_and_its_cache_lets_the_model_go():

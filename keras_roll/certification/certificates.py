@@ -300,9 +300,7 @@ class Certificate:
                 f"'{self.method}' ({PAPER})")
         out.append(format_table(head, rows, percentiles))
         out.append(rigor_line(self.rigor, self.evaluation))
-        for p, causes in self.zero_cause.items():
-            for line in zero_lines(NORM_LABELS[p], causes, self.binding[p]):
-                out.append(line)
+        out += zero_lines(self.zero_cause, self.binding)
         if self.mask is not None:
             out.append("Masked sequences: each ball is in the unpadded coordinates (see .mask); "
                        "it holds while padded steps stay at the mask value.")

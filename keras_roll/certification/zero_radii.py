@@ -5,7 +5,8 @@ region passes through `x`) or, under a rounding guard, close enough to one that
 the model's own rounding could move it across. `Certificate.zero_cause` holds
 one `ZeroCause` per example and norm; `Certificate.binding` names the neuron
 (and so the layer) behind it, and `Certificate.summary()` counts the causes
-and names the remedies. See docs/guide.md, section "Certificates".
+(one line per cause, all norms in it) and names the remedies. See docs/guide.md,
+section "Certificates".
 
 Example:
 
@@ -21,6 +22,8 @@ from __future__ import annotations
 import enum
 
 import numpy as np
+
+from keras_roll.geometry import NORM_LABELS
 
 __all__ = ["ZeroCause", "explain_zeros", "no_causes", "zero_lines"]
 
@@ -130,28 +133,46 @@ def no_causes(shape) -> np.ndarray:
     return causes
 
 
-def zero_lines(label: str, causes: np.ndarray, binding: list) -> list[str]:
-    """The summary lines of one norm: each cause's count, its layers and its remedy.
+def zero_lines(zero_cause: dict, binding: dict) -> list[str]:
+    """The summary lines of the zero radii: one per cause, with its count in every norm,
+    the layers of the neurons behind it and its remedy.
+
+    Args:
+        zero_cause: `{p: [B]}` `ZeroCause`s by norm (`Certificate.zero_cause`).
+        binding: `{p: [B]}` binding neurons `(layer, unit)` or None (`Certificate.binding`).
 
     Example:
 
     ```python
-    zero_lines("l2", cert.zero_cause[2], cert.binding[2])
+    zero_lines(cert.zero_cause, cert.binding)
+    # ['Zero radii: 4 of 4 (l1, l2, linf) from a tie between equal maxima of a
+    #   max-pooling window (in pool: 4); remedy: average pooling ...']
     ```
     """
-    causes = np.asarray(causes, dtype=object)
-    n = causes.size
+    causes = {p: np.asarray(c, dtype=object) for p, c in zero_cause.items()}
+    if not causes:
+        return []
+    n = next(iter(causes.values())).size
     lines = []
     for cause in ZeroCause:
         if cause is ZeroCause.NONE:
             continue
-        rows = np.flatnonzero(causes == cause)
-        if not rows.size:
+        hits = {p: causes[p] == cause for p in causes}
+        counts = {NORM_LABELS[p]: int(h.sum()) for p, h in hits.items() if h.any()}
+        if not counts:
             continue
-        layers, counts = np.unique([binding[i][0] for i in rows if binding[i] is not None],
-                                   return_counts=True)
+        if len(set(counts.values())) == 1:
+            count = f"{next(iter(counts.values()))} of {n} ({', '.join(counts)})"
+        else:
+            count = ", ".join(f"{lab} {c}" for lab, c in counts.items()) + f" of {n}"
+        layers = {}  # each example once: the layer of its first norm with this cause
+        for p, h in hits.items():
+            for i in np.flatnonzero(h):
+                if i not in layers and binding[p][i] is not None:
+                    layers[i] = binding[p][i][0]
+        names, num = np.unique(list(layers.values()), return_counts=True)
         where = ", ".join(f"{name}: {c}" for name, c in
-                          sorted(zip(layers, counts), key=lambda item: -item[1])[:3])
-        lines.append(f"Zero {label} radii: {rows.size} of {n} from {cause.description} "
-                     f"(in {where}); remedy: {cause.remedy}.")
+                          sorted(zip(names, num), key=lambda item: -item[1])[:3])
+        lines.append(f"Zero radii: {count} from {cause.description}"
+                     + (f" (in {where})" if where else "") + f"; remedy: {cause.remedy}.")
     return lines

@@ -268,9 +268,10 @@ class RobustRadius:
         out += [self._methods_line(p) for p in self.norms]
         if self.labels is not None:
             wrong = int(np.sum(~solved & ~self.nonfinite))
-            out.append(f"Accuracy {self.certified_accuracy(0.0):.1%}: {wrong} misclassified "
-                       f"input(s), radius 0 by definition (lower = upper = 0), counted apart "
-                       f"from the table.")
+            line = f"Accuracy {self.certified_accuracy(0.0):.1%}"
+            out.append(line + "." if not wrong else
+                       f"{line}: {wrong} misclassified input(s), radius 0 by definition "
+                       f"(lower = upper = 0), counted apart from the table.")
         if self.nonfinite.any():
             out.append(f"{int(self.nonfinite.sum())} input(s) with non-finite values: bounds "
                        f"NaN, counted apart from the table.")
@@ -293,9 +294,10 @@ class RobustRadius:
     def _methods_line(self, p) -> str:
         lab = NORM_LABELS[p]
         solved = self.correct
-        exact = float(np.mean(self.exact[p][solved])) if solved.any() else float("nan")
-        found = float(np.mean(np.isfinite(self.upper[p][solved]))) if solved.any() \
-            else float("nan")
+        if not solved.any():
+            return f"{lab}: no correctly classified finite input to bound."
+        exact = float(np.mean(self.exact[p][solved]))
+        found = float(np.mean(np.isfinite(self.upper[p][solved])))
 
         def counts(arr):
             names, num = np.unique(np.asarray(arr)[solved], return_counts=True)
