@@ -6,6 +6,7 @@ and the bisection search on the real network."""
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_roll
 from keras_roll import testing
@@ -217,6 +218,31 @@ def test_all_neurons_constant_gives_infinite_margins():
     np.testing.assert_array_equal(cert.directional_index, -1)
     cb = certify(model, POINTS[:2], directions=d, method="bisect", verbose=False)
     assert np.all(np.isinf(cb.margins[2])) and np.all(np.isinf(cb.directional))
+
+
+def test_dual_norm_over_axes_and_its_gradient():
+    """The one dual norm serves certificates (one axis, numpy) and CROWN (trailing axes,
+    differentiated in training): numpy's norms, and tf.GradientTape's gradient of the
+    plain formula, with a finite gradient at 0 for the l2 norm."""
+    g = np.random.default_rng(0).normal(size=(2, 3, 4, 5))
+    flat = g.reshape(2, 3, -1)
+    for p, q in ((2, 2), (1, np.inf), (np.inf, 1)):
+        got = dual_norm(g, p, axis=(2, 3)).numpy()
+        np.testing.assert_allclose(got, np.linalg.norm(flat, ord=q, axis=-1), rtol=1e-12)
+    t = tf.constant(g)
+    for p, plain in ((np.inf, lambda v: tf.reduce_sum(tf.abs(v), (2, 3))),
+                     (2, lambda v: tf.sqrt(tf.reduce_sum(v * v, (2, 3))))):
+        w = tf.constant(np.arange(6.0).reshape(2, 3))
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(t)
+            ours, ref = dual_norm(t, p, axis=(2, 3)) * w, plain(t) * w
+        np.testing.assert_allclose(tape.gradient(ours, t), tape.gradient(ref, t), rtol=1e-12)
+    zero = tf.zeros((1, 3))
+    with tf.GradientTape() as tape:
+        tape.watch(zero)
+        out = dual_norm(zero, 2)
+    assert out.numpy().tolist() == [0.0]
+    assert np.all(np.isfinite(tape.gradient(out, zero).numpy()))
 
 
 def test_pure_functions_by_hand():
