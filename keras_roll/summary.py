@@ -119,7 +119,7 @@ def format_table(head: str, rows: Iterable[tuple[str, object]], qs: Sequence[flo
     width = 22 + 12 * len(cols) + 10 + (10 if count else 0)
     lines = [head, "_" * width,
              f"{column:<22}" + "".join(f"{c:>12}" for c in cols) + f"{'zero':>10}"
-             + (f"{'of':>10}" if count else ""),
+             + (f"{'n':>10}" if count else ""),
              "=" * width]
     for label, values in rows:
         v = np.asarray(values, np.float64).reshape(-1)

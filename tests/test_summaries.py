@@ -17,14 +17,14 @@ def _row(text: str, label: str) -> list[str]:
     return line[len(label):].split()
 
 
-def _radius(lower, upper, predicted, labels, method="best", nonfinite=None):
+def _radius(lower, upper, predicted, labels, method="best", nonfinite=None, norms=(2,)):
     b = len(lower)
     per = {"lower": np.asarray(lower, float), "upper": np.asarray(upper, float),
            "adversarial": np.full((b, 2), np.nan), "exact": np.zeros(b, bool),
            "runner_up": np.full(b, -1, np.int64),
            "lower_method": np.array(["region"] * b, object),
            "upper_method": np.array(["walk"] * b, object)}
-    return RobustRadius(**{k: {2: v} for k, v in per.items()},
+    return RobustRadius(**{k: {p: v.copy() for p in norms} for k, v in per.items()},
                         predicted=np.asarray(predicted), labels=np.asarray(labels),
                         method=method, nonfinite=nonfinite)
 
@@ -46,8 +46,8 @@ def test_robust_summary_counts_misclassified_and_undefined_apart():
         assert int(cells[3]) == sum(v == 0 for v in values)
         assert int(cells[4]) == len(values)
     assert "of the 4 correctly classified inputs of 5" in text
-    assert "l2 upper: NaN (undefined) for 1 of 4: no adversarial point found" in text
-    assert "l2 upper / lower: undefined for 1 of 4 whose lower bound is 0" in text
+    assert "upper (l2): NaN (undefined) for 1 of 4: no adversarial point found" in text
+    assert "upper / lower (l2): undefined for 1 of 4 whose lower bound is 0" in text
     assert "Accuracy 80.0%: 1 misclassified input(s), radius 0 by definition" in text
 
 
@@ -55,12 +55,13 @@ def test_interval_summary_names_its_missing_upper_bounds():
     """method='interval' finds no adversarial point: the upper row is n/a, not the 0 of
     the misclassified inputs."""
     rr = _radius([0.0, 0.2, 0.4, 0.6], [0.0, np.nan, np.nan, np.nan], predicted=[1, 0, 0, 0],
-                 labels=[0, 0, 0, 0], method="interval")
+                 labels=[0, 0, 0, 0], method="interval", norms=(2, np.inf))
     text = str(rr.summary())
     assert _row(text, "l2 upper") == ["n/a", "n/a", "n/a", "0", "0"], text
     assert _row(text, "l2 upper / lower") == ["n/a", "n/a", "n/a", "0", "0"]
-    assert "l2 upper: NaN (undefined) for 3 of 3: method 'interval' bounds from below only" \
-        in text
+    assert "upper (l2, linf): NaN (undefined) for 3 of 3: method 'interval' bounds from " \
+        "below only" in text
+    assert text.count("NaN (undefined)") == 1  # one line for both norms
     assert [float(c) for c in _row(text, "l2 lower")[:3]] == pytest.approx(
         np.percentile([0.2, 0.4, 0.6], (10, 50, 90)))
 
@@ -106,4 +107,4 @@ def test_tables_leave_nan_out_and_print_nothing_undefined_as_a_number():
     text = format_table("T", [("a", [0.0, 2.0, np.nan]), ("b", [])], (50,), count=True,
                         column="Bound")
     assert _row(text, "a") == ["1", "1", "2"] and _row(text, "b") == ["n/a", "0", "0"]
-    assert text.splitlines()[2].split() == ["Bound", "P50", "zero", "of"]
+    assert text.splitlines()[2].split() == ["Bound", "P50", "zero", "n"]

@@ -248,7 +248,7 @@ class RobustRadius:
         """
         solved = self.correct
         rows = []
-        notes = []
+        no_upper, zero_lower = {}, {}  # count -> the norms with that many
         for p in self.norms:
             lab = NORM_LABELS[p]
             lower, upper = self.lower[p][solved], self.upper[p][solved]
@@ -257,14 +257,14 @@ class RobustRadius:
             with np.errstate(divide="ignore", invalid="ignore"):
                 rows += [(f"{lab} lower", lower), (f"{lab} upper", upper[found]),
                          (f"{lab} upper / lower", upper[ratio] / lower[ratio])]
-            notes += self._undefined_lines(lab, int(np.sum(~found)),
-                                           int(np.sum(found & (lower <= 0))), int(lower.size))
+            no_upper.setdefault(int(np.sum(~found)), []).append(lab)
+            zero_lower.setdefault(int(np.sum(found & (lower <= 0))), []).append(lab)
         inputs = "correctly classified inputs" if self.labels is not None else "inputs"
         head = (f"Minimal adversarial perturbation ({self.units.describe()}) of the "
                 f"{int(solved.sum())} {inputs} of {self.n}: method '{self.method}', rigor "
                 f"'{self.rigor}'")
         out = [format_table(head, rows, percentiles, count=True, column="Bound")]
-        out += notes
+        out += self._undefined_lines(no_upper, zero_lower, int(solved.sum()))
         out += [self._methods_line(p) for p in self.norms]
         if self.labels is not None:
             wrong = int(np.sum(~solved & ~self.nonfinite))
@@ -277,18 +277,17 @@ class RobustRadius:
                        f"NaN, counted apart from the table.")
         return Summary.emit(out, print_fn)
 
-    def _undefined_lines(self, lab: str, no_upper: int, zero_lower: int, n: int) -> list:
-        """Why rows of the table leave values out: NaN upper bounds, ratios over 0."""
-        lines = []
-        if no_upper:
-            why = ("no adversarial point found within the search budget (max_regions)"
-                   if self.method.finds_points else
-                   f"method '{self.method}' bounds from below only; 'walk', 'region' or "
-                   f"'best' also find adversarial points")
-            lines.append(f"{lab} upper: NaN (undefined) for {no_upper} of {n}: {why}.")
-        if zero_lower:
-            lines.append(f"{lab} upper / lower: undefined for {zero_lower} of {n} whose lower "
-                         f"bound is 0.")
+    def _undefined_lines(self, no_upper: dict, zero_lower: dict, n: int) -> list:
+        """Why rows of the table leave values out, one line per reason and count (its
+        norms named): NaN upper bounds, ratios over a lower bound of 0."""
+        why = ("no adversarial point found within the search budget (max_regions)"
+               if self.method.finds_points else
+               f"method '{self.method}' bounds from below only; 'walk', 'region' or 'best' "
+               f"also find adversarial points")
+        lines = [f"upper ({', '.join(labs)}): NaN (undefined) for {k} of {n}: {why}."
+                 for k, labs in no_upper.items() if k]
+        lines += [f"upper / lower ({', '.join(labs)}): undefined for {k} of {n} whose lower "
+                  f"bound is 0." for k, labs in zero_lower.items() if k]
         return lines
 
     def _methods_line(self, p) -> str:
