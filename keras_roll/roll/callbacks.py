@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.certification.margins import l2_margins
+from keras_roll.certification import l2_margins
 from keras_roll.compile.twin import linearize
 from keras_roll.compile.units import resolve_units
 from keras_roll.inputs import is_stream, stream_elements
