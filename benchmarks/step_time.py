@@ -108,13 +108,13 @@ from benchmarks.roll_steps import (  # noqa: E402
     weight_reset,
 )
 from keras_roll.compile.twin import DEFAULT_MEMORY_BUDGET  # noqa: E402
+from keras_roll.regularizers.base import labelled_step  # noqa: E402
+from keras_roll.regularizers.certified import CrownIBPConfig, IBPConfig  # noqa: E402
+from keras_roll.regularizers.input_gradient import InputGradientConfig  # noqa: E402
+from keras_roll.regularizers.mmr import MMRConfig  # noqa: E402
 from keras_roll.roll import loss as roll  # noqa: E402
-from keras_roll.roll.certified import CrownIBPConfig, IBPConfig  # noqa: E402
 from keras_roll.roll.config import RollConfig  # noqa: E402
 from keras_roll.roll.estimators import estimator_for  # noqa: E402
-from keras_roll.roll.input_gradient import InputGradientConfig  # noqa: E402
-from keras_roll.roll.mmr import MMRConfig  # noqa: E402
-from keras_roll.roll.terms import labelled_step  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("quick", False, "A short run: fewer repetitions, budgets 16 and 64 MiB.")

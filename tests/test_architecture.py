@@ -224,10 +224,12 @@ FLOORS = {
     "certification": 3,
     # 4: the uses of certificates and of the twin, independent of one another
     "roll": 4, "attribution": 4, "robust": 4,
-    # 5: drawing results, checking rules, the names kept for a release
-    "plots": 5, "testing": 5, "callbacks": 5, "evaluate": 5,
-    # 6: the package's public names
-    "__init__": 6,
+    # 5: the regularizer family: ROLL's layer over roll, MMR, input gradient, IBP, wrap
+    "regularizers": 5,
+    # 6: drawing results, checking rules, the names kept for a release
+    "plots": 6, "testing": 6, "callbacks": 6, "evaluate": 6,
+    # 7: the package's public names
+    "__init__": 7,
 }
 INDEPENDENT = {"models", "layers", "data"}
 

@@ -181,6 +181,8 @@ class RollConfig:
     fewest_directions: bool = True
     skip_padded_steps: bool = False
 
+    log_name = "roll_loss"  # the metric of the term (keras_roll.regularizers.registry)
+
     def __post_init__(self):
         for field in dataclasses.fields(self):  # None means the default
             if getattr(self, field.name) is None and field.default is not None:

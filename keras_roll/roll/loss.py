@@ -40,8 +40,8 @@ single direction of the batch does not fit, the error points to `samples=`.
 On a CPU, chunks around the L3 cache size are fastest even with the
 recomputation (`benchmarks/step_time.py`).
 
-`RollRegularizer`, `wrap` and `unwrap`, which train with this loss through
-`fit`, live in `keras_roll.roll.regularizer`.
+`RollRegularizer` and `wrap`, which train with this loss through
+`fit`, live in `keras_roll.regularizers` (`roll`, `wrap`).
 """
 
 from __future__ import annotations

@@ -9,16 +9,17 @@ step's graph and differentiable in the weights. `-lower` are the worst-case logi
 
     kappa * CE(f(x), y) + (1 - kappa) * CE(z_worst(eps), y).
 
-`roll` sits above `robust` in the module map, so this module calls the compiler's
-passes itself with the unguarded arithmetic `keras_roll.robust.interval_bounds`
-uses for training. docs/design.md, section "Certified training by bound passes".
+This module calls the compiler's passes itself (on the twin's `capture` of the
+batch, with every pair of classes' margins folded into the last layer), with the
+unguarded arithmetic `keras_roll.robust.interval_bounds` uses for training.
+docs/design.md, section "Certified training by bound passes".
 
 Example:
 
 ```python
 wrapped = keras_roll.wrap(model, regularizer=IBPConfig(eps=0.1, kappa=0.5))
 wrapped.compile("adam", "sparse_categorical_crossentropy")
-wrapped.fit(x, y, callbacks=[keras_roll.callbacks.EpsilonRamp(0.1, steps=2000)])
+wrapped.fit(x, y, callbacks=[keras_roll.callbacks.EpsilonRamp(0.1, length=2000)])
 ```
 """
 
@@ -36,11 +37,12 @@ from keras_roll.compile.bounds import Arithmetic, BoundMethod, IntervalPasses, c
 from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
 from keras_roll.compile.units import resolve_units
-from keras_roll.roll.terms import (
-    TermConfig,
+from keras_roll.regularizers.base import (
+    RegularizerConfig,
     TermResult,
     class_indices,
 )
+from keras_roll.regularizers.registry import register_regularizer
 from keras_roll.rounding import rules
 
 __all__ = ["CertifiedMean", "CertifiedTerm", "CrownIBPConfig", "IBPConfig", "WorstCase",
@@ -65,8 +67,9 @@ def check_fraction(name: str, value) -> float:
     return float(value)
 
 
+@register_regularizer
 @dataclasses.dataclass(frozen=True)
-class IBPConfig(TermConfig):
+class IBPConfig(RegularizerConfig):
     """Interval bound propagation training (Gowal et al. 2018), validated.
 
     With `z_worst(eps) = -lower`, the negated lower bounds of the margins
@@ -141,6 +144,7 @@ class IBPConfig(TermConfig):
         return CertifiedTerm(model, self)
 
 
+@register_regularizer
 @dataclasses.dataclass(frozen=True)
 class CrownIBPConfig(IBPConfig):
     """CROWN-IBP training (Zhang et al., ICLR 2020), validated.
