@@ -51,7 +51,7 @@ def buckets_apply(program, config: RollConfig, entry: int) -> bool:
     ```
     """
     shape = tuple(program.input_shape)
-    if not (config.exact and config.skip_padded_steps) or len(shape) != 2 or \
+    if not config.exact or len(shape) != 2 or \
             shape[0] is not None:
         return False
     reader = masking_reader(program, entry)
