@@ -180,3 +180,15 @@ def test_public_names_are_listed_once():
     assert [name for name, n in counts.items() if n > 1] == []
     assert all(hasattr(keras_roll, name) for name in keras_roll.__all__)
     assert keras_roll.callbacks.EpsilonRamp(0.1, length=2000).length == 2000
+
+
+def test_the_generic_loss_is_each_regularizers_own():
+    """`regularizer_loss` computes ROLL as `roll_loss` does (MMR and the input gradient
+    against numpy: tests/test_regularizers.py), with ROLL's own field check."""
+    model = logits_net(2)
+    x = np.random.default_rng(3).normal(size=(6, 5)).astype("float32")
+    np.testing.assert_allclose(
+        keras_roll.regularizer_loss(model, x, None, keras_roll.RollConfig(lam=0.5), C=0.5),
+        keras_roll.roll_loss(model, x, C=0.5), rtol=1e-6)
+    with pytest.raises(TypeError, match="Unknown ROLL hyperparameter"):
+        keras_roll.regularizer_loss(model, x, None, keras_roll.RollConfig(), gama=1.0)
