@@ -32,7 +32,11 @@ sequences), on a batch padded to the split's longest sequence and on a batch of
 similar lengths (as `examples/japanese_vowel.py` buckets them): the exact step
 before (the recurrence run over every step for every chunk of directions) / now
 (from each chunk's first nonzero step), and the exact step along every input axis /
-along the valid axes only (padded steps skipped, `keras_roll.roll.exact.PackedAxes`).
+along the valid axes only (padded steps skipped, `keras_roll.roll.exact.PackedAxes`);
+on the padded batch, the default step against the same batch without padding (each
+sequence's valid steps repeated over its padded ones: the padded / unpadded ratio,
+target <= 0.59) and against the batch run whole instead of in length buckets
+(`keras_roll.roll.buckets`).
 
     python -m benchmarks.step_time            # full run
     python -m benchmarks.step_time --quick    # a short run (16 and 64 MiB; scoRNN(64))
@@ -77,6 +81,7 @@ per-example Cholesky factors (`B K^3 / 3` in float64) are not counted.
 from __future__ import annotations
 
 import os
+from unittest import mock
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -108,13 +113,13 @@ from benchmarks.roll_steps import (  # noqa: E402
     weight_reset,
 )
 from keras_roll.compile.twin import DEFAULT_MEMORY_BUDGET  # noqa: E402
+from keras_roll.regularizers.base import labelled_step  # noqa: E402
+from keras_roll.regularizers.certified import CrownIBPConfig, IBPConfig  # noqa: E402
+from keras_roll.regularizers.input_gradient import InputGradientConfig  # noqa: E402
+from keras_roll.regularizers.mmr import MMRConfig  # noqa: E402
 from keras_roll.roll import loss as roll  # noqa: E402
-from keras_roll.roll.certified import CrownIBPConfig, IBPConfig  # noqa: E402
 from keras_roll.roll.config import RollConfig  # noqa: E402
 from keras_roll.roll.estimators import estimator_for  # noqa: E402
-from keras_roll.roll.input_gradient import InputGradientConfig  # noqa: E402
-from keras_roll.roll.mmr import MMRConfig  # noqa: E402
-from keras_roll.roll.terms import labelled_step  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("quick", False, "A short run: fewer repetitions, budgets 16 and 64 MiB.")
@@ -277,24 +282,69 @@ def _rivals():
             print(f"ratio {name} / {ROLL_AXES}: {times[name] / times[ROLL_AXES]:6.2f}")
 
 
+def _unpadded(x):
+    """`x` with every sequence's valid steps repeated over its padded ones: the batch of
+    the same shape without padding (every step valid)."""
+    x = x.numpy()
+    lengths = np.any(x != 0, axis=-1).sum(axis=1)
+    return tf.constant(np.stack([np.resize(seq[:n], seq.shape) for seq, n in zip(x, lengths)]))
+
+
+def _whole_batch_step(units, shape, batch):
+    """The default exact step with the padded batch run whole (before length buckets)."""
+    keras.utils.set_random_seed(0)
+    model = keras_roll.models.scornn_classifier(units=units)
+    lin = keras_roll.linearize(model)
+    variables = model.trainable_variables
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            reg, logits = roll.loss_from_config(lin, x, RollConfig(C=C), return_logits=True,
+                                                precompute_gradient=True)
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                y, logits, from_logits=True)) + LAM * tf.reduce_mean(reg)
+        for v, g in zip(variables, tape.gradient(loss, variables)):
+            v.assign_sub(0.01 * g)
+        return loss
+
+    spec = [tf.TensorSpec([batch, *shape]), tf.TensorSpec([batch], tf.int32)]
+    compiled = tf.function(step, input_signature=spec, autograph=False)
+    with mock.patch.object(roll, "buckets_apply", lambda *args: False):
+        compiled.get_concrete_function()  # traced without the buckets
+    return compiled
+
+
 def _vowels(units, repeats):
-    """Exact scoRNN steps: every input axis / valid axes only, padded and bucketed."""
+    """Exact scoRNN steps: every input axis / valid axes only, padded and bucketed; the
+    padded batch against the same batch without padding."""
+    now_name = "exact ROLL, every input axis"
     for bucketed in (False, True):
         x, y = vowels_batch(32, bucketed=bucketed)
         valid = float(np.mean(np.any(x.numpy() != 0, axis=-1)))
         steps = sequence_steps(units, tuple(x.shape[1:]), 32)
-        times = interleaved_medians({k: (lambda s=s, x=x, y=y: s(x, y).numpy())
-                                     for k, s in steps.items()}, repeats=repeats, warmup=1)
+        fns = {k: (lambda s=s, x=x, y=y: s(x, y).numpy()) for k, s in steps.items()}
+        if not bucketed:
+            full = _unpadded(x)
+            whole = _whole_batch_step(units, tuple(x.shape[1:]), 32)
+            fns[f"{now_name}, whole batch"] = lambda s=whole, x=x, y=y: s(x, y).numpy()
+            fns[f"{now_name}, unpadded batch"] = (
+                lambda s=steps[now_name], x=full, y=y: s(x, y).numpy())
+        times = interleaved_medians(fns, repeats=repeats, warmup=1)
         label = "similar lengths" if bucketed else "padded to the split's longest"
         print(f"Japanese Vowels scoRNN({units}), batch 32 {label}: {x.shape[1]} steps, "
               f"{100 * valid:.0f} % valid")
         for name, t in times.items():
-            print(f"  {name:<38} {1e3 * t:10.1f} ms/step")
-        now = times["exact ROLL, every input axis"]
+            print(f"  {name:<46} {1e3 * t:10.1f} ms/step")
+        now = times[now_name]
         before = times["exact ROLL, every axis and step (before)"]
         print(f"the step before / the step now (the loop from each chunk's first step): "
               f"{before / now:6.2f}" + ("  (target >= 1.7)" if not bucketed else ""))
         print(f"every axis / valid axes only: {now / times['exact ROLL, valid axes only']:6.2f}")
+        if not bucketed:
+            print(f"padded / unpadded batch (the default step; {100 * valid:.0f} % valid): "
+                  f"{now / times[f'{now_name}, unpadded batch']:6.2f}  (target <= 0.59)")
+            print(f"whole batch / length buckets (padded): "
+                  f"{times[f'{now_name}, whole batch'] / now:6.2f}")
 
 
 def _mnist():

@@ -17,7 +17,7 @@ wrapped.fit(x_train, y_train)
 ```
 """
 
-from keras_roll import attribution, callbacks, layers, models, plots, testing
+from keras_roll import attribution, callbacks, layers, models, plots, regularizers, testing
 from keras_roll.attribution import (
     Faithfulness,
     IntegratedGradients,
@@ -42,14 +42,23 @@ from keras_roll.compile.rules import register_rule
 from keras_roll.compile.twin import Linearized, linearize, unwrap
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.options import Rigor, RunOptions
+from keras_roll.regularizers import (
+    CrownIBPConfig,
+    IBPConfig,
+    InputGradientConfig,
+    MMRConfig,
+    RegularizerConfig,
+    RollModel,
+    RollRegularizer,
+    SupervisedRegularizer,
+    register_regularizer,
+    regularizer_loss,
+    worst_case_logits,
+    wrap,
+)
 from keras_roll.robust import RobustRadius, robust_radius
-from keras_roll.roll.certified import CrownIBPConfig, IBPConfig, worst_case_logits
 from keras_roll.roll.config import RollConfig
-from keras_roll.roll.input_gradient import InputGradientConfig, input_gradient_loss
 from keras_roll.roll.loss import roll_loss
-from keras_roll.roll.mmr import MMRConfig, mmr_loss
-from keras_roll.roll.regularizer import RollModel, RollRegularizer, wrap
-from keras_roll.roll.supervised import SupervisedRegularizer
 
 __version__ = "0.1.0"
 
@@ -98,13 +107,14 @@ __all__ = [
     "models",
     "layers",
     "testing",
-    "RollConfig",
+    "regularizers",
     "MMRConfig",
     "InputGradientConfig",
     "IBPConfig",
     "CrownIBPConfig",
     "worst_case_logits",
     "SupervisedRegularizer",
-    "mmr_loss",
-    "input_gradient_loss",
+    "RegularizerConfig",
+    "register_regularizer",
+    "regularizer_loss",
 ]

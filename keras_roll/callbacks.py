@@ -9,7 +9,7 @@ model.fit(x, y, epochs=5, callbacks=[MarginMonitor(x_val[:256])])
 ```
 """
 
+from keras_roll.regularizers.ramps import BetaRamp, EpsilonRamp, KappaRamp, LinearRamp
 from keras_roll.roll.callbacks import MarginMonitor
-from keras_roll.roll.ramps import BetaRamp, EpsilonRamp, KappaRamp, LinearRamp
 
 __all__ = ["BetaRamp", "EpsilonRamp", "KappaRamp", "LinearRamp", "MarginMonitor"]

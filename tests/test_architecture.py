@@ -226,10 +226,12 @@ FLOORS = {
     "certification": 4,
     # 5: the uses of certificates and of the twin, independent of one another
     "roll": 5, "attribution": 5, "robust": 5,
-    # 6: drawing results, checking rules, the names kept for a release
-    "plots": 6, "testing": 6, "callbacks": 6, "evaluate": 6,
-    # 7: the package's public names
-    "__init__": 7,
+    # 6: the regularizer family: ROLL's layer over roll, MMR, input gradient, IBP, wrap
+    "regularizers": 6,
+    # 7: drawing results, checking rules, the names kept for a release
+    "plots": 7, "testing": 7, "callbacks": 7, "evaluate": 7,
+    # 8: the package's public names
+    "__init__": 8,
 }
 INDEPENDENT = {"models", "layers", "data"}
 

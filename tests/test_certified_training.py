@@ -1,4 +1,4 @@
-"""Certified training by bound passes: IBP and CROWN-IBP (`keras_roll.roll.certified`).
+"""Certified training by bound passes: IBP and CROWN-IBP (`keras_roll.regularizers.certified`).
 
 * the worst-case logits against interval bound propagation written by hand in numpy
   (Gowal et al.: boxes through the layers, the margins folded into the last Dense;

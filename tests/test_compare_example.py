@@ -189,7 +189,7 @@ def test_certified_training_ramps_reach_the_knob(npz, tmp_path):
     steps = int(np.ceil(300 / 50))
     fit_model.fit(*data.train, batch_size=50, epochs=2, verbose=0,
                   callbacks=method.ramps(config, 0.05, steps))
-    term = keras_roll.roll.certified.certified_terms(fit_model)[0]
+    term = keras_roll.regularizers.certified_terms(fit_model)[0]
     assert float(term.eps.numpy()) == pytest.approx(0.05)
     assert float(term.kappa.numpy()) == pytest.approx(config.crown_ibp_kappa)
     assert float(term.beta.numpy()) == pytest.approx(0.0)

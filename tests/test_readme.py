@@ -144,7 +144,10 @@ def run_blocks(document: str, blocks: list[Block], setup: dict | None = None,
         if setup and (b.section, b.index) in setup:
             exec(compile(setup[(b.section, b.index)], "<setup>", "exec"), namespace)
         # blank lines keep the traceback's line numbers those of the document
-        code = compile("\n" * (b.line - 1) + b.source, str(ROOT / document), "exec")
+        # dont_inherit: the block runs as pasted into a script, without this file's
+        # `from __future__ import annotations` (a dataclass block needs its own module)
+        code = compile("\n" * (b.line - 1) + b.source, str(ROOT / document), "exec",
+                       dont_inherit=True)
         try:
             exec(code, namespace)
         except Exception as e:

@@ -25,10 +25,10 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
+from keras_roll.regularizers.base import labelled_step
+from keras_roll.regularizers.mmr import mmr_distances
 from keras_roll.roll.config import RollConfig
 from keras_roll.roll.factored import factored_entry
-from keras_roll.roll.mmr import mmr_distances
-from keras_roll.roll.terms import labelled_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NORMS = [1, 2, np.inf]
@@ -113,8 +113,8 @@ def test_mmr_loss_equals_numpy_by_hand(relu_case, p, k_b, k_d):
     ref_b, _ = numpy_distances(model.get_weights(), x, y, p)
     gamma_b = 2 * float(np.median(ref_b))  # some hinges active, some not
     gamma_d = 1.5
-    got = keras_roll.mmr_loss(model, x, y, p=p, k_B=k_b, k_D=k_d, gamma_B=gamma_b,
-                              gamma_D=gamma_d).numpy()
+    got = keras_roll.regularizer_loss(model, x, y, keras_roll.MMRConfig(), p=p, k_B=k_b,
+                                      k_D=k_d, gamma_B=gamma_b, gamma_D=gamma_d).numpy()
     k_b_used = min(k_b, ref_b.shape[1])       # 11 neurons: k_B=100 means all of them
     k_d_used = 3 if k_d is None else k_d      # None: every class (the label's hinge is 0)
     ref = numpy_mmr(model.get_weights(), x, y, p, k_b_used, k_d_used, gamma_b, gamma_d)
@@ -144,8 +144,9 @@ def test_mmr_on_the_first_examples_of_a_batch(relu_case):
 
 def test_mmr_accepts_one_hot_labels(relu_case):
     model, x, y = relu_case
-    sparse = keras_roll.mmr_loss(model, x, y, k_B=3).numpy()
-    one_hot = keras_roll.mmr_loss(model, x, np.eye(3, dtype="float32")[y], k_B=3).numpy()
+    sparse = keras_roll.regularizer_loss(model, x, y, keras_roll.MMRConfig(k_B=3)).numpy()
+    one_hot = keras_roll.regularizer_loss(model, x, np.eye(3, dtype="float32")[y],
+                                          keras_roll.MMRConfig(k_B=3)).numpy()
     np.testing.assert_array_equal(sparse, one_hot)
 
 
@@ -155,7 +156,7 @@ def test_mmr_weight_gradient_equals_central_differences(relu_case, p, fewest):
     config = keras_roll.MMRConfig(p=p, k_B=4, k_D=2, gamma_B=1.0, gamma_D=2.0,
                                   fewest_directions=fewest)
     with tf.GradientTape() as tape:
-        reg = tf.reduce_mean(keras_roll.mmr_loss(model, x, y, config))
+        reg = tf.reduce_mean(keras_roll.regularizer_loss(model, x, y, config))
     grads = tape.gradient(reg, model.trainable_variables)
     weights = [np.float64(w) for w in model.get_weights()]
     rng = np.random.default_rng(3)
@@ -216,7 +217,7 @@ def test_input_gradient_penalty_equals_numpy_and_nested_tapes(p):
     ref = np.linalg.norm(g, ord=q, axis=1) ** 2
     config = keras_roll.InputGradientConfig(p=p, loss="sparse_categorical_crossentropy")
     with tf.GradientTape() as tape:
-        got = keras_roll.input_gradient_loss(model, x, y, config)
+        got = keras_roll.regularizer_loss(model, x, y, config)
         mean = tf.reduce_mean(got)
     grads = tape.gradient(mean, model.trainable_variables)
     np.testing.assert_allclose(got.numpy(), ref, rtol=1e-5, atol=1e-7)
@@ -258,9 +259,9 @@ def wrapped_model(config):
 
 def reference_term(model, x, y, config):
     if isinstance(config, keras_roll.MMRConfig):
-        return keras_roll.mmr_loss(model, x, y, config).numpy()
-    return keras_roll.input_gradient_loss(model, x, y, config,
-                                          loss="sparse_categorical_crossentropy").numpy()
+        return keras_roll.regularizer_loss(model, x, y, config).numpy()
+    return keras_roll.regularizer_loss(model, x, y, config,
+                                       loss="sparse_categorical_crossentropy").numpy()
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=["mmr", "input_gradient"])
@@ -370,7 +371,8 @@ def test_wrap_refuses_unknown_fields_and_two_configs():
         keras_roll.wrap(model, regularizer=keras_roll.MMRConfig(), C=1.0)
     with pytest.raises(TypeError, match="once"):
         keras_roll.wrap(model, RollConfig(), regularizer=keras_roll.MMRConfig())
-    with pytest.raises(TypeError, match="MMRConfig or InputGradientConfig"):
+    with pytest.raises(TypeError, match=r"registered regularizer, one of \[.*'InputGradientConfig"
+                                         r".*'MMRConfig'.*'RollConfig'"):
         keras_roll.wrap(model, regularizer={"lam": 1.0})
     wrapped = keras_roll.wrap(model, regularizer=keras_roll.MMRConfig(), k_B=7)
     assert wrapped.layers[-1].config.k_B == 7

@@ -20,11 +20,11 @@ import pytest
 import tensorflow as tf
 
 import keras_roll
+from keras_roll.regularizers.base import evaluating
 from keras_roll.roll import loss as roll
 from keras_roll.roll.callbacks import MarginMonitor
 from keras_roll.roll.config import RollConfig
 from keras_roll.roll.estimators import estimator_for
-from keras_roll.roll.regularizer import evaluating
 from keras_roll.testing import tape_jacobian
 from tests import model_zoo as zoo
 

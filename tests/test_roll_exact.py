@@ -454,7 +454,7 @@ def variable_rnn(return_sequences=False, zero_output_for_mask=False, time=None, 
 def test_length_buckets_apply_to_a_last_state_recurrent_layer(build, applies):
     program = keras_roll.linearize(build()).program
     assert buckets_apply(program, RollConfig(skip_padded_steps=True), 0) is applies
-    assert not buckets_apply(program, RollConfig(), 0)  # every input axis by default
+    assert buckets_apply(program, RollConfig(), 0) is applies  # every input axis, cropped
     assert not buckets_apply(program, RollConfig(samples=2), 0)
 
 
@@ -474,6 +474,45 @@ def test_length_buckets_give_the_same_loss_and_gradients(bucket_case):
     got, grads = _loss_and_grads(model, x, C=0.5, gamma=60.0, skip_padded_steps=True)
     np.testing.assert_allclose(got, want, rtol=2e-6)
     _assert_same((got, grads), _loss_and_grads(model, x, C=0.5, gamma=60.0))
+
+
+def _whole_batch(monkeypatch):
+    """Exact ROLL without length buckets (the batch run whole, as before them)."""
+    monkeypatch.setattr(roll, "buckets_apply", lambda *args: False)
+
+
+def test_the_default_path_in_length_buckets_gives_the_whole_batch_loss(bucket_case,
+                                                                       monkeypatch):
+    """Every input axis, cropped in buckets (the default): the tape's loss, and the loss
+    and gradients of the whole padded batch pushed along every axis."""
+    model, x = bucket_case
+    want = reference_loss(rnn_groups(model, x), 0.5, 60.0)
+    got = _loss_and_grads(model, x, C=0.5, gamma=60.0)
+    np.testing.assert_allclose(got[0], want, rtol=2e-6)
+    with monkeypatch.context() as m:
+        _whole_batch(m)
+        whole = _loss_and_grads(model, x, C=0.5, gamma=60.0)
+    _assert_same(got, whole)
+
+
+@pytest.mark.graph
+def test_a_training_graph_cuts_a_padded_batch_and_runs_a_full_one_whole(monkeypatch):
+    """In a graph the cut is a `tf.cond` on the batch's lengths: the same loss and
+    gradients as the whole batch, for a padded batch (cut) and an unpadded one (whole)."""
+    model = variable_rnn()
+    lin = keras_roll.linearize(model)
+    padded, _ = zoo.padded_sequences(batch=8, steps=8, seed=3)
+    full = np.random.default_rng(4).normal(size=(8, 8, 3)).astype("float32")
+    step = _compiled_step(lin, RollConfig(C=0.5), [None, None, 3])
+    with monkeypatch.context() as m:
+        _whole_batch(m)
+        whole = _compiled_step(lin, RollConfig(C=0.5), [None, None, 3])
+        whole.get_concrete_function()
+    for xb in (padded, full):
+        got, want = step(tf.constant(xb)), whole(tf.constant(xb))
+        np.testing.assert_allclose(got[0].numpy(), want[0].numpy(), rtol=1e-6)
+        for g, r in zip(got[1], want[1]):
+            np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.slow

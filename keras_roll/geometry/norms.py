@@ -27,7 +27,7 @@ from keras_roll.options import Norm, parse_norm
 __all__ = ["dual_norm", "steepest_directions"]
 
 
-def dual_norm(g, p: Norm, axis: int | tuple = -1) -> tf.Tensor:
+def dual_norm(g, p: Norm, axis: int | tuple = -1, *, squared: bool = False) -> tf.Tensor:
     """The dual norm `||g||_q` (1/p + 1/q = 1) over `axis`.
 
     `p=2 -> ||g||_2`, `p=1 -> ||g||_inf = max|g|`, `p=inf -> ||g||_1 = sum|g|`. The
@@ -39,6 +39,8 @@ def dual_norm(g, p: Norm, axis: int | tuple = -1) -> tf.Tensor:
         g: gradients or functionals (a tensor, or an array: float64 stays float64).
         p: 1, 2 or `np.inf` (or 'l1', 'l2', 'linf'), the norm of the ball.
         axis: the input axis, or a tuple of axes, to reduce.
+        squared: return `||g||_q^2` (for `p=2` the sum of squares, no square root:
+            the regularizers' squared gradient norms).
 
     Returns:
         A tensor of `g`'s shape without `axis`.
@@ -49,10 +51,15 @@ def dual_norm(g, p: Norm, axis: int | tuple = -1) -> tf.Tensor:
     dual_norm(np.array([3.0, -4.0]), 2)       # 5.0
     dual_norm(np.array([3.0, -4.0]), np.inf)  # 7.0
     dual_norm(lam, 2, axis=(2, 3))            # [B, C] of [B, C, H, W] functionals
+    dual_norm(np.array([3.0, -4.0]), np.inf, squared=True)  # 49.0
     ```
     """
     p = parse_norm(p)
     g = g if tf.is_tensor(g) else tf.convert_to_tensor(np.asarray(g))
+    if squared:
+        if p == 2:
+            return tf.reduce_sum(g * g, axis)
+        return tf.square(dual_norm(g, p, axis))
     if p == 2:
         sq = tf.reduce_sum(g * g, axis)
         pos = sq > 0

@@ -7,11 +7,10 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.certification import l2_margins
-from keras_roll.compile.twin import linearize
+from keras_roll.compile.twin import Linearized, linearize, unwrap
 from keras_roll.compile.units import resolve_units
 from keras_roll.inputs import is_stream, stream_elements
 from keras_roll.options import Rigor
-from keras_roll.roll import regularizer
 
 PERCENTILES = (25, 50, 75, 100)
 
@@ -98,11 +97,12 @@ class MarginMonitor(keras.callbacks.Callback):
         self._writer = None
 
     def _linearized(self):
-        plain = regularizer.unwrap(self.model)
+        plain = unwrap(self.model)
         if self._lin is None or self._lin_model is not plain:
             for layer in getattr(self.model, "layers", []):
-                if isinstance(layer, regularizer.RollRegularizer) and layer.inner_model is plain:
-                    self._lin = layer.linearized  # reuse the twin of the regularizer
+                twin = getattr(layer, "linearized", None)  # a RollRegularizer's
+                if isinstance(twin, Linearized) and getattr(layer, "inner_model", None) is plain:
+                    self._lin = twin  # reuse the twin of the regularizer
                     break
             else:
                 self._lin = linearize(plain)

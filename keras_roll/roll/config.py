@@ -149,10 +149,11 @@ class RollConfig:
             docs/design.md, "Exact ROLL in fewer directions".
         skip_padded_steps: exact ROLL only: True pushes, behind a leading
             Masking layer, one direction per example and valid (unpadded) input
-            axis, in length buckets (`keras_roll.roll.exact.PackedAxes`,
-            `keras_roll.roll.buckets`): the same loss. False (default) pushes
-            every input axis: on the paper's Japanese Vowels scoRNN it was
-            measured faster (benchmarks/README.md, "Training steps").
+            axis (`keras_roll.roll.exact.PackedAxes`): the same loss. False
+            (default) pushes every input axis: on the paper's Japanese Vowels
+            scoRNN it was measured faster (benchmarks/README.md, "Training
+            steps"). Either way a padded batch of a last-state recurrent layer
+            runs in length buckets (`keras_roll.roll.buckets`).
 
     None stands for a field's default (`RollConfig(lam=None).lam == 2.0`).
 
@@ -180,6 +181,8 @@ class RollConfig:
     tangent_dtype: str | None = None
     fewest_directions: bool = True
     skip_padded_steps: bool = False
+
+    log_name = "roll_loss"  # the metric of the term (keras_roll.regularizers.registry)
 
     def __post_init__(self):
         for field in dataclasses.fields(self):  # None means the default

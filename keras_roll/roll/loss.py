@@ -40,8 +40,8 @@ single direction of the batch does not fit, the error points to `samples=`.
 On a CPU, chunks around the L3 cache size are fastest even with the
 recomputation (`benchmarks/step_time.py`).
 
-`RollRegularizer`, `wrap` and `unwrap`, which train with this loss through
-`fit`, live in `keras_roll.roll.regularizer`.
+`RollRegularizer` and `wrap`, which train with this loss through
+`fit`, live in `keras_roll.regularizers` (`roll`, `wrap`).
 """
 
 from __future__ import annotations
@@ -243,8 +243,8 @@ def loss_from_config(lin: Linearized, x: tf.Tensor, config: RollConfig | RollPla
         return (loss, fwd.logits) if return_logits else loss
     if buckets_apply(lin.program, plan.config, plan.entry):  # exact, masked: crop by length
         keep = padding_mask(lin.program, fwd.trace, plan.entry)
-        loss = bucketed(x, keep, lambda xb: _per_example(lin, lin.primal(xb), xb, plan, seed,
-                                                         precompute_gradient))
+        loss = bucketed(x, keep, lambda xb: _per_example(
+            lin, fwd if xb is x else lin.primal(xb), xb, plan, seed, precompute_gradient))
     else:
         loss = _per_example(lin, fwd, x, plan, seed, precompute_gradient)
     loss = _nan_where_nonfinite(fwd, loss)

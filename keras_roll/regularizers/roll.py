@@ -1,10 +1,10 @@
-"""`wrap(model)`: train a Keras model with the ROLL regularizer through `fit`.
+"""ROLL in the regularizer family: `RollRegularizer`, the layer that adds
+`lam * mean(roll_loss(model, x))` in `fit`, and the registration of `RollConfig`.
 
-`RollRegularizer` is a layer that holds the model (sharing its weights) and, in
-training, adds `lam * mean(roll_loss(model, x))` with `add_loss`; `wrap` builds
-the functional model around it, a `RollModel`, and `unwrap` gives the plain
-model back. Its hyperparameters are one `RollConfig`; `get_config` stores them
-with `dataclasses.asdict`, so saved `.keras` files (which name the classes
+The ROLL machinery (its config, estimators, exact and sampled passes) is
+`keras_roll.roll`; this module makes it a regularizer `keras_roll.wrap` trains
+with (the default one). `get_config` stores the hyperparameters with
+`dataclasses.asdict`, so saved `.keras` files (which name the classes
 `keras_roll>RollRegularizer` and `keras_roll>RollModel`) load back. See
 docs/design.md, sections "Data flow of a ROLL training step" and "Validation
 loss of a ROLL model".
@@ -21,63 +21,29 @@ comparable between epochs.
 Example:
 
 ```python
-wrapped = keras_roll.wrap(model, lam=2.0, C=1.0, gamma=100.0)
-wrapped.compile("sgd", "sparse_categorical_crossentropy")
-wrapped.fit(x, y, epochs=5)
+layer = RollRegularizer(model, lam=2.0)
+inp = keras.Input(model.input_shape[1:])
+wrapped = keras_roll.RollModel(inp, layer(inp))
 ```
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
-import threading
 
 import keras
 import tensorflow as tf
 
-from keras_roll.compile.keras_internals import first_local_batch, in_multi_worker_mode
-from keras_roll.compile.twin import Linearized, linearize, unwrap
-from keras_roll.roll.config import RollConfig, resolve_config
-from keras_roll.roll.entry import roll_plan
-from keras_roll.roll.loss import loss_from_config
-from keras_roll.roll.supervised import SupervisedRegularizer, TermMean, is_supervised_config
-from keras_roll.roll.terms import labelled_step, resolve_term_config
+from keras_roll.compile.twin import Linearized, linearize
+from keras_roll.regularizers.base import TermMean, TermResult, in_evaluation
+from keras_roll.regularizers.registry import register_regularizer
+from keras_roll.roll import RollConfig, loss_from_config, resolve_config, roll_loss, roll_plan
 
-__all__ = ["RollModel", "RollRegularizer", "evaluating", "unwrap", "wrap"]
+__all__ = ["RollRegularizer", "roll_term"]
 
 _EVAL_STREAM = 2**31 - 2  # folded into the seed in evaluation (training steps never reach it)
 _MAX_SEED = 2**31 - 1
-_state = threading.local()
-
-
-@contextlib.contextmanager
-def evaluating():
-    """Marks the calls made inside it (in this thread) as an evaluation step.
-
-    `RollModel.test_step` runs in it; a `RollRegularizer` with `on_eval=None`
-    computes the ROLL term when called with `training=False` inside it. It is
-    thread-local, so the replica threads of a `MirroredStrategy` each see their
-    own flag.
-
-    Example:
-
-    ```python
-    with evaluating():
-        outputs = wrapped(x, training=False)   # adds lam * ROLL to wrapped.losses
-    ```
-    """
-    depth = getattr(_state, "depth", 0)
-    _state.depth = depth + 1
-    try:
-        yield
-    finally:
-        _state.depth = depth
-
-
-def _in_evaluation() -> bool:
-    return getattr(_state, "depth", 0) > 0
 
 
 @keras.saving.register_keras_serializable(package="keras_roll")
@@ -216,7 +182,7 @@ class RollRegularizer(keras.layers.Layer):
         if training:
             return True
         if self.on_eval is None:
-            return _in_evaluation()
+            return in_evaluation()
         return self.on_eval
 
     @tf.autograph.experimental.do_not_convert
@@ -267,132 +233,23 @@ for _field in dataclasses.fields(RollConfig):
                      doc=f"`RollConfig.{_field.name}` of this regularizer."))
 
 
-@keras.saving.register_keras_serializable(package="keras_roll")
-class RollModel(keras.Model):
-    """The functional model `wrap` returns: its `evaluate` computes the ROLL term.
-
-    A plain functional model (same layers, inputs and outputs, saved and
-    loaded like one as `keras_roll>RollModel`) whose steps pass their labels
-    on (`keras_roll.roll.terms.labelled_step`, read by the regularizers that
-    need them: MMR, the input-gradient norm) and whose `test_step` runs inside
-    `evaluating()`, so that a `RollRegularizer` with `on_eval=None` adds
-    `lam * ROLL` in `evaluate` (and in `fit`'s validation) but not in
-    `predict`. Keras passes `training=False` to both, so the step is what
-    tells them apart.
+def roll_term(config: RollConfig, model):
+    """ROLL as a term `term(x, y, training) -> TermResult` (`y` is not read), for
+    `keras_roll.regularizer_loss`; `wrap` trains ROLL with `RollRegularizer`.
 
     Example:
 
     ```python
-    wrapped = keras_roll.wrap(model, lam=2.0)        # a RollModel
-    wrapped.compile("sgd", "sparse_categorical_crossentropy")
-    wrapped.evaluate(x, y, return_dict=True)         # {'loss': ce + 2 * roll, 'roll_loss': ...}
+    roll_term(RollConfig(C=1.0), model)(x, None, False).per_example     # [B]
     ```
     """
+    def term(x, y, training):
+        per_example, logits = roll_loss(model, x, config, return_logits=True)
+        lin = linearize(model)
+        return TermResult(per_example, lin.apply_output_link(logits))
 
-    def train_step(self, data):
-        with _labels_of(data, self.loss):  # MMR / input gradient read them (roll.supervised)
-            return _multi_worker_logs(super().train_step(data), self.distribute_strategy)
-
-    def test_step(self, data):
-        with evaluating(), _labels_of(data, self.loss):
-            return _multi_worker_logs(super().test_step(data), self.distribute_strategy)
-
-    # Keras <= 3.15 `fit` fails under a multi-worker MultiWorkerMirroredStrategy
-    # (keras-team/keras#20585) at two places, both worked around here so that wrapped
-    # models train on several hosts: the first batch is reduced with
-    # `strategy.reduce("MEAN", (x, y))`, refused for a nested batch (we build from this
-    # worker's local batch), and the scalar logs with `strategy.reduce("MEAN", v,
-    # axis=0)`, refused for scalars (`_multi_worker_logs` gives them a batch axis).
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        if iterator is not None and data_batch is None:
-            batch = first_local_batch(self.distribute_strategy, iterator)
-            if batch is not None:
-                return super()._maybe_symbolic_build(data_batch=batch)
-        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+    return term
 
 
-def _labels_of(data, loss):
-    """`labelled_step` with the targets of a step's data (`(x, y[, w])` or `x`)."""
-    _, y, _ = keras.utils.unpack_x_y_sample_weight(data)
-    return labelled_step(y, loss)
-
-
-def _multi_worker_logs(logs, strategy):
-    """Scalar logs as `[1]` tensors under a multi-worker strategy (see `RollModel`)."""
-    if not in_multi_worker_mode(strategy):
-        return logs
-    return tf.nest.map_structure(
-        lambda t: tf.reshape(t, [1]) if tf.is_tensor(t) and t.shape.rank == 0 else t, logs)
-
-
-def wrap(model: keras.Model, config: RollConfig | None = None, *, regularizer=None,
-         **overrides) -> RollModel:
-    """Returns a model that trains `model` with the ROLL regularizer (Eq. 9 / 10),
-    or with the regularizer `regularizer` configures (MMR, input-gradient norm).
-
-    The wrapped model (a `RollModel`) has the same inputs and outputs as
-    `model` and shares its weights; `compile` / `fit` / `evaluate` / `predict`
-    work as usual. During `fit`, `lam * mean(roll_loss(model, x))` is added to
-    the loss and the regularizer (without `lam`) is reported as `roll_loss` in
-    History. `evaluate` (so `fit`'s validation) computes it too, on the
-    evaluation data with a fixed seed: `val_roll_loss`, and `val_loss` = the
-    compiled loss + `lam * val_roll_loss`, the training objective, which is the
-    quantity to select the best epoch by. `predict` returns `model`'s outputs
-    without computing it. Save it as a `.keras` file like any model; `unwrap`
-    gives the plain model back.
-
-    Args:
-        model: a functional or Sequential model of supported layers (a final
-            softmax is fine: it is folded into the loss); a model made by `wrap`
-            is unwrapped first (the new hyperparameters replace the old ones).
-        config: a `RollConfig` (`keras_roll.roll.config`, where each field is
-            described), or None for the defaults: exact ROLL with `lam=2`,
-            `C=1`, `gamma=100`.
-        **overrides: `RollConfig` fields replacing those of `config`: `lam`,
-            `C`, `gamma`, `samples` (None: exact; k: Eq. 10), `strata`,
-            `estimator`, `seed`, `on_eval`, `memory_budget`, `share_axes`,
-            `wrt` (e.g. `wrt="normalize"` for `keras_roll.models.fc()`: the
-            paper's normalised units) and `tangent_dtype`.
-
-    Returns:
-        A `RollModel` (a functional `keras.Model`).
-
-    Raises:
-        TypeError: `config` is not a `RollConfig`, or an unknown keyword.
-        ValueError: bad hyperparameters, or a `wrt` that is not a leading
-            elementwise affine layer (the message lists the valid names).
-        keras_roll.UnsupportedModelError: a layer the twin cannot linearize.
-
-    Example:
-
-    ```python
-    wrapped = keras_roll.wrap(model, lam=2.0, C=1.0, gamma=100.0)
-    wrapped.compile("sgd", "sparse_categorical_crossentropy")
-    history = wrapped.fit(x, y, epochs=5, validation_data=(xv, yv))
-    history.history["val_roll_loss"]          # ROLL on the validation data
-    sampled = keras_roll.wrap(model, RollConfig(lam=2.0, samples=3), seed=0)
-    plain = keras_roll.unwrap(wrapped)        # the same object as `model`
-    mmr = keras_roll.wrap(model, regularizer=keras_roll.MMRConfig(p="inf", gamma_B=0.1))
-    ```
-    """
-    if regularizer is not None and config is not None:
-        raise TypeError(f"Pass the regularizer's config once, as config or as regularizer; got "
-                        f"config={config!r} and regularizer={regularizer!r}.")
-    chosen = config if regularizer is None else regularizer
-    if regularizer is not None and not isinstance(chosen, RollConfig) and \
-            not is_supervised_config(chosen):
-        raise TypeError(f"regularizer must be a RollConfig, MMRConfig or InputGradientConfig "
-                        f"(or IBPConfig, CrownIBPConfig; None for ROLL), got {chosen!r}.")
-    if is_supervised_config(chosen):
-        chosen = resolve_term_config(type(chosen), chosen, overrides)
-        model = unwrap(model)
-        name = chosen.log_name.removesuffix("_loss")
-        layer = SupervisedRegularizer(model, chosen, name=f"{name}_regularizer")
-        inp = keras.Input(shape=model.input_shape[1:], dtype=model.inputs[0].dtype)
-        return RollModel(inp, layer(inp), name=f"{model.name}_{name}")
-    config = chosen
-    config = resolve_config(config, **overrides)
-    model = unwrap(model)  # wrapping a wrapped model re-wraps its plain model
-    layer = RollRegularizer(model, config, name="roll_regularizer")
-    inp = keras.Input(shape=model.input_shape[1:], dtype=model.inputs[0].dtype)
-    return RollModel(inp, layer(inp), name=f"{model.name}_roll")
+register_regularizer(RollConfig, layer=RollRegularizer, make_term=roll_term,
+                     resolve=resolve_config)

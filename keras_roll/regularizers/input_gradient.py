@@ -1,5 +1,4 @@
-"""Input-gradient regularization (double back-propagation): `InputGradientConfig`,
-`input_gradient_loss`.
+"""Input-gradient regularization (double back-propagation): `InputGradientConfig`.
 
 Drucker & LeCun, "Improving generalization performance using double
 backpropagation", IEEE TNN 1992; Ross & Doshi-Velez, "Improving the adversarial
@@ -13,7 +12,8 @@ Example:
 
 ```python
 wrapped = keras_roll.wrap(model, regularizer=InputGradientConfig(lam=0.1, p=2))
-per_example = input_gradient_loss(model, x, y, loss="sparse_categorical_crossentropy")
+config = InputGradientConfig(loss="sparse_categorical_crossentropy")
+per_example = keras_roll.regularizer_loss(model, x, y, config)
 ```
 """
 
@@ -24,19 +24,21 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from keras_roll.roll.terms import (
-    TermConfig,
+from keras_roll.geometry import dual_norm
+from keras_roll.regularizers.base import (
+    RegularizerConfig,
     TermResult,
     current_labels,
-    resolve_term_config,
 )
+from keras_roll.regularizers.registry import register_regularizer
 
-__all__ = ["InputGradientConfig", "InputGradientTerm", "input_gradient_loss",
-           "input_gradient_penalty", "per_example_loss", "resolve_input_gradient_config"]
+__all__ = ["InputGradientConfig", "InputGradientTerm", "input_gradient_penalty",
+           "per_example_loss"]
 
 
+@register_regularizer
 @dataclasses.dataclass(frozen=True)
-class InputGradientConfig(TermConfig):
+class InputGradientConfig(RegularizerConfig):
     """The hyperparameters of input-gradient regularization, validated.
 
     For an example `x` with label `y`,
@@ -114,15 +116,6 @@ def per_example_loss(loss):
                      f"pass InputGradientConfig(loss=<Keras loss name>); got loss={loss!r}.")
 
 
-def _dual_sq(g, p: float):
-    """`||g||_q^2` per row of `[B, D]`."""
-    if p == 2:
-        return tf.reduce_sum(tf.square(g), axis=-1)
-    if p == 1:
-        return tf.square(tf.reduce_max(tf.abs(g), axis=-1))
-    return tf.square(tf.reduce_sum(tf.abs(g), axis=-1))
-
-
 @tf.autograph.experimental.do_not_convert
 def input_gradient_penalty(model, x, y, loss_fn, p: float, training: bool) -> TermResult:
     """`||grad_x loss_fn(y, model(x))||_q^2` per example, differentiable in the weights.
@@ -146,14 +139,14 @@ def input_gradient_penalty(model, x, y, loss_fn, p: float, training: bool) -> Te
         total = tf.reduce_sum(loss_fn(y, outputs))
     grad = tape.gradient(total, x)
     grad = tf.reshape(grad, [tf.shape(x)[0], -1])
-    return TermResult(_dual_sq(grad, p), outputs)
+    return TermResult(dual_norm(grad, p, squared=True), outputs)
 
 
 class InputGradientTerm:
     """The input-gradient penalty of one model: `term(x, y, training) -> TermResult`.
 
     The loss is the config's `loss`, else the loss of the step being traced
-    (`keras_roll.roll.terms.current_labels`).
+    (`keras_roll.regularizers.base.current_labels`).
 
     Example:
 
@@ -175,40 +168,3 @@ class InputGradientTerm:
         return input_gradient_penalty(self.model, x, y, per_example_loss(loss), self.config.p,
                                       bool(training))
 
-
-def input_gradient_loss(model, x, y, config: InputGradientConfig | None = None,
-                        **overrides) -> tf.Tensor:
-    """The input-gradient penalty per example (`[B]`, without `lam`).
-
-    Args:
-        model: a Keras model (any differentiable one).
-        x: `[B, *input_shape]` float inputs.
-        y: the targets, as the loss takes them.
-        config: an `InputGradientConfig`; its `loss` must name a Keras loss
-            here (there is no compiled loss to take).
-        **overrides: `InputGradientConfig` fields replacing those of `config`.
-
-    Returns:
-        `[B]` float tensor, in inference mode.
-
-    Example:
-
-    ```python
-    input_gradient_loss(model, x, y, loss="sparse_categorical_crossentropy", p="inf")
-    ```
-    """
-    config = resolve_input_gradient_config(config, **overrides)
-    return config.term(model)(x, y, training=False).per_example
-
-
-def resolve_input_gradient_config(config: InputGradientConfig | None = None,
-                                  **overrides) -> InputGradientConfig:
-    """`config` (default `InputGradientConfig()`) with `overrides` replaced, validated.
-
-    Example:
-
-    ```python
-    resolve_input_gradient_config(None, lam=0.1)
-    ```
-    """
-    return resolve_term_config(InputGradientConfig, config, overrides)

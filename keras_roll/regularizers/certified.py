@@ -9,16 +9,17 @@ step's graph and differentiable in the weights. `-lower` are the worst-case logi
 
     kappa * CE(f(x), y) + (1 - kappa) * CE(z_worst(eps), y).
 
-`roll` sits above `robust` in the module map, so this module calls the compiler's
-passes itself with the unguarded arithmetic `keras_roll.robust.interval_bounds`
-uses for training. docs/design.md, section "Certified training by bound passes".
+This module calls the compiler's passes itself (on the twin's `capture` of the
+batch, with every pair of classes' margins folded into the last layer), with the
+unguarded arithmetic `keras_roll.robust.interval_bounds` uses for training.
+docs/design.md, section "Certified training by bound passes".
 
 Example:
 
 ```python
 wrapped = keras_roll.wrap(model, regularizer=IBPConfig(eps=0.1, kappa=0.5))
 wrapped.compile("adam", "sparse_categorical_crossentropy")
-wrapped.fit(x, y, callbacks=[keras_roll.callbacks.EpsilonRamp(0.1, steps=2000)])
+wrapped.fit(x, y, callbacks=[keras_roll.callbacks.EpsilonRamp(0.1, length=2000)])
 ```
 """
 
@@ -32,15 +33,21 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.bounds import Arithmetic, BoundMethod, IntervalPasses, capture
-from keras_roll.compile.structure import structure_of
+from keras_roll.compile.bounds import (
+    Arithmetic,
+    BoundMethod,
+    IntervalPasses,
+    logit_margins,
+    margin_rows,
+)
 from keras_roll.compile.twin import linearize
 from keras_roll.compile.units import resolve_units
-from keras_roll.roll.terms import (
-    TermConfig,
+from keras_roll.regularizers.base import (
+    RegularizerConfig,
     TermResult,
     class_indices,
 )
+from keras_roll.regularizers.registry import register_regularizer
 from keras_roll.rounding import rules
 
 __all__ = ["CertifiedMean", "CertifiedTerm", "CrownIBPConfig", "IBPConfig", "WorstCase",
@@ -65,8 +72,9 @@ def check_fraction(name: str, value) -> float:
     return float(value)
 
 
+@register_regularizer
 @dataclasses.dataclass(frozen=True)
-class IBPConfig(TermConfig):
+class IBPConfig(RegularizerConfig):
     """Interval bound propagation training (Gowal et al. 2018), validated.
 
     With `z_worst(eps) = -lower`, the negated lower bounds of the margins
@@ -141,6 +149,7 @@ class IBPConfig(TermConfig):
         return CertifiedTerm(model, self)
 
 
+@register_regularizer
 @dataclasses.dataclass(frozen=True)
 class CrownIBPConfig(IBPConfig):
     """CROWN-IBP training (Zhang et al., ICLR 2020), validated.
@@ -231,24 +240,19 @@ def worst_case_logits(model, x, y, eps, *, p=np.inf, beta=0.0) -> WorstCase:
     """
     lin = linearize(model)
     x = lin.check_input(x)
-    structure = structure_of(lin.program)
-    values = capture(lin.interpreter, x)
-    logits = values.value(structure, structure.output_key)
-    classes = int(np.prod(logits.shape[1:]))
-    logits = tf.reshape(logits, [-1, classes])
+    classes = int(np.prod(lin.model.outputs[0].shape[1:]))
     labels = class_indices(y, classes, "Certified training")
-    # the L - 1 margins z_y - z_j, j = y + 1, ..., y + L - 1 (mod L): no functional for y
-    others = tf.one_hot((labels[:, None] + tf.range(1, classes)) % classes, classes,
-                        dtype=logits.dtype)                            # [B, L-1, L]
-    m0 = (tf.gather(logits, labels, batch_dims=1)[:, None]
-          - tf.reduce_sum(others * logits[:, None], -1))                # z_y - z_j
+    lm = logit_margins(lin.interpreter, x, labels)
+    structure, values, logits, rows = lm.structure, lm.values, lm.logits, lm.rows
+    others = tf.one_hot(lm.others, classes, dtype=logits.dtype)         # [B, L-1, L]
+    m0 = lm.margins                                                     # z_y - z_j
     passes = IntervalPasses(structure, values, tf.cast(eps, logits.dtype), p,
                             Arithmetic(_linear_magnitude))
-    rows = tf.one_hot(labels, classes, dtype=logits.dtype)[:, None] - others
     if _pairs_fit(structure, values, classes, lin.memory_budget):
         # The intervals of the margins of every pair of classes (rows shared by the
         # batch: two small products with the last layer's box), then each example's.
-        pairs = passes.interval(tf.constant(_margin_rows(classes), logits.dtype)[None])
+        pairs = passes.interval(tf.reshape(margin_rows(tf.range(classes), classes,
+                                                       logits.dtype)[0], [1, -1, classes]))
         ibp = tf.gather(tf.reshape(pairs, [-1, classes, classes - 1]), labels, batch_dims=1)
     else:  # many classes: the L - 1 rows of each example
         ibp = passes.interval(rows)
@@ -273,13 +277,6 @@ def _pairs_fit(structure, values, classes: int, budget: int) -> bool:
     index = structure.producer[structure.output_key]
     width = max(int(np.prod(v.shape[1:])) for v in values.inputs[index])
     return classes * (classes - 1) * width * values.x.dtype.size <= budget
-
-
-def _margin_rows(classes: int) -> np.ndarray:
-    """`[L (L-1), L]`: `e_y - e_j` for `y = 0..L-1`, `j = y + 1, ..., y + L - 1 (mod L)`."""
-    eye = np.eye(classes)
-    return np.stack([eye[y] - eye[(y + k) % classes]
-                     for y in range(classes) for k in range(1, classes)])
 
 
 def _own(labels, classes):

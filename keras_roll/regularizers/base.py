@@ -1,11 +1,13 @@
-"""What the regularizers beside ROLL share: their result type, the labels of a
-step, and the checks of their configs.
+"""What the regularizers share: their config base, their result type, the labels
+and the kind of the step being traced, the checks of their fields, the dual norm.
 
 A regularizer config (`MMRConfig`, `InputGradientConfig`, ...) is a frozen
-dataclass with `lam`, `on_eval`, a `log_name`, `to_config()` and
-`term(model)`, which returns a callable `term(x, y, training) -> TermResult`;
-`keras_roll.roll.supervised.SupervisedRegularizer` adds `lam * mean(term)` to
-the training loss. docs/design.md, section "Regularizers beside ROLL".
+dataclass over `RegularizerConfig` with the fields `lam` and `on_eval`, a class
+attribute `log_name` and a method `term(model)`, which returns a callable
+`term(x, y, training) -> TermResult`; `register_regularizer`
+(`keras_roll.regularizers.registry`) makes it a `regularizer=` of `wrap`, whose
+layer adds `lam * mean(term)` to the training loss. docs/design.md, section
+"Regularizers beside ROLL".
 
 Example:
 
@@ -23,14 +25,15 @@ import math
 import threading
 from typing import Any, NamedTuple
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 from keras_roll.options import INF, parse_norm
 
-__all__ = ["StepLabels", "TermConfig", "TermResult", "check_norm", "check_on_eval",
-           "check_positive", "check_weight", "class_indices", "current_labels",
-           "labelled_step", "norm_name", "resolve_term_config"]
+__all__ = ["RegularizerConfig", "StepLabels", "TermMean", "TermResult", "check_norm",
+           "check_on_eval", "check_positive", "check_weight", "class_indices", "current_labels",
+           "evaluating", "in_evaluation", "labelled_step", "norm_name"]
 
 _state = threading.local()
 
@@ -89,6 +92,45 @@ def current_labels() -> StepLabels | None:
     return getattr(_state, "labels", None)
 
 
+@contextlib.contextmanager
+def evaluating():
+    """Marks the calls made inside it (in this thread) as an evaluation step.
+
+    `RollModel.test_step` runs in it; a `RollRegularizer` with `on_eval=None`
+    computes the ROLL term when called with `training=False` inside it. It is
+    thread-local, so the replica threads of a `MirroredStrategy` each see their
+    own flag.
+
+    Example:
+
+    ```python
+    with evaluating():
+        outputs = wrapped(x, training=False)   # adds lam * ROLL to wrapped.losses
+    ```
+    """
+    depth = getattr(_state, "depth", 0)
+    _state.depth = depth + 1
+    try:
+        yield
+    finally:
+        _state.depth = depth
+
+
+def in_evaluation() -> bool:
+    """Whether the calls of this thread run inside `evaluating()`."""
+    return getattr(_state, "depth", 0) > 0
+
+
+class TermMean(keras.metrics.Mean):
+    """A Mean that reads NaN ("not computed") instead of 0 before any update."""
+
+    def result(self):
+        count = tf.convert_to_tensor(self.count)
+        total = tf.convert_to_tensor(self.total)
+        nan = tf.constant(float("nan"), count.dtype)
+        return tf.where(count > 0, total / tf.maximum(count, 1e-12), nan)
+
+
 def class_indices(y, num_classes: int, what: str) -> tf.Tensor:
     """`[B]` int32 class indices from `[B]` / `[B, 1]` ints or `[B, L]` one-hot labels.
 
@@ -123,9 +165,16 @@ def check_norm(value, what: str) -> float:
                          f"{what}; got p={value!r}.") from None
 
 
-class TermConfig:
-    """The base of the frozen config dataclasses of the training terms: their shared
-    fields `p`, `lam` and `on_eval` are checked here.
+class RegularizerConfig:
+    """The base of the frozen config dataclasses of the regularizers: the fields
+    every one has, `lam` and `on_eval` (and `p`, where a config has one), are
+    checked here, and `to_config()` gives them as JSON-safe values for saving.
+
+    A subclass is a `@dataclasses.dataclass(frozen=True)` with the fields `lam`
+    and `on_eval`, a class attribute `log_name` (the metric of its term, e.g.
+    `"mmr_loss"`) and `term(model)`; registered with `register_regularizer`,
+    it is a `regularizer=` of `keras_roll.wrap`. A subclass that defines
+    `__post_init__` calls `check_shared` in it.
 
     Example:
 
@@ -134,17 +183,23 @@ class TermConfig:
     ```
     """
 
-    def check_shared(self, norm_of: str) -> None:
-        """Validates and normalises the fields every term has: `p` (the norm of
-        `norm_of`, as a float), `lam` and `on_eval`; a bad one raises `ValueError`."""
-        object.__setattr__(self, "p", check_norm(self.p, norm_of))
+    def __post_init__(self):
+        self.check_shared()
+
+    def check_shared(self, norm_of: str = "the perturbations") -> None:
+        """Validates and normalises the fields every regularizer has: `lam`, `on_eval`,
+        and `p` (the norm of `norm_of`, as a float) where there is one; a bad one
+        raises `ValueError`."""
+        if hasattr(self, "p"):
+            object.__setattr__(self, "p", check_norm(self.p, norm_of))
         object.__setattr__(self, "lam", check_weight("lam", self.lam))
         object.__setattr__(self, "on_eval", check_on_eval(self.on_eval))
 
     def to_config(self) -> dict:
         """The fields as JSON-safe values (`p` by name), for `get_config`."""
         config = dataclasses.asdict(self)
-        config["p"] = norm_name(self.p)
+        if "p" in config:
+            config["p"] = norm_name(self.p)
         return config
 
 
@@ -173,21 +228,3 @@ def check_on_eval(value) -> bool | None:
     raise ValueError(f"on_eval must be None (the term in evaluate, so val_loss is the "
                      f"training objective; not in predict, which has no labels) or False "
                      f"(only in training); got on_eval={value!r}.")
-
-
-def resolve_term_config(cls, config, overrides: dict):
-    """`config` (default `cls()`) with the fields in `overrides` replaced, validated.
-
-    Raises:
-        TypeError: `config` is not a `cls`, or an override names no field
-            (the message lists the fields).
-    """
-    if config is None:
-        config = cls()
-    elif not isinstance(config, cls):
-        raise TypeError(f"config must be a {cls.__name__} or None, got {config!r}.")
-    fields = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(overrides) - set(fields))
-    if unknown:
-        raise TypeError(f"Unknown {cls.__name__} field(s) {unknown}; its fields are {fields}.")
-    return dataclasses.replace(config, **overrides) if overrides else config

@@ -3,7 +3,7 @@
 Zhang et al., ICLR 2020 use them).
 
 Each sets a variable that the IBP / CROWN-IBP term of the wrapped model reads
-(`keras_roll.roll.certified.CertifiedTerm`) before every training batch:
+(`keras_roll.regularizers.certified.CertifiedTerm`) before every training batch:
 
     value(t) = start + (end - start) * clip((t - begin) / length, 0, 1)
 
@@ -23,7 +23,12 @@ from __future__ import annotations
 
 import keras
 
-from keras_roll.roll.certified import CertifiedTerm, certified_terms, check_fraction, check_radius
+from keras_roll.regularizers.certified import (
+    CertifiedTerm,
+    certified_terms,
+    check_fraction,
+    check_radius,
+)
 
 __all__ = ["BetaRamp", "EpsilonRamp", "KappaRamp", "LinearRamp"]
 

@@ -1,4 +1,4 @@
-"""MMR, the Maximum Margin Regularizer: `MMRConfig`, `mmr_distances`, `mmr_loss`.
+"""MMR, the Maximum Margin Regularizer: `MMRConfig`, `mmr_distances`.
 
 Croce, Andriushchenko & Hein, "Provable robustness of ReLU networks via
 maximization of linear regions", AISTATS 2019. For every example, the hinge on
@@ -13,7 +13,7 @@ Example:
 ```python
 config = MMRConfig(lam=0.5, p="inf", k_B=100, gamma_B=0.2, gamma_D=0.2)
 wrapped = keras_roll.wrap(model, regularizer=config)
-per_example = mmr_loss(model, x, y, config)      # [B], without lam
+per_example = keras_roll.regularizer_loss(model, x, y, config)      # [B], without lam
 ```
 """
 
@@ -27,22 +27,23 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.twin import Linearized, linearize
+from keras_roll.geometry import dual_norm
 from keras_roll.options import INF
-from keras_roll.roll.factored import factored_entry, gram_factor
-from keras_roll.roll.terms import (
-    TermConfig,
+from keras_roll.regularizers.base import (
+    RegularizerConfig,
     TermResult,
     check_positive,
     class_indices,
-    resolve_term_config,
 )
+from keras_roll.regularizers.registry import register_regularizer
+from keras_roll.roll import factored_entry, gram_factor
 
-__all__ = ["MMRConfig", "MMRDistances", "MMRTerm", "mmr_distances", "mmr_loss",
-           "mmr_per_example", "resolve_mmr_config"]
+__all__ = ["MMRConfig", "MMRDistances", "MMRTerm", "mmr_distances", "mmr_per_example"]
 
 
+@register_regularizer
 @dataclasses.dataclass(frozen=True)
-class MMRConfig(TermConfig):
+class MMRConfig(RegularizerConfig):
     """The MMR hyperparameters (Croce et al., AISTATS 2019), validated.
 
     For an example `x` with label `y`, with the activation pattern of `x` frozen,
@@ -157,24 +158,13 @@ def _check_bool(name: str, value) -> bool:
     return bool(value)
 
 
-def _dual_reduce(g, p: float, axis: int):
-    """The dual norm's reduction over `axis`: sum of squares (p = 2, squared),
-    max |g| (p = 1), sum |g| (p = inf)."""
-    if p == 2:
-        return tf.reduce_sum(tf.square(g), axis=axis)
-    if p == 1:
-        return tf.reduce_max(tf.abs(g), axis=axis)
-    return tf.reduce_sum(tf.abs(g), axis=axis)
-
-
-def _distances(numerator, reduced, p: float, ok):
-    """`numerator / ||g||_q` where `ok` and the norm is positive, else +inf; NaN-free
+def _distances(numerator, norm, ok):
+    """`numerator / norm` where `ok` and the norm is positive, else +inf; NaN-free
     gradients (the masked entries see only finite values)."""
-    positive = ok & (reduced > 0)
-    safe = tf.where(positive, reduced, tf.ones_like(reduced))
-    norm = tf.sqrt(safe) if p == 2 else safe
+    positive = ok & (norm > 0)
+    safe = tf.where(positive, norm, tf.ones_like(norm))
     num = tf.where(positive, numerator, tf.zeros_like(numerator))
-    return tf.where(positive, num / norm, tf.fill(tf.shape(num), tf.constant(INF, num.dtype)))
+    return tf.where(positive, num / safe, tf.fill(tf.shape(num), tf.constant(INF, num.dtype)))
 
 
 class MMRDistances(NamedTuple):
@@ -241,18 +231,18 @@ def mmr_distances(lin: Linearized, x: tf.Tensor, labels: tf.Tensor, p: float,
     fwd = lin.primal(x)
     logits = tf.reshape(fwd.logits, [-1, int(np.prod(fwd.logits.shape[1:]))])
     jvp = _tangents(lin, fwd.trace, shape, p, fewest_directions)
-    blocks = [_dual_reduce(block, p, axis=1) for block in jvp.neurons]
+    blocks = [dual_norm(block, p, axis=1) for block in jvp.neurons]
     neurons = fwd.neurons
-    reduced = tf.concat(blocks, axis=-1) if blocks else tf.zeros_like(neurons.z)
+    norms = tf.concat(blocks, axis=-1) if blocks else tf.zeros_like(neurons.z)
     dist = tf.minimum(neurons.below, neurons.above)
-    boundary = _distances(dist, reduced, p, neurons.valid & tf.math.is_finite(dist))
+    boundary = _distances(dist, norms, neurons.valid & tf.math.is_finite(dist))
 
     labels = tf.cast(labels, tf.int32)
     own = tf.gather(jvp.logits, labels, axis=2, batch_dims=1)           # [B, D]
-    diff = _dual_reduce(own[:, :, None] - jvp.logits, p, axis=1)        # [B, L]
+    diff = dual_norm(own[:, :, None] - jvp.logits, p, axis=1)           # [B, L]
     margin = tf.gather(logits, labels, axis=1, batch_dims=1)[:, None] - logits
     others = tf.not_equal(tf.range(tf.shape(logits)[1])[None, :], labels[:, None])
-    decision = _distances(margin, diff, p, others)
+    decision = _distances(margin, diff, others)
     return MMRDistances(boundary, decision, fwd.logits)
 
 
@@ -313,48 +303,3 @@ class MMRTerm:
             outputs = lin.model(x, training=training)
         return TermResult(per_example, outputs)
 
-
-def mmr_loss(model, x, y, config: MMRConfig | None = None, **overrides) -> tf.Tensor:
-    """MMR per example (`[B]`, without `lam`): Croce et al., AISTATS 2019.
-
-    Differentiable with respect to the model's weights (the activation pattern
-    of each example is a constant), so it can be added to a custom training
-    loss; `keras_roll.wrap(model, regularizer=MMRConfig(...))` does so in `fit`.
-
-    Args:
-        model: a Keras model the twin can linearize, or its `Linearized`.
-        x: `[B, *input_shape]` inputs.
-        y: `[B]` int labels, or `[B, L]` one-hot labels.
-        config: an `MMRConfig` (default `MMRConfig()`).
-        **overrides: `MMRConfig` fields replacing those of `config`.
-
-    Returns:
-        `[B]` float tensor.
-
-    Example:
-
-    ```python
-    with tf.GradientTape() as tape:
-        reg = tf.reduce_mean(mmr_loss(model, x, y, p="inf", k_B=50, gamma_B=0.1))
-    grads = tape.gradient(reg, model.trainable_variables)
-    ```
-    """
-    config = resolve_mmr_config(config, **overrides)
-    lin = model if isinstance(model, Linearized) else linearize(model)
-    return MMRTerm(lin, config)(x, y, training=False).per_example
-
-
-def resolve_mmr_config(config: MMRConfig | None = None, **overrides) -> MMRConfig:
-    """`config` (default `MMRConfig()`) with `overrides` replaced, validated.
-
-    Raises:
-        TypeError: `config` is not an `MMRConfig`, or an unknown field.
-        ValueError: a bad value (see `MMRConfig`).
-
-    Example:
-
-    ```python
-    resolve_mmr_config(None, p="inf", k_B=20)
-    ```
-    """
-    return resolve_term_config(MMRConfig, config, overrides)

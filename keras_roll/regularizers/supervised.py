@@ -1,14 +1,14 @@
-"""`SupervisedRegularizer`: the regularizers beside ROLL that need the labels (MMR,
-the input-gradient norm) as a layer of the model `keras_roll.wrap` returns.
+"""`SupervisedRegularizer`: the layer of every registered regularizer but ROLL
+(MMR, the input-gradient norm, IBP, CROWN-IBP, a user's own), in the model
+`keras_roll.wrap` returns.
 
-ROLL reads only `x`; MMR's decision boundaries and the input gradient of the
-loss also need `y` (and the loss), which Keras gives to `train_step` and
-`test_step` but not to a layer. The wrapped model (`RollModel`) enters
-`keras_roll.roll.terms.labelled_step` in both steps, and this layer reads the
-labels from it while the step is traced. Each regularizer is a config class in
-`CONFIG_CLASSES` (its own module); a new one (e.g. certified training by bound
-passes) is one more class with `lam`, `on_eval`, `log_name`, `to_config()` and
-`term(model)`, added there. docs/design.md, section "Regularizers beside ROLL".
+ROLL reads only `x`; the others may also need `y` (and the loss), which Keras
+gives to `train_step` and `test_step` but not to a layer. The wrapped model
+(`RollModel`) enters `keras_roll.regularizers.base.labelled_step` in both
+steps, and this layer reads the labels from it while the step is traced. The
+layer runs whatever term the config's registration makes (`config.term(model)`),
+so a new regularizer is one registered config class and no code here.
+docs/design.md, section "Regularizers beside ROLL".
 
 Example:
 
@@ -24,35 +24,15 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from keras_roll.roll.certified import CrownIBPConfig, IBPConfig
-from keras_roll.roll.input_gradient import InputGradientConfig
-from keras_roll.roll.mmr import MMRConfig
-from keras_roll.roll.terms import current_labels
+from keras_roll.regularizers.base import TermMean, current_labels
+from keras_roll.regularizers.registry import registration_of
 
-__all__ = ["CONFIG_CLASSES", "SupervisedRegularizer", "TermMean", "is_supervised_config"]
-
-CONFIG_CLASSES = {cls.__name__: cls for cls in (MMRConfig, InputGradientConfig,
-                                                    IBPConfig, CrownIBPConfig)}
-
-
-def is_supervised_config(config) -> bool:
-    """Whether `config` is the config of a regularizer this layer computes."""
-    return isinstance(config, tuple(CONFIG_CLASSES.values()))
-
-
-class TermMean(keras.metrics.Mean):
-    """A Mean that reads NaN ("not computed") instead of 0 before any update."""
-
-    def result(self):
-        count = tf.convert_to_tensor(self.count)
-        total = tf.convert_to_tensor(self.total)
-        nan = tf.constant(float("nan"), count.dtype)
-        return tf.where(count > 0, total / tf.maximum(count, 1e-12), nan)
+__all__ = ["SupervisedRegularizer"]
 
 
 @keras.saving.register_keras_serializable(package="keras_roll")
 class SupervisedRegularizer(keras.layers.Layer):
-    """Adds `lam * mean(term(x, y))` to the loss of `model(x)`: MMR, input gradient.
+    """Adds `lam * mean(term(x, y))` to the loss of `model(x)`: MMR, input gradient, ...
 
     The layer holds the model (sharing its weights) and returns its outputs.
     In a training step (`fit`) it computes the config's term on the step's
@@ -67,11 +47,13 @@ class SupervisedRegularizer(keras.layers.Layer):
 
     Args:
         model: the Keras model (or its config dict).
-        config: an `MMRConfig` or `InputGradientConfig`.
+        config: the config of a registered regularizer (`MMRConfig`,
+            `InputGradientConfig`, `IBPConfig`, `CrownIBPConfig`, ...).
         **kwargs: the keyword arguments of `keras.layers.Layer` (`name`, ...).
 
     Raises:
-        TypeError: `config` is not one of `CONFIG_CLASSES`.
+        TypeError: `config` is not a registered regularizer's (the message
+            lists them).
 
     Example:
 
@@ -81,13 +63,12 @@ class SupervisedRegularizer(keras.layers.Layer):
     """
 
     def __init__(self, model: keras.Model | dict, config, **kwargs):
-        if not is_supervised_config(config):
-            raise TypeError(f"config must be one of {sorted(CONFIG_CLASSES)}, got {config!r}.")
+        registration = registration_of(config, "config")
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
         if isinstance(model, dict):  # from a config
             model = keras.saving.deserialize_keras_object(model)
-        self.term = config.term(model)
+        self.term = registration.make_term(config, model)
         self.inner_model = model
         # Named as RollRegularizer's, so that `unwrap` and `linearize` recognise the layer.
         self.roll_config = config
@@ -97,7 +78,7 @@ class SupervisedRegularizer(keras.layers.Layer):
 
     @property
     def config(self):
-        """The regularizer's config (`MMRConfig`, `InputGradientConfig`)."""
+        """The regularizer's config (`MMRConfig`, `InputGradientConfig`, ...)."""
         return self.roll_config
 
     @property
@@ -119,8 +100,8 @@ class SupervisedRegularizer(keras.layers.Layer):
             raise ValueError(f"{type(self.roll_config).__name__} needs the labels of the batch: "
                              f"train the model keras_roll.wrap returns with fit(x, y) (or "
                              f"train_on_batch / evaluate with labels); in a custom loop, add "
-                             f"lam * mean of keras_roll.mmr_loss / input_gradient_loss "
-                             f"(model, x, y) to the loss instead.")
+                             f"lam * mean of keras_roll.regularizer_loss(model, x, y, "
+                             f"config) to the loss instead.")
         result = self.term(inputs, step.y, bool(training))
         per_example = tf.cast(result.per_example, "float32")
         reg = tf.reduce_mean(per_example)
@@ -143,9 +124,12 @@ class SupervisedRegularizer(keras.layers.Layer):
     def from_config(cls, config):
         config = dict(config)
         name = config.pop("regularizer")
-        if name not in CONFIG_CLASSES:
-            raise ValueError(f"Unknown regularizer {name!r} in a saved SupervisedRegularizer; "
-                             f"this version knows {sorted(CONFIG_CLASSES)}.")
-        fields = CONFIG_CLASSES[name](**config.pop("config"))
+        try:
+            registration = registration_of(name)
+        except TypeError:
+            raise ValueError(f"Unknown regularizer {name!r} in a saved SupervisedRegularizer: "
+                             f"register its config class (keras_roll.regularizers."
+                             f"register_regularizer) before loading the model.") from None
+        fields = registration.config_class(**config.pop("config"))
         model = keras.saving.deserialize_keras_object(config.pop("model"))
         return cls(model, fields, **config)
