@@ -9,7 +9,7 @@ bars do not run into.
   (`tqdm.write`);
 * `ExampleResult`: what `train_and_evaluate(config, workdir)` returns;
 * `LogOptions`: how much an example prints (the demo: one line per model);
-* `output_dir`, `quiet_tensorflow`.
+* `output_dir`, `start_tensorflow` (quiet and deterministic).
 
 Example:
 
@@ -32,7 +32,7 @@ from typing import NamedTuple
 from absl import app, flags
 
 __all__ = ["ExampleResult", "LogOptions", "UsageError", "define_run_flags", "log", "output_dir",
-           "quiet_tensorflow", "run"]
+           "run", "start_tensorflow"]
 
 
 class ExampleResult(NamedTuple):
@@ -168,9 +168,27 @@ def output_dir(path) -> Path:
     return out
 
 
-def quiet_tensorflow() -> None:
-    """Silences TensorFlow's Python warnings (retracing notes when certifying arrays of
-    several sizes, for example); errors still show."""
+def start_tensorflow(seed: int | None = None) -> None:
+    """Prepares TensorFlow for an example's run: quiet and, where TensorFlow offers
+    it, deterministic.
+
+    * TensorFlow's Python warnings are silenced (retracing notes when certifying
+      arrays of several sizes, for example); errors still show;
+    * op determinism is on (`tf.config.experimental.enable_op_determinism`): the same
+      seed on the same machine and versions gives the same numbers, run after run;
+    * with `seed`, Python's, NumPy's and TensorFlow's generators are seeded
+      (`keras.utils.set_random_seed`).
+
+    Example:
+
+    ```python
+    start_tensorflow(config.seed)
+    ```
+    """
+    import keras
     import tensorflow as tf
 
     tf.get_logger().setLevel("ERROR")
+    tf.config.experimental.enable_op_determinism()
+    if seed is not None:
+        keras.utils.set_random_seed(seed)

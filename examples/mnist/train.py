@@ -177,7 +177,7 @@ def train_and_evaluate(config: Config, workdir,
     """Trains (or reuses) every model of `config`, writes Table 1, the table of every
     model, the faithfulness table and figure of Table 1's models and, with `--sweep`,
     Figure 2 to `workdir`; returns what it wrote."""
-    app.quiet_tensorflow()
+    app.start_tensorflow(config.seed)
     out = app.output_dir(workdir)
     data = load_data(config)
     todo = specs(config)

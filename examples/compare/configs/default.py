@@ -109,18 +109,9 @@ class Config:
 
 
 # The fields every trained model depends on (a stored model is reused only if they match,
-# with its method's own fields and the data's fingerprint).
+# with its method's own fields, `Method.fields`, and the data's fingerprint).
 TRAINING_FIELDS = ("arch", "depth", "width", "epochs", "batch_size", "lr", "val_size",
                    "train_size", "seed")
-# Each method's own fields (beside its knob).
-METHOD_FIELDS = {
-    "vanilla": (),
-    "roll": ("roll_C", "roll_samples"),
-    "mmr": ("mmr_p", "mmr_k_B", "mmr_gamma_B", "mmr_gamma_D", "mmr_examples"),
-    "input_gradient": ("input_gradient_p",),
-    "ibp": ("ibp_kappa", "ramp"),
-    "crown_ibp": ("crown_ibp_kappa", "ramp"),
-}
 
 
 def get_config() -> Config:
