@@ -132,8 +132,13 @@ def table_rows(vanilla: dict, points: list[OperatingPoint], measures: dict,
     for point in points:
         what = POINT_NAMES.get(point.drop, FIXED)
         if point.row is None:
-            rows.append({"label": labels[point.method], "point": what,
-                         "knob": "none met the target"})
+            unmet = next((row for row in rows if row["label"] == labels[point.method]
+                          and row.get("tag") is None), None)
+            if unmet is not None:  # one row for the method's points that none met
+                unmet["point"] += f", {what}"
+            else:
+                rows.append({"label": labels[point.method], "point": what,
+                             "knob": "none met the target"})
             continue
         r = point.row
         same = next((row for row in rows if row.get("tag") == r["tag"]), None)
@@ -205,15 +210,17 @@ MARKERS = {"reference": "*", "same accuracy": "o", "1 % less accuracy": "s", FIX
 
 
 def _limits(values, log: bool = False) -> tuple[float, float] | None:
-    """Axis limits that hold `values` with a margin (None: no finite value)."""
+    """Axis limits that hold `values` with a margin (None: no finite value): a factor
+    1.5 on a log axis, else 8 % of the range and at least 1 on each side, within
+    [0, 100] (percentages)."""
     values = [v for v in values if v is not None and math.isfinite(v) and (v > 0 or not log)]
     if not values:
         return None
     lo, hi = min(values), max(values)
     if log:
         return lo / 1.5, hi * 1.5
-    pad = max(0.08 * (hi - lo), 0.5 if hi > 1.5 else 0.02)
-    return lo - pad, hi + pad
+    pad = max(0.08 * (hi - lo), 1.0)
+    return max(lo - pad, -1.0), min(hi + pad, 101.0)
 
 
 def figure(rows: list[dict], path: Path, title: str, eps=None):
