@@ -70,7 +70,8 @@ class Config:
     fixed: tuple[str, ...] = option(
         ("ibp:0.1", "ibp:0.3", "crown_ibp:0.1"), "Also train and measure these models "
         "outside the operating points, each as method:value (e.g. ibp:0.1, the training "
-        "eps the certified-training papers use for that radius, whatever the accuracy; --fixed= for none).")
+        "eps the certified-training papers use for that radius, whatever the accuracy; "
+        "--fixed= for none).")
     search_steps: int = option(2, "New trainings per method and operating point in the "
                                "bisection of its knob on validation accuracy.", lower_bound=1)
     roll_lam: float = option(2.0, "ROLL: the first lambda of the search.", above=0.0)
