@@ -5,8 +5,9 @@ show the pipeline, not the methods' standing: the report names no leaders). IBP 
 CROWN-IBP start their search at eps 0.02, ramp eps over every step after the first
 epoch and keep half the clean loss (kappa 0.5); the papers' eps (0.1, 0.3: the default
 `--fixed` models) need tens of epochs of ramp, so the quick run leaves them out (three
-epochs took them to 25 % and 11 % accuracy). Measured (seed 0): IBP and CROWN-IBP at
-eps 0.025 reach 77 % and 80 % validation accuracy, vanilla 88 %."""
+epochs took them to 25 % and 11 % validation accuracy). Measured (seed 0, 2026-11-28):
+vanilla 88.2 % validation accuracy; IBP and CROWN-IBP 81.0 % and 82.6 % at eps 0.02,
+88.4 % and 88.0 % at eps 0.005, the value the search keeps."""
 
 import dataclasses
 
