@@ -13,10 +13,13 @@ holds what an example may take as given:
 * for the examples that continue another one (`cert.summary()` after `certify`),
   `SETUP` says what runs first.
 
-An example that cannot run on this fixture is listed in `NOT_RUN` with the reason (a
-2-D input for region maps, the torchvision weights file, a layer the example leaves
-to the reader); `test_every_docstring_example_is_run_or_listed` fails for an example
-in neither list, and for a listed one that no longer exists. The examples of
+The docstrings of the modules that hold the public API count too (`module
+<name>[i]`). An example that cannot run on this fixture is listed in `NOT_RUN` with
+the reason (a 2-D input for region maps, the torchvision weights file, a layer the
+example leaves to the reader); one that fails as written is listed in `KNOWN_BROKEN`
+and expected to fail until it is fixed; every other example runs, and
+`test_every_docstring_example_is_run_or_listed` fails for a listed one that no
+longer exists. The examples of
 `SLOW` (certification, radii, attribution: seconds each) run in the tests marked
 `slow`; the others in the default suite.
 """
@@ -53,8 +56,26 @@ SETUP = {
     "attribution.faithfulness[0]": "sal = keras_roll.saliency(model, x, y)",
 }
 
+SETUP.update({
+    "module keras_roll.callbacks[0]": "model.compile('sgd', 'sparse_categorical_crossentropy')",
+    "module keras_roll.compile.units[0]": "margins = np.ones(4)",
+    "module keras_roll.roll.ramps[0]":
+        "wrapped = keras_roll.wrap(model, regularizer=keras_roll.IBPConfig(eps=0.0))\n"
+        "wrapped.compile('adam', 'sparse_categorical_crossentropy')",
+})
+
+# Examples that fail as written: the test expects them to fail (strict xfail), so a
+# fix shows as an unexpected pass and the entry goes.
+KNOWN_BROKEN = {
+    "module keras_roll.roll.certified[0]": "EpsilonRamp takes length=, not steps=",
+}
+
 # Examples that do not run on the fixture, with the reason.
 NOT_RUN = {
+    "module keras_roll.certification.zero_radii[0]": "`cnn`: the reader's CNN with max pooling",
+    "module keras_roll.compile.bounds.methods[0]":
+        "a fragment of a bound pass: `rows`, `arithmetic` of the calling pass",
+    "module keras_roll.plots[0]": "needs a model with a 2-D input (tests/test_plots.py)",
     "attribution.Score[0]": "a fragment: `maps` of an attribution of the reader's",
     "attribution.postprocess_saliency[0]": "a fragment: `grad` of the reader's image model",
     "attribution.integrated_gradients[0]": "plots maps of [B, H, W] images; the fixture is flat",
@@ -97,6 +118,13 @@ SLOW = {
     "Certificate.binding_direction[0]", "Certificate.boundary_point[0]",
     "RobustRadius.certified_accuracy[0]", "Certificate.concat[0]", "RobustRadius.concat[0]",
     "StabilityBounds.concat[0]", "MarginMonitor[0]", "lp_margins[0]",
+    "module keras_roll.attribution[0]", "module keras_roll.attribution.faithfulness[0]",
+    "module keras_roll.attribution.result[0]", "module keras_roll.attribution.smoothgrad[0]",
+    "module keras_roll.certification.certificates[0]",
+    "module keras_roll.certification.stability[0]", "module keras_roll.models[0]",
+    "module keras_roll.options[0]", "module keras_roll.robust.api[0]",
+    "module keras_roll.robust.result[0]", "module keras_roll.roll.regularizer[0]",
+    "module keras_roll.roll.ramps[0]", "wrap[0]", "module keras_roll.callbacks[0]",
 }
 
 
@@ -137,8 +165,24 @@ def _function(obj):
     return getattr(obj, "__func__", obj)
 
 
+def _public_modules() -> dict:
+    """`{name: module}`: the submodules `keras_roll.__all__` names and the modules that
+    define a public object (their docstrings show the module's use)."""
+    modules = {}
+    for name in keras_roll.__all__:
+        obj = getattr(keras_roll, name)
+        if inspect.ismodule(obj):
+            modules[obj.__name__] = obj
+    for _, obj in _public_objects():
+        name = getattr(_function(obj), "__module__", None) or ""
+        if name.startswith("keras_roll") and name in sys.modules:
+            modules.setdefault(name, sys.modules[name])
+    return dict(sorted(modules.items()))
+
+
 def docstring_examples() -> list[Example]:
-    """Every ```python block of the public API's docstrings."""
+    """Every ```python block of the public API's docstrings (and of the docstrings of
+    the modules that hold it, as `module <name>[i]`)."""
     examples = []
     for name, obj in _public_objects():
         f = _function(obj)
@@ -147,6 +191,9 @@ def docstring_examples() -> list[Example]:
         doc = inspect.getdoc(f) or ""
         for i, source in enumerate(BLOCK.findall(doc)):
             examples.append(Example(f"{name}[{i}]", obj, source))
+    for name, module in _public_modules().items():
+        for i, source in enumerate(BLOCK.findall(inspect.getdoc(module) or "")):
+            examples.append(Example(f"module {name}[{i}]", module, source))
     return examples
 
 
@@ -168,7 +215,8 @@ def namespace(example: Example) -> dict:
     rng = np.random.default_rng(0)
     x = rng.random((4, 8)).astype("float32")
     y = rng.integers(0, 3, 4)
-    module = sys.modules.get(getattr(_function(example.owner), "__module__", "") or "")
+    module = example.owner if inspect.ismodule(example.owner) else sys.modules.get(
+        getattr(_function(example.owner), "__module__", "") or "")
     ns = dict(vars(module)) if module is not None else {}
     ns.update({name: getattr(keras_roll, name) for name in keras_roll.__all__})
     ns.update(np=np, keras=keras, tf=tf, plt=plt, keras_roll=keras_roll, model=model,
@@ -203,13 +251,20 @@ def test_every_docstring_example_is_run_or_listed():
     keys = {e.key for e in EXAMPLES}
     assert len(keys) == len(EXAMPLES)
     assert len(EXAMPLES) > 50, "the extraction found too few examples"
-    stale = sorted((set(NOT_RUN) | SLOW | set(SETUP)) - keys)
+    stale = sorted((set(NOT_RUN) | SLOW | set(SETUP) | set(KNOWN_BROKEN)) - keys)
     assert stale == [], f"listed examples that no longer exist: {stale}"
-    assert not set(NOT_RUN) & SLOW
+    assert not set(NOT_RUN) & SLOW and not set(KNOWN_BROKEN) & (set(NOT_RUN) | SLOW)
     assert all(reason.strip() for reason in NOT_RUN.values())
 
 
-@pytest.mark.parametrize("example", [e for e in EXAMPLES if e.key not in NOT_RUN
+def _case(example: Example):
+    if example.key in KNOWN_BROKEN:
+        return pytest.param(example, marks=pytest.mark.xfail(
+            reason=KNOWN_BROKEN[example.key], raises=AssertionError, strict=True))
+    return example
+
+
+@pytest.mark.parametrize("example", [_case(e) for e in EXAMPLES if e.key not in NOT_RUN
                                      and e.key not in SLOW], ids=lambda e: e.key)
 def test_docstring_example_runs(example, tmp_path):
     run_example(example, tmp_path)
