@@ -157,7 +157,7 @@ def test_mnist_example_scores_the_table1_models(tmp_path):
 
     from examples.mnist import explanations, train
     from examples.mnist.configs import default
-    from examples.mnist.input_pipeline import Data
+    from examples.common.data import Data
 
     config = dataclasses.replace(default.get_config(), width=8, depth=1, faithfulness=6)
     rng = np.random.default_rng(0)

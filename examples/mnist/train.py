@@ -36,7 +36,8 @@ from examples.common.tables import write_json
 from examples.common.training import fit_best
 from examples.mnist.configs.default import TRAINING_FIELDS, Config, Init
 from examples.mnist.explanations import faithfulness_table
-from examples.mnist.input_pipeline import Data, load_data
+from examples.common.data import Data
+from examples.mnist.input_pipeline import load_data
 
 SWEPT = (("lam", "lambda"), ("C", "C"), ("gamma", "gamma (%)"))
 
