@@ -22,6 +22,7 @@ import numpy as np
 
 import keras_roll
 from examples.common import app
+from examples.common.data import Data
 from examples.common.runs import (
     ModelSpec,
     evaluate_and_store,
@@ -36,7 +37,6 @@ from examples.common.tables import write_json
 from examples.common.training import fit_best
 from examples.mnist.configs.default import TRAINING_FIELDS, Config, Init
 from examples.mnist.explanations import faithfulness_table
-from examples.common.data import Data
 from examples.mnist.input_pipeline import load_data
 
 SWEPT = (("lam", "lambda"), ("C", "C"), ("gamma", "gamma (%)"))
