@@ -25,6 +25,7 @@ import dataclasses
 import enum
 import math
 import numbers
+import sys
 from collections.abc import Sequence
 from typing import Literal
 
@@ -354,7 +355,21 @@ class _Bar(tqdm):
         return values
 
 
-def progress_bar(total: int | None, verbose: Verbose, desc: str, unit: str = "ex") -> tqdm:
+FILE_INTERVAL = 1.0
+"""Seconds between two redraws of a bar written to a file, a pipe or a notebook (not
+a terminal): at most one line a second, so a log holds a readable trace."""
+
+
+def _is_terminal(stream) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except (OSError, ValueError):  # a closed stream
+        return False
+
+
+def progress_bar(total: int | None, verbose: Verbose, desc: str, unit: str = "ex",
+                 file=None) -> tqdm:
     """The project's progress bar (tqdm) over `total` items (None if unknown).
 
     With a known total its line ends with the elapsed time and the ETA, the time
@@ -363,12 +378,18 @@ def progress_bar(total: int | None, verbose: Verbose, desc: str, unit: str = "ex
     reported in fractions of an item (`bar.update(0.25)`); the count shown is
     rounded down.
 
+    On a terminal the bar redraws up to ten times a second. Written anywhere else
+    (a file, a pipe, a notebook's output) it redraws at most once a second
+    (`FILE_INTERVAL`), and its rate and ETA are the averages since the start, which
+    do not jump from line to line.
+
     Args:
         total: number of items (examples, gradients, ...), or None.
         verbose: "auto" (shown only for runs longer than a second, then
             removed), True / 1 / 2 (always shown and kept) or False / 0 (never).
         desc: the label.
         unit: what an item is ("ex" for examples).
+        file: the stream it writes to (default: `sys.stderr`).
 
     Example:
 
@@ -378,8 +399,11 @@ def progress_bar(total: int | None, verbose: Verbose, desc: str, unit: str = "ex
             bar.update(len(chunk))
     ```
     """
-    style = {"desc": desc, "unit": unit,
+    file = sys.stderr if file is None else file
+    style = {"desc": desc, "unit": unit, "file": file,
              "bar_format": COUNT_FORMAT if total is None else ETA_FORMAT}
+    if not _is_terminal(file):
+        style.update(mininterval=FILE_INTERVAL, smoothing=0.0)
     if verbose == AUTO:
         return _Bar(total=total, delay=1.0, leave=False, **style)
     return _Bar(total=total, disable=not verbose, **style)

@@ -50,7 +50,7 @@ def tiny(npz, **changes):
                 distortion_size=4, worst_size=2, distortion_samples=50,
                 worst_population=16, worst_generations=1, search_steps=1,
                 certified_eps=(0.01, 0.3), roll_samples=4, mmr_examples=10,
-                ibp_eps=0.02, crown_ibp_eps=0.02)
+                ibp_eps=0.02, crown_ibp_eps=0.02, fixed=())
     base.update(changes)
     return dataclasses.replace(default.get_config(), **base)
 
@@ -61,9 +61,14 @@ def tiny(npz, **changes):
 def test_flagfile_and_quick_parse():
     fv = parse_flags(compare.define_flags, [f"--flagfile={FLAGFILE}", "--quick"])
     config = compare.get_config(fv)
-    assert config.fixed == ("ibp:0.1", "ibp:0.3", "crown_ibp:0.1")   # the flagfile's
+    assert config.fixed == ()                          # quick's: no papers' eps in 3 epochs
     assert config.train_size == quick.get_config().train_size       # the rest is quick's
     assert fv.out == "runs/compare"
+    full = compare.get_config(parse_flags(compare.define_flags, [f"--flagfile={FLAGFILE}"]))
+    assert full.fixed == ("ibp:0.1", "ibp:0.3", "crown_ibp:0.1")
+    mine = parse_flags(compare.define_flags, [f"--flagfile={FLAGFILE}", "--quick",
+                                              "--fixed=ibp:0.3"])
+    assert compare.get_config(mine).fixed == ("ibp:0.3",)          # a set flag wins
     cnn_flags = FLAGFILE.with_name("compare_cnn.flags")
     cnn = parse_flags(compare.define_flags, [f"--flagfile={cnn_flags}"])
     assert compare.get_config(cnn).arch == default.Arch.cnn and cnn.out == "runs/compare_cnn"
@@ -123,7 +128,8 @@ def test_leaders_rank_each_column_and_say_ties():
 
 def test_measures_round_trip_through_json():
     m = Measures(0.9, 1, 2, 3, 4, 5, 6, 7, 8, {"l2": (0.1, 0.2), "linf": (0.01, 0.02)},
-                 {"l2": 0.5, "linf": 0.25}, {0.1: 0.5, 0.3: 0.0}, 1.0, 2.0, 10, 5, 5, 1, 3.0)
+                 {"l2": 0.5, "linf": 0.25}, {0.1: 0.5, 0.3: 0.0}, 1.0, 2.0, 10, 5, 5, 1, 3.0,
+                 robust_acc=0.8)
     again = Measures.from_json(json.loads(json.dumps(m.to_json())))
     assert again == m
 
@@ -206,11 +212,13 @@ def test_whole_comparison_runs_and_resumes(npz, tmp_path, capsys):
     result = experiment.run(config, tmp_path)
     md = (tmp_path / "compare.md").read_text()
     table = json.loads((tmp_path / "compare.json").read_text())
-    labels = [(r["label"], r["point"]) for r in table["rows"]]
+    labels = [(r["label"], p) for r in table["rows"] for p in report.points_of(r)]
     assert labels[0] == ("vanilla", "reference")
     for label in ("ROLL", "MMR", "input gradient", "IBP", "CROWN-IBP"):
         assert (label, "same accuracy") in labels and (label, "1 % less accuracy") in labels
     assert ("IBP", "fixed (--fixed)") in labels
+    tags = [r["tag"] for r in table["rows"] if r.get("tag")]
+    assert len(tags) == len(set(tags))                 # one row per model
     assert (tmp_path / "compare.png").read_bytes().startswith(PNG)
     assert "Leads at vanilla's accuracy" in md and "Leads within one point" in md
     assert "--fixed rows meet no accuracy target" in md
@@ -234,3 +242,106 @@ def test_fixed_models_parse():
 def test_quick_config_is_small():
     q = quick.get_config()
     assert q.train_size <= 2000 and q.epochs <= 3 and q.search_steps == 1
+    assert q.fixed == () and default.get_config().fixed       # the papers' eps: full runs
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _measures(test_acc=0.9, l2=0.01, cert=0.5, robust_acc=0.8):
+    return Measures(test_acc, 1, 2, 3, l2, 5, 6, 7, 8, {"l2": (0.1, 0.2), "linf": (0.01, 0.02)},
+                    {"l2": 0.5, "linf": 0.25}, {0.1: cert}, 1.0, 2.0, 10, 5, 5, 1, 3.0,
+                    robust_acc=robust_acc)
+
+
+def _train_row(tag, method, knob, value, val_acc=0.9, epoch_s=1.0):
+    return {"tag": tag, "method": method, "knob": knob, "value": value, "val_acc": val_acc,
+            "epoch_s": epoch_s}
+
+
+LABELS = {n: m.label for n, m in methods.METHODS.items()}
+
+
+def test_a_model_chosen_at_both_points_is_one_row():
+    """Two operating points that chose the same model give one row naming both; a
+    method that met neither gets one "none met the target" row; --fixed stays apart."""
+    vanilla = _train_row("vanilla", "vanilla", "", 0.0)
+    roll = _train_row("roll_lam1", "roll", "lam", 1.0)
+    ibp = _train_row("ibp_eps0.1", "ibp", "eps", 0.1, val_acc=0.3)
+    points = [train.OperatingPoint("roll", 0, roll, ""), train.OperatingPoint("roll", 1, roll, ""),
+              train.OperatingPoint("mmr", 0, None, ""), train.OperatingPoint("mmr", 1, None, ""),
+              train.OperatingPoint("ibp", None, ibp, "fixed")]
+    measures = {t: _measures() for t in ("vanilla", "roll_lam1", "ibp_eps0.1")}
+    rows = report.table_rows(vanilla, points, measures, LABELS)
+    assert [(r["label"], r["point"]) for r in rows] == [
+        ("vanilla", "reference"), ("ROLL", "same accuracy, 1 % less accuracy"),
+        ("MMR", "same accuracy, 1 % less accuracy"), ("IBP", "fixed (--fixed)")]
+    assert rows[2]["knob"] == "none met the target"
+    assert rows[1]["robust_acc"] == 0.8                # beside the certified accuracy
+
+
+@pytest.mark.parametrize("epoch_s, quick, rank, timed", [
+    (0.3, True, False, False), (12.0, False, True, True), (0.3, False, True, False)])
+def test_what_the_report_may_claim(epoch_s, quick, rank, timed):
+    from examples.compare import experiment
+
+    claims = experiment.ranking(tiny("unused"), epoch_s, quick)
+    assert (claims.rank, claims.timed) == (rank, timed)
+    text = " ".join(claims.why)
+    assert ("cannot rank the methods" in text) == quick
+    assert ("too short to time" in text) == (not timed)
+
+
+def _report(tmp_path, ranking):
+    vanilla = _train_row("vanilla", "vanilla", "", 0.0)
+    roll = _train_row("roll_lam1", "roll", "lam", 1.0, epoch_s=3.0)
+    measures = {"vanilla": _measures(0.9, 0.01), "roll_lam1": _measures(0.88, 0.05)}
+    rows = report.table_rows(vanilla, [train.OperatingPoint("roll", 0, roll, "")], measures,
+                             LABELS)
+    return report.write_report(rows, tmp_path, "t", (0.1,), ["a note"], ranking)
+
+
+def test_quick_report_names_no_leaders_and_drops_the_time_column(tmp_path):
+    why = ("quick: these numbers cannot rank the methods",)
+    md = _report(tmp_path, report.Ranking(rank=False, timed=False, why=why))
+    assert "Leads" not in md and "cannot rank the methods" in md
+    assert "time / epoch" not in md
+    full = _report(tmp_path, report.Ranking())
+    assert "Leads at vanilla's accuracy" in full and "time / epoch (x vanilla)" in full
+    assert "| 3 |" in full                              # ROLL's epochs: 3 x vanilla's
+
+
+def test_figure_is_framed_by_the_models_at_an_operating_point(tmp_path, monkeypatch):
+    """A --fixed model far off (10 % accuracy) stays outside the axes; the certified
+    accuracy is drawn against the accuracy on the same images."""
+    figures = []
+    monkeypatch.setattr(report, "finish", lambda fig, path: figures.append(fig))
+    rows = [{"label": "vanilla", "point": "reference", "test_acc": 0.90, "l2_p50": 0.01,
+             "robust_acc": 0.8, "cert_0.1": 0.1},
+            {"label": "ROLL", "point": "same accuracy", "test_acc": 0.89, "l2_p50": 0.05,
+             "robust_acc": 0.7, "cert_0.1": 0.3},
+            {"label": "IBP", "point": "fixed (--fixed)", "test_acc": 0.10, "l2_p50": 0.5,
+             "robust_acc": 0.2, "cert_0.1": 0.2}]
+    report.figure(rows, tmp_path / "f.png", "t", eps=0.1)
+    margin, cert = figures[0].axes[:2]
+    lo, hi = margin.get_xlim()
+    assert lo <= 89 and hi >= 90 and lo > 80                # 10 % is not on the axis
+    assert cert.get_xlabel().startswith("accuracy on the radius images")
+    lo, hi = cert.get_xlim()
+    assert lo <= 70 and hi >= 80 and lo > 20
+    assert any("outside the axes" in t.get_text() for t in margin.texts)
+
+
+def test_each_method_carries_its_fields_and_ramps():
+    config = default.get_config()
+    for method in methods.METHODS.values():
+        assert set(method.fields) <= {f.name for f in dataclasses.fields(config)}
+        assert set(train.settings(method, config, _FakeData()).keys()) == {
+            *default.TRAINING_FIELDS, *method.fields, "data"}
+        ramps = method.ramps(config, 0.1, steps_per_epoch=10)
+        assert bool(ramps) == (method.name in ("ibp", "crown_ibp"))
+    assert methods.METHODS["vanilla"].wrap("the model", config, 0.0) == "the model"
+
+
+class _FakeData:
+    fingerprint = "f"

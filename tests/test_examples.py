@@ -418,6 +418,69 @@ def test_quick_is_a_config_and_set_flags_win():
     assert mine.init == mnist_default.Init.torch
 
 
+EXAMPLE_MAINS = ("mnist", "compare", "toy2d", "japanese_vowel", "robustness", "caltech256")
+
+
+@pytest.mark.parametrize("name", EXAMPLE_MAINS)
+def test_every_example_defines_its_flags_in_one_call(name):
+    """`define_example_flags` gives every example `--quick`, `--out` (its own default),
+    one flag per config field and, where it reads a path, the `--data_dir` check; no
+    example repeats the preamble."""
+    import importlib
+    import inspect
+
+    main = importlib.import_module(f"examples.{name}.main")
+    default = importlib.import_module(f"examples.{name}.configs.default")
+    source = inspect.getsource(main)
+    assert "define_example_flags(" in source and "example_config(" in source
+    for preamble in ("define_run_flags(", "define_config_flags(", "config_from_flags("):
+        assert preamble not in source, preamble
+    fv = flags.FlagValues()
+    main.define_flags(fv)
+    fields = {f.name for f in dataclasses.fields(default.get_config())}
+    assert {"quick", "out"} | fields <= set(fv)
+    assert fv["out"].default == f"runs/{name}"
+
+
+def test_define_example_flags_checks_the_data_path(tmp_path):
+    def define(fv):
+        config_flags.define_example_flags(fv, mnist_default.get_config, out="runs/x",
+                                          data_dir=config_flags.MNIST_PATH)
+
+    assert parse(define, [f"--data_dir={tmp_path}"]).data_dir == str(tmp_path)
+    with pytest.raises(flags.IllegalFlagValueError, match="does not exist; pass a Keras-layout"):
+        parse(define, [f"--data_dir={tmp_path / 'nothing'}"])
+    fv = parse(define, ["--quick", "--epochs=3"])
+    config = config_flags.example_config(fv, mnist_default.get_config, mnist_quick.get_config)
+    assert config == dataclasses.replace(mnist_quick.get_config(), epochs=3)
+
+
+def test_data_lives_in_common():
+    """`Data` is examples.common.data's, used by MNIST, the comparison and the radii."""
+    from examples.common import data
+    from examples.compare import measure
+    from examples.compare import train as compare_train
+    from examples.mnist import input_pipeline
+
+    assert mnist_train.Data is data.Data and compare_train.Data is data.Data
+    assert measure.Data is data.Data
+    assert not hasattr(input_pipeline, "Data") or input_pipeline.Data is data.Data
+
+
+def test_the_command_line_turns_on_op_determinism():
+    """`app.run` (every `python -m examples.<name>`) turns op determinism on before
+    `main`; `train_and_evaluate` in Python leaves it to the caller."""
+    probe = ("from examples.common import app\n"
+             "def main(fv):\n"
+             "    import tensorflow as tf\n"
+             "    from tensorflow.python.framework import config\n"
+             "    print('determinism', config.is_op_determinism_enabled())\n"
+             "app.run(lambda fv: app.define_run_flags(fv, out='x'), main)\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=_env(), text=True,
+                         capture_output=True, timeout=300).stdout
+    assert "determinism True" in out, out
+
+
 @pytest.mark.parametrize("module, name", [
     (mnist, "mnist_vanilla"), (mnist, "mnist_roll"), (mnist, "mnist_exact"),
     (mnist, "mnist_lam_grid"), (toy2d, "toy2d"), (jv, "japanese_vowel_vanilla"),

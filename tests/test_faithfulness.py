@@ -155,9 +155,9 @@ def test_mnist_example_scores_the_table1_models(tmp_path):
     import dataclasses
     import json
 
+    from examples.common.data import Data
     from examples.mnist import explanations, train
     from examples.mnist.configs import default
-    from examples.mnist.input_pipeline import Data
 
     config = dataclasses.replace(default.get_config(), width=8, depth=1, faithfulness=6)
     rng = np.random.default_rng(0)

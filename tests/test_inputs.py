@@ -244,3 +244,24 @@ def test_non_finite_rows_are_named(tiny):
     with pytest.warns(UserWarning, match="non-finite"):
         rr = keras_roll.robust_radius(tiny, x[:5], norms=(2,), method="region", verbose=False)
     assert rr.nonfinite.tolist() == [False, False, False, True, False]  # NaN bounds there
+
+
+def test_shape_errors_name_the_reshape():
+    """Images for a flat model, one example without its batch axis: the error says the
+    reshape, which then runs; sizes that do not match get no hint."""
+    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(3)])
+    images = np.zeros((16, 28, 28), np.float32)
+    with pytest.raises(ValueError, match=re.escape(
+            "expects inputs of shape (batch, 784), got x of shape (16, 28, 28). Each example "
+            "has 784 values, as the model expects: reshape with x.reshape(-1, 784).")):
+        keras_roll.certify(model, images, verbose=False)
+    x = images.reshape(-1, 784)                       # the advice, as printed
+    assert keras_roll.certify(model, x, verbose=False).margins[2].shape == (16,)
+    with pytest.raises(ValueError, match=re.escape(
+            "add it with x[None] (x.reshape(-1, 784))")):
+        keras_roll.certify(model, np.zeros(784, np.float32), verbose=False)
+    with pytest.raises(ValueError, match=re.escape(
+            "reshape with tf.reshape(x, (-1, 784))")):
+        keras_roll.certify(model, tf.zeros((2, 28, 28)), verbose=False)
+    with pytest.raises(ValueError, match=r"got x of shape \(16, 10\)\.$"):
+        keras_roll.certify(model, np.zeros((16, 10), np.float32), verbose=False)

@@ -1,6 +1,7 @@
 """Run options and their validators: `Rigor`, `RunOptions`, one validator per argument."""
 
 import dataclasses
+import io
 import math
 
 import numpy as np
@@ -128,6 +129,45 @@ def test_one_progress_bar_for_every_verbosity(capsys):
     assert "shown" in err and "3/3" in err and "grad" in err
     with RunOptions(verbose=False).progress(5, "quiet") as bar:
         assert bar.disable
+
+
+class _Stream(io.StringIO):
+    """A stream that says whether it is a terminal."""
+
+    def __init__(self, tty: bool):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self):
+        return self.tty
+
+
+def _redraws(monkeypatch, tty: bool, steps: int = 100, dt: float = 0.05) -> list[str]:
+    """The lines a bar writes for `steps` updates `dt` seconds apart (a fake clock)."""
+    import tqdm.std
+
+    clock = [1000.0]
+    monkeypatch.setattr(tqdm.std, "time", lambda: clock[0])
+    stream = _Stream(tty)
+    with progress_bar(steps, True, "work", file=stream) as bar:
+        for _ in range(steps):
+            clock[0] += dt
+            bar.update(1)
+    return [line for line in stream.getvalue().replace("\n", "\r").split("\r") if line]
+
+
+def test_progress_bar_redraws_once_a_second_when_not_on_a_terminal(monkeypatch):
+    """100 updates over 5 s: a file gets at most one line a second (plus the first and
+    the last), a terminal up to ten; every line ends with the same steady ETA."""
+    to_file = _redraws(monkeypatch, tty=False)
+    assert len(to_file) <= 5 + 2, to_file
+    assert "100/100" in to_file[-1]
+    to_terminal = _redraws(monkeypatch, tty=True)
+    assert len(to_terminal) >= 4 * len(to_file) - 8, (len(to_terminal), len(to_file))
+    etas = [line.split("ETA ")[1].split(",")[0] for line in to_file[1:-1] if "ETA " in line]
+    rates = {line.rsplit(", ", 1)[1] for line in to_file[1:] if "ETA " in line}
+    assert len(rates) == 1, rates                          # 20 ex/s from start to end
+    assert etas == sorted(etas, reverse=True), etas
 
 
 def test_public_names():

@@ -1,12 +1,16 @@
 """README.md and the guide's main examples run as written, and quietly.
 
-Every ```python block of README.md runs, in order and in one namespace, after a
-preamble that defines the data the README leaves to the reader: `x`, `y`,
-`x_train`, `y_train`, `x_val`, `y_val` as a few `[B, 784]` images in raw 0..255
-pixels, which is what the README's model (a `Rescaling(1 / 255)` first) expects.
+Every ```python block of README.md runs, in order and in one namespace, exactly as
+pasted: its first block loads MNIST with `keras_roll.data.mnist_splits()`, which
+reads the Keras cache, and the test puts a small MNIST-layout `mnist.npz` there
+(`$KERAS_HOME/datasets/mnist.npz`, as `keras.datasets.mnist.load_data()` would):
+random 0..255 images, 16 of them left for training after the 5,000 validation ones,
+and 10 test images.
 
 From docs/guide.md the blocks of `GUIDE_SECTIONS` run the same way (the guide's
-model is the README's). The guide's other blocks are fragments or need what a test
+model is the README's), after a preamble that defines the data the guide leaves to
+the reader: `x`, `y`, `x_train`, `y_train`, `x_val`, `y_val` as a few `[B, 784]`
+images in raw 0..255 pixels. The guide's other blocks are fragments or need what a test
 cannot have; `GUIDE_SKIPPED` names them with the reason and the test file that
 covers them instead.
 
@@ -82,6 +86,8 @@ GUIDE_SKIPPED = {
 SHORTER = (
     ("README.md", 'mode="max", seed=0)', 'mode="max", seed=0, population=24, generations=2)'),
     ("README.md", "epochs=10", "epochs=2"),
+    ("README.md", 'norms=(2, np.inf), wrt="rescale")',
+     'norms=(2, np.inf), wrt="rescale", method="region")'),
     ("docs/guide.md", 'mode="max", seed=0)', 'mode="max", seed=0, population=24, generations=2)'),
     ("docs/guide.md", "epochs=10", "epochs=2"),
     ("docs/guide.md", "norms=(2, np.inf))", 'norms=(2, np.inf), method="region")'),
@@ -134,12 +140,12 @@ def shortened(document: str, blocks: list[Block]) -> list[Block]:
 
 
 def run_blocks(document: str, blocks: list[Block], setup: dict | None = None,
-               namespace: dict | None = None) -> dict:
-    """Runs the blocks in order in one namespace (`namespace`, filled) after `PREAMBLE`;
-    a failure names the block's line in `document`."""
+               namespace: dict | None = None, preamble: str = PREAMBLE) -> dict:
+    """Runs the blocks in order in one namespace (`namespace`, filled) after
+    `preamble`; a failure names the block's line in `document`."""
     namespace = {} if namespace is None else namespace
     namespace["__name__"] = "__readme__"
-    exec(compile(PREAMBLE, "<preamble>", "exec"), namespace)
+    exec(compile(preamble, "<preamble>", "exec"), namespace)
     for b in blocks:
         if setup and (b.section, b.index) in setup:
             exec(compile(setup[(b.section, b.index)], "<setup>", "exec"), namespace)
@@ -181,6 +187,31 @@ def readme_blocks() -> list[Block]:
     return python_blocks(ROOT / "README.md")
 
 
+README_TEST_IMAGES = 10
+
+
+@pytest.fixture
+def mnist_in_keras_cache(tmp_path, monkeypatch):
+    """A small MNIST-layout mnist.npz where `mnist_splits()` looks without a path:
+    the Keras cache, `$KERAS_HOME/datasets/mnist.npz`."""
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "keras_home" / "datasets"
+    folder.mkdir(parents=True)
+    n_train = 5000 + 16  # the 5,000 validation images, and 16 to train on
+    np.savez(folder / "mnist.npz",
+             x_train=rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
+             y_train=rng.integers(0, 10, n_train, dtype=np.uint8),
+             x_test=rng.integers(0, 256, (README_TEST_IMAGES, 28, 28), dtype=np.uint8),
+             y_test=rng.integers(0, 10, README_TEST_IMAGES, dtype=np.uint8))
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
+    return folder / "mnist.npz"
+
+
+def run_readme(blocks: list[Block], namespace: dict | None = None) -> dict:
+    """The README's blocks as pasted: no preamble (the first block loads the data)."""
+    return run_blocks("README.md", blocks, namespace=namespace, preamble="")
+
+
 def guide_blocks() -> list[Block]:
     blocks = python_blocks(ROOT / "docs" / "guide.md")
     return [b for b in blocks if b.section in GUIDE_SECTIONS
@@ -198,15 +229,28 @@ def test_every_guide_block_is_run_or_skipped_for_a_reason():
 
 def test_the_readme_snippets_are_the_usage_section():
     blocks = readme_blocks()
-    assert [b.section for b in blocks] == ["Usage"] * 3
+    assert [b.section for b in blocks] == ["Usage"] * 5
+    assert "mnist_splits(" in blocks[0].source.split("\n\n")[1].splitlines()[0]
     assert "keras_roll.certify(model, x)" in blocks[0].source
+    assert "regularizer=keras_roll.IBPConfig(" in blocks[2].source
+    assert "keras_roll.robust_radius(" in blocks[3].source
 
 
-def test_readme_runs_as_written():
-    ns = run_blocks("README.md", shortened("README.md", readme_blocks()))
+def test_the_readme_is_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) < 200
+
+
+def test_readme_runs_as_written(mnist_in_keras_cache):
+    ns = run_readme(shortened("README.md", readme_blocks()))
     # the snippets did what their comments say
-    assert ns["cert"].margins[2].shape == (6,)
-    assert ns["res"].points.shape == (6, 784)
+    n = README_TEST_IMAGES
+    assert ns["x_train"].shape == (16, 784) and ns["x_val"].shape == (5000, 784)
+    assert float(ns["x"].max()) > 1.0                  # raw 0..255 pixels, as the model wants
+    assert ns["cert"].margins[2].shape == (n,)
+    assert ns["rr"].lower[2].shape == (n,)
+    assert np.all(ns["rr"].lower[2] <= ns["rr"].upper[2])
+    assert "ibp_loss" in ns["ibp"].history.history
+    assert ns["res"].points.shape == (n, 784)
     assert np.all(ns["res"].points >= 0) and np.all(ns["res"].points <= 255)
     assert np.all(np.abs(ns["res"].points - ns["x"]) <= 8 * (1 + 1e-6))
     assert np.allclose(ns["ig"].delta, 0, atol=1e-3 * np.abs(ns["ig"].f_x).max())
@@ -215,10 +259,10 @@ def test_readme_runs_as_written():
 
 @pytest.mark.slow  # compiled fits; the default suite checks retracing in test_errors.py
 @pytest.mark.graph
-def test_documented_calls_print_no_retracing_warning():
+def test_documented_calls_print_no_retracing_warning(mnist_in_keras_cache):
     blocks = shortened("README.md", readme_blocks())[:2]  # certify, count_regions, fit
     with tensorflow_log() as messages:
-        ns = run_blocks("README.md", blocks)
+        ns = run_readme(blocks)
         assert "margin_l2_p50" in ns["wrapped"].history.history
         x = np.random.default_rng(0).normal(size=(4, 12)).astype("float32")
         for seed in range(6):  # fresh models, as when comparing several
@@ -263,9 +307,9 @@ def test_the_log_capture_sees_tensorflow_retracing_warnings():
 
 
 @pytest.mark.slow
-def test_readme_runs_verbatim_and_quietly():
+def test_readme_runs_verbatim_and_quietly(mnist_in_keras_cache):
     with tensorflow_log() as messages:
-        run_blocks("README.md", readme_blocks())
+        run_readme(readme_blocks())
     assert [m for m in messages if "retracing" in m] == []
 
 

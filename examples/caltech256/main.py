@@ -20,7 +20,7 @@ from absl import flags
 from examples.caltech256.configs import default, quick
 from examples.caltech256.configs.default import Strategy
 from examples.common import app
-from examples.common.config_flags import config_from_flags, define_config_flags
+from examples.common.config_flags import define_example_flags, example_config
 
 GET_IT = ("Get Caltech-256 from https://data.caltech.edu/records/nyy15-4j048 "
           "(256_ObjectCategories.tar), extract it and pass the extracted folder or its parent")
@@ -28,8 +28,7 @@ GET_IT = ("Get Caltech-256 from https://data.caltech.edu/records/nyy15-4j048 "
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     """Defines the Caltech-256 example's flags and their validators on `fv`."""
-    app.define_run_flags(fv, out="runs/caltech256")
-    define_config_flags(fv, default.get_config())
+    define_example_flags(fv, default.get_config, out="runs/caltech256")
     flags.register_validator("data_dir", _checked(_check_data_dir), flag_values=fv)
     flags.register_multi_flags_validator(
         ["data_dir", "quick"], lambda f: f["data_dir"] is not None or f["quick"],
@@ -55,7 +54,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
 
 def get_config(fv: flags.FlagValues) -> default.Config:
     """The run's config: the quick one under `--quick`, overridden by the flags."""
-    return config_from_flags(fv, default.get_config(), quick.get_config() if fv.quick else None)
+    return example_config(fv, default.get_config, quick.get_config)
 
 
 def main(fv: flags.FlagValues, callbacks=()):

@@ -207,7 +207,7 @@ def train_and_evaluate(config: Config, workdir, callbacks=()) -> app.ExampleResu
     Raises:
         UsageError: bad flags, data or output folder (the message says what to do).
     """
-    app.quiet_tensorflow()
+    app.start_tensorflow(config.seed)
     # A multi-worker strategy must exist before any other TensorFlow op runs.
     strategy = make_strategy(Strategy.default if config.eval_only else config.strategy)
     if config.deterministic:

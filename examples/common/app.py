@@ -9,7 +9,7 @@ bars do not run into.
   (`tqdm.write`);
 * `ExampleResult`: what `train_and_evaluate(config, workdir)` returns;
 * `LogOptions`: how much an example prints (the demo: one line per model);
-* `output_dir`, `quiet_tensorflow`.
+* `output_dir`, `start_tensorflow` (quiet, seeded), `deterministic` (op determinism).
 
 Example:
 
@@ -31,8 +31,8 @@ from typing import NamedTuple
 
 from absl import app, flags
 
-__all__ = ["ExampleResult", "LogOptions", "UsageError", "define_run_flags", "log", "output_dir",
-           "quiet_tensorflow", "run"]
+__all__ = ["ExampleResult", "LogOptions", "UsageError", "define_run_flags", "deterministic",
+           "log", "output_dir", "run", "start_tensorflow"]
 
 
 class ExampleResult(NamedTuple):
@@ -114,6 +114,9 @@ def define_run_flags(fv: flags.FlagValues, out: str) -> None:
 def run(define_flags, main) -> None:
     """Defines the flags on `flags.FLAGS` and runs `main(flags.FLAGS)` under absl.
 
+    Once the flags are parsed, TensorFlow's op determinism is turned on
+    (`deterministic`), so the run repeats its numbers for the same `--seed`.
+
     A bad flag value stops absl's parser with `FATAL Flags parsing error: ...`; a
     `UsageError` raised by `main` before the work starts (a missing data set, a
     checkpoint of other settings) ends the run the same way, with one line and no
@@ -132,6 +135,7 @@ def run(define_flags, main) -> None:
             raise app.UsageError(f"Unexpected arguments: {argv[1:]}; every setting is a "
                                  f"--flag (see --helpshort).")
         try:
+            deterministic()  # the flags are good: TensorFlow may load now
             main(flags.FLAGS)
         except UsageError as e:
             sys.stdout.flush()
@@ -168,9 +172,40 @@ def output_dir(path) -> Path:
     return out
 
 
-def quiet_tensorflow() -> None:
-    """Silences TensorFlow's Python warnings (retracing notes when certifying arrays of
-    several sizes, for example); errors still show."""
+def deterministic() -> None:
+    """Turns on TensorFlow's op determinism (`tf.config.experimental.
+    enable_op_determinism()`): with the seeds `start_tensorflow` sets, the same run on
+    the same machine and versions gives the same numbers. It holds for the whole
+    process, and TensorFlow offers no public way back, so the command line (`run`)
+    turns it on and `train_and_evaluate` in Python leaves it to the caller.
+
+    Example:
+
+    ```python
+    app.deterministic()
+    result = train.train_and_evaluate(quick.get_config(), "/tmp/mnist")
+    ```
+    """
+    import tensorflow as tf
+
+    tf.config.experimental.enable_op_determinism()
+
+
+def start_tensorflow(seed: int | None = None) -> None:
+    """Prepares TensorFlow for an example's run: TensorFlow's Python warnings are
+    silenced (retracing notes when certifying arrays of several sizes, for example;
+    errors still show) and, with `seed`, Python's, NumPy's and TensorFlow's generators
+    are seeded (`keras.utils.set_random_seed`). Op determinism: `deterministic`.
+
+    Example:
+
+    ```python
+    start_tensorflow(config.seed)
+    ```
+    """
+    import keras
     import tensorflow as tf
 
     tf.get_logger().setLevel("ERROR")
+    if seed is not None:
+        keras.utils.set_random_seed(seed)

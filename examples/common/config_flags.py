@@ -26,13 +26,16 @@ flagfiles of `examples/configs/` therefore set only what differs from the defaul
 so that `--flagfile=... --quick` runs the quick config of that experiment, and an
 explicit `--epochs=3` wins over both.
 
+Every example defines its flags with `define_example_flags` (`--quick`, `--out`,
+one flag per config field, the check of `--data_dir`) and builds its config with
+`example_config`.
+
 Example:
 
 ```python
-fv = parse_flags(main.define_flags, ["--flagfile=examples/configs/mnist_roll.flags",
-                                     "--quick"])
-config = config_from_flags(fv, default.get_config(),
-                           quick.get_config() if fv.quick else None)
+define_example_flags(fv, default.get_config, out="runs/mnist", data_dir=MNIST_PATH)
+fv(["example", "--flagfile=examples/configs/mnist_roll.flags", "--quick"])
+config = example_config(fv, default.get_config, quick.get_config)
 ```
 """
 
@@ -43,11 +46,18 @@ import enum
 import os
 import types
 import typing
+from collections.abc import Callable
 
 from absl import flags
 
-__all__ = ["FloatListParser", "config_from_flags", "define_config_flags", "option",
-           "parse_flags", "parsed_by", "require_existing_path"]
+from examples.common import app
+
+__all__ = ["MNIST_PATH", "FloatListParser", "config_from_flags", "define_config_flags",
+           "define_example_flags", "example_config", "option", "parse_flags", "parsed_by",
+           "require_existing_path"]
+
+# What the MNIST examples' --data_dir holds (the text of its check's error).
+MNIST_PATH = "a Keras-layout mnist.npz or a folder holding it or the four IDX files"
 
 
 def option(default, help: str, *, lower_bound=None, upper_bound=None,  # noqa: A002
@@ -136,6 +146,42 @@ def define_config_flags(fv: flags.FlagValues, default) -> None:
         if value is None and not optional:
             raise TypeError(f"Config field {field.name!r} defaults to None; annotate it "
                             f"as '{kind.__name__} | None'.")
+
+
+def define_example_flags(fv: flags.FlagValues, default: Callable[[], object], *, out: str,
+                         data_dir: str | None = None) -> None:
+    """Defines an example's common flags on `fv`: `--quick` and `--out` (default `out`;
+    `app.define_run_flags`), one flag per field of the config `default()`
+    (`define_config_flags`) and, with `data_dir`, the check that `--data_dir`, when
+    set, exists (`data_dir` says what it holds, in the error).
+
+    Example:
+
+    ```python
+    def define_flags(fv):
+        define_example_flags(fv, default.get_config, out="runs/compare",
+                             data_dir=MNIST_PATH)
+        flags.register_validator("fixed", parsed_by(default.parse_fixed), flag_values=fv)
+    ```
+    """
+    app.define_run_flags(fv, out=out)
+    define_config_flags(fv, default())
+    if data_dir is not None:
+        require_existing_path(fv, "data_dir", data_dir)
+
+
+def example_config(fv: flags.FlagValues, default: Callable[[], object],
+                   quick: Callable[[], object]):
+    """The config of a run of an example whose flags `define_example_flags` defined:
+    `quick()` under `--quick`, else `default()`, overridden by the flags that are set.
+
+    Example:
+
+    ```python
+    config = example_config(fv, default.get_config, quick.get_config)
+    ```
+    """
+    return config_from_flags(fv, default(), quick() if fv.quick else None)
 
 
 def config_from_flags(fv: flags.FlagValues, default, base=None):

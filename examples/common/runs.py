@@ -28,7 +28,7 @@ import numpy as np
 from examples.common.app import log
 from examples.common.margin_stats import exact_twin, margin_stats
 from examples.common.tables import jsonable, write_json
-from keras_roll.roll.config import RollConfig
+from keras_roll import RollConfig
 
 __all__ = ["ModelSpec", "data_fingerprint", "evaluate_and_store", "gather_stored",
            "load_stored", "model_specs", "result_row", "stored_or_none"]

@@ -12,22 +12,18 @@ from __future__ import annotations
 
 from absl import flags
 
-from examples.common import app
 from examples.common.config_flags import (
-    config_from_flags,
-    define_config_flags,
+    MNIST_PATH,
+    define_example_flags,
+    example_config,
     parsed_by,
-    require_existing_path,
 )
 from examples.compare.configs import default, quick
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     """Defines the example's flags and their validators on `fv`."""
-    app.define_run_flags(fv, out="runs/compare")
-    define_config_flags(fv, default.get_config())
-    require_existing_path(fv, "data_dir", "a Keras-layout mnist.npz or a folder holding it "
-                                          "or the four IDX files")
+    define_example_flags(fv, default.get_config, out="runs/compare", data_dir=MNIST_PATH)
     flags.register_validator(
         "methods", lambda v: set(v) <= set(default.METHODS) and len(v) > 0,
         message="--methods takes a comma-separated subset of " + ", ".join(default.METHODS),
@@ -48,7 +44,7 @@ def _is_norm(text: str) -> bool:
 
 def get_config(fv: flags.FlagValues) -> default.Config:
     """The run's config: the quick one under `--quick`, overridden by the flags."""
-    return config_from_flags(fv, default.get_config(), quick.get_config() if fv.quick else None)
+    return example_config(fv, default.get_config, quick.get_config)
 
 
 def main(fv: flags.FlagValues):
@@ -62,4 +58,4 @@ def main(fv: flags.FlagValues):
     """
     from examples.compare import experiment  # TensorFlow: only once the flags are good
 
-    return experiment.run(get_config(fv), fv.out)
+    return experiment.run(get_config(fv), fv.out, quick=fv.quick)

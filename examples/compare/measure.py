@@ -21,8 +21,8 @@ import numpy as np
 
 import keras_roll
 from examples.common import app
+from examples.common.data import Data
 from examples.compare.configs.default import Config
-from examples.mnist.input_pipeline import Data
 
 __all__ = ["Measures", "measure"]
 
@@ -40,6 +40,8 @@ class Measures:
         robust: `{"l2" | "linf": (median lower, median upper)}` robustness radius.
         exact_share: `{"l2" | "linf": share of the images whose radius is exact}`.
         certified: `{eps: certified accuracy at l_inf radius eps}`.
+        robust_acc: the accuracy on the images of the radius and the certified
+            accuracy (the first `n_robust` test images), which bounds it.
         expected_p50, worst_p50: P50 of the l1 gradient distortion (NaN: not run).
         n_eval, n_robust, n_distortion, n_worst: the images each measure used.
         seconds: the time the measurements took.
@@ -64,6 +66,7 @@ class Measures:
     n_distortion: int
     n_worst: int
     seconds: float
+    robust_acc: float = float("nan")
 
     def to_json(self) -> dict:
         """The fields as JSON values (the certified radii as strings)."""
@@ -108,6 +111,7 @@ def measure(model, data: Data, config: Config, verbose=False) -> Measures:
     exact = {name: float(np.mean(rr.exact[p])) for name, p in (("l2", 2), ("linf", INF))}
     certified = {float(eps): float(rr.certified_accuracy(eps, INF))
                  for eps in config.certified_eps}
+    robust_acc = float(np.mean(pred[:nr] == yt[:nr]))
 
     nd = min(config.distortion_size, len(xt))
     app.log(f"   gradient distortion (eps {config.distortion_eps:g}): expected on {nd} images"
@@ -127,4 +131,4 @@ def measure(model, data: Data, config: Config, verbose=False) -> Measures:
                     clr_upper=int(regions.patterns), robust=robust, exact_share=exact,
                     certified=certified, expected_p50=_median(expected.distortion),
                     worst_p50=worst, n_eval=n, n_robust=nr, n_distortion=nd, n_worst=nw,
-                    seconds=time.perf_counter() - start)
+                    seconds=time.perf_counter() - start, robust_acc=robust_acc)

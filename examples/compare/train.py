@@ -29,38 +29,27 @@ import numpy as np
 
 import keras_roll
 from examples.common import app
-from examples.common.runs import data_fingerprint, load_stored
+from examples.common.data import Data, load_split
+from examples.common.runs import load_stored
 from examples.common.search import bisect_lam, meets
 from examples.common.selection import DROPS
 from examples.common.tables import write_json
 from examples.common.training import array_dataset, fit_verbosity
-from examples.compare.configs.default import METHOD_FIELDS, TRAINING_FIELDS, Arch, Config
+from examples.compare.configs.default import TRAINING_FIELDS, Arch, Config
 from examples.compare.methods import Method
-from examples.mnist.input_pipeline import Data, dataset_name
 
 __all__ = ["EpochTimes", "OperatingPoint", "build_model", "load", "search", "settings",
            "train_or_load"]
 
 
 def load(config: Config) -> Data:
-    """The MNIST split of `keras_roll.data.mnist_splits` ([0, 1] pixels, flat), cut to
-    `--train_size` / `--test_size`.
+    """The MNIST split of `keras_roll.data.mnist_splits` ([0, 1] pixels, flat, no
+    normalisation), cut to `--train_size` / `--test_size`.
 
     Raises:
         UsageError: no data where `--data_dir` points, or too few images.
     """
-    try:
-        (xtr, ytr), (xv, yv), (xte, yte) = keras_roll.data.mnist_splits(
-            config.data_dir, seed=config.seed, val=config.val_size)
-    except (FileNotFoundError, ValueError) as e:
-        raise app.UsageError(str(e)) from e
-    if config.train_size:
-        xtr, ytr = xtr[:config.train_size], ytr[:config.train_size]
-    if config.test_size:
-        xte, yte = xte[:config.test_size], yte[:config.test_size]
-    classes = int(max(ytr.max(), yv.max(), yte.max())) + 1
-    return Data((xtr, ytr), (xv, yv), (xte, yte), dataset_name(config), classes, None,
-                data_fingerprint(xtr, ytr, xv, yv, xte, yte))
+    return load_split(config)
 
 
 def build_model(config: Config, input_dim: int = 784, classes: int = 10) -> keras.Model:
@@ -111,7 +100,7 @@ class EpochTimes(keras.callbacks.Callback):
 def settings(method: Method, config: Config, data: Data) -> dict:
     """What a stored model of `method` depends on: the shared training fields, the
     method's own and the data's fingerprint."""
-    names = TRAINING_FIELDS + METHOD_FIELDS[method.name]
+    names = TRAINING_FIELDS + method.fields
     values = {k: getattr(config, k) for k in names}
     values = {k: v.value if isinstance(v, enum.Enum) else v for k, v in values.items()}
     return {**values, "data": data.fingerprint}

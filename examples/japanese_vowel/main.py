@@ -9,20 +9,16 @@ from __future__ import annotations
 from absl import flags
 
 from examples.common import app
-from examples.common.config_flags import (
-    config_from_flags,
-    define_config_flags,
-    require_existing_path,
-)
+from examples.common.config_flags import define_example_flags, example_config
 from examples.japanese_vowel.configs import default, quick
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     """Defines the Japanese Vowels example's flags and their validators on `fv`."""
-    app.define_run_flags(fv, out="runs/japanese_vowel")
-    define_config_flags(fv, default.get_config())
-    require_existing_path(fv, "data_dir", "a folder with JapaneseVowels_TRAIN.ts / _TEST.ts "
-                                          "or ae.train / ae.test, or leave it unset")
+    define_example_flags(
+        fv, default.get_config, out="runs/japanese_vowel",
+        data_dir="a folder with JapaneseVowels_TRAIN.ts / _TEST.ts or ae.train / ae.test, "
+                 "or leave it unset")
     flags.register_multi_flags_validator(
         ["vanilla", "roll"], lambda f: any(f.values()),
         message="Nothing to train: pass --vanilla and/or --roll", flag_values=fv)
@@ -30,7 +26,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
 
 def get_config(fv: flags.FlagValues) -> default.Config:
     """The run's config: the quick one under `--quick`, overridden by the flags."""
-    return config_from_flags(fv, default.get_config(), quick.get_config() if fv.quick else None)
+    return example_config(fv, default.get_config, quick.get_config)
 
 
 def main(fv: flags.FlagValues) -> app.ExampleResult:

@@ -160,7 +160,7 @@ def train_and_evaluate(config: Config, workdir,
     """Trains (or reuses) every model of `config`, writes Table 3, the table of every
     model and Figure 3 to `workdir`; returns what it wrote. `logs`: how much it prints
     (quiet: one line per model)."""
-    app.quiet_tensorflow()
+    app.start_tensorflow(config.seed)
     out = app.output_dir(workdir)
     data = load_data(config)
     n_test = len(data[2][1])

@@ -1,5 +1,5 @@
-"""The data of the MNIST example: the paper's split of any IDX / mnist.npz data set of
-square images, its name, its number of classes and the model's input normalisation.
+"""The data of the MNIST example: the paper's split (`examples.common.data`) with the
+model's input normalisation that `--normalize` asks for.
 
 Example:
 
@@ -12,63 +12,18 @@ data.name, data.classes, data.normalize          # 'MNIST', 10, (0.1307, 0.3081)
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import NamedTuple
-
-import numpy as np
-
-from examples.common.app import UsageError
-from examples.common.runs import data_fingerprint
+from examples.common.data import Data, load_split
 from examples.mnist.configs.default import Config, parse_normalize
-from keras_roll.data import mnist_splits
 
-__all__ = ["Data", "load_data", "parse_normalize"]
-
-
-class Data(NamedTuple):
-    """The split data (each an `(x [n, D] in [0, 1], y [n])` pair) and what the model
-    and the tables need to know about it."""
-
-    train: tuple
-    val: tuple
-    test: tuple
-    name: str
-    classes: int
-    normalize: tuple | None  # (mean, std) of the model's Normalization layer, or None
-    fingerprint: str = ""  # of the split arrays (runs.data_fingerprint)
-
-
-def dataset_name(config: Config) -> str:
-    """`--dataset`, else the name of the `--data_dir` folder or file, else MNIST."""
-    if config.dataset:
-        return config.dataset
-    if config.data_dir:
-        path = Path(os.path.expanduser(config.data_dir)).resolve()
-        return path.stem if path.is_file() else path.name
-    return "MNIST"
+__all__ = ["load_data"]
 
 
 def load_data(config: Config) -> Data:
-    """The paper's split (`keras_roll.data.mnist_splits`), cut to `--train_size` /
-    `--test_size`, with the normalisation `--normalize` asks for.
+    """The paper's split (`examples.common.data.load_split`), with the normalisation
+    `--normalize` asks for.
 
     Raises:
-        UsageError: no data set where `--data_dir` points (the message says where to
-            get MNIST), or too few images for `--val_size`.
+        UsageError: no data set where `--data_dir` points, or too few images for
+            `--val_size`.
     """
-    try:
-        (xtr, ytr), (xv, yv), (xte, yte) = mnist_splits(config.data_dir, seed=config.seed,
-                                                        val=config.val_size)
-    except (FileNotFoundError, ValueError) as e:
-        raise UsageError(str(e)) from e
-    if config.train_size:
-        xtr, ytr = xtr[:config.train_size], ytr[:config.train_size]
-    if config.test_size:
-        xte, yte = xte[:config.test_size], yte[:config.test_size]
-    normalize = parse_normalize(config.normalize)
-    if normalize == "train":
-        normalize = (float(np.mean(xtr)), float(np.std(xtr)))
-    classes = int(max(ytr.max(), yv.max(), yte.max())) + 1
-    return Data((xtr, ytr), (xv, yv), (xte, yte), dataset_name(config), classes, normalize,
-                data_fingerprint(xtr, ytr, xv, yv, xte, yte))
+    return load_split(config, parse_normalize(config.normalize))

@@ -22,6 +22,7 @@ import numpy as np
 
 import keras_roll
 from examples.common import app
+from examples.common.data import Data
 from examples.common.runs import (
     ModelSpec,
     evaluate_and_store,
@@ -36,7 +37,7 @@ from examples.common.tables import write_json
 from examples.common.training import fit_best
 from examples.mnist.configs.default import TRAINING_FIELDS, Config, Init
 from examples.mnist.explanations import faithfulness_table
-from examples.mnist.input_pipeline import Data, load_data
+from examples.mnist.input_pipeline import load_data
 
 SWEPT = (("lam", "lambda"), ("C", "C"), ("gamma", "gamma (%)"))
 
@@ -177,7 +178,7 @@ def train_and_evaluate(config: Config, workdir,
     """Trains (or reuses) every model of `config`, writes Table 1, the table of every
     model, the faithfulness table and figure of Table 1's models and, with `--sweep`,
     Figure 2 to `workdir`; returns what it wrote."""
-    app.quiet_tensorflow()
+    app.start_tensorflow(config.seed)
     out = app.output_dir(workdir)
     data = load_data(config)
     todo = specs(config)

@@ -9,25 +9,18 @@ from __future__ import annotations
 from absl import flags
 
 from examples.common import app
-from examples.common.config_flags import (
-    config_from_flags,
-    define_config_flags,
-    require_existing_path,
-)
+from examples.common.config_flags import MNIST_PATH, define_example_flags, example_config
 from examples.robustness.configs import default, quick
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     """Defines the robustness example's flags and their validators on `fv`."""
-    app.define_run_flags(fv, out="runs/robustness")
-    define_config_flags(fv, default.get_config())
-    require_existing_path(fv, "data_dir", "a Keras-layout mnist.npz or a folder holding it "
-                                          "or the four IDX files")
+    define_example_flags(fv, default.get_config, out="runs/robustness", data_dir=MNIST_PATH)
 
 
 def get_config(fv: flags.FlagValues) -> default.Config:
     """The run's config: the quick one under `--quick`, overridden by the flags."""
-    return config_from_flags(fv, default.get_config(), quick.get_config() if fv.quick else None)
+    return example_config(fv, default.get_config, quick.get_config)
 
 
 def main(fv: flags.FlagValues):

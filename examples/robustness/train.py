@@ -73,7 +73,7 @@ def train_and_evaluate(config: Config, workdir,
                        logs: app.LogOptions = app.LogOptions()) -> app.ExampleResult:
     """Trains (or reuses) both models, bounds their radii, writes the table, the figure
     and `summary.json` to `workdir`; returns what it wrote."""
-    app.quiet_tensorflow()
+    app.start_tensorflow(config.seed)
     out = app.output_dir(workdir)
     data, models = trained_models(config, out, logs)
     x, y = data.test

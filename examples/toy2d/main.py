@@ -9,14 +9,13 @@ from __future__ import annotations
 from absl import flags
 
 from examples.common import app
-from examples.common.config_flags import config_from_flags, define_config_flags
+from examples.common.config_flags import define_example_flags, example_config
 from examples.toy2d.configs import default, quick
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     """Defines the toy example's flags on `fv`."""
-    app.define_run_flags(fv, out="runs/toy2d")
-    define_config_flags(fv, default.get_config())
+    define_example_flags(fv, default.get_config, out="runs/toy2d")
     flags.register_validator(
         "models", lambda names: bool(names) and set(names) <= set(default.MODELS),
         message=f"--models takes a comma-separated subset of {','.join(default.MODELS)}",
@@ -25,7 +24,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
 
 def get_config(fv: flags.FlagValues) -> default.Config:
     """The run's config: the quick one under `--quick`, overridden by the flags."""
-    return config_from_flags(fv, default.get_config(), quick.get_config() if fv.quick else None)
+    return example_config(fv, default.get_config, quick.get_config)
 
 
 def main(fv: flags.FlagValues) -> app.ExampleResult:

@@ -94,7 +94,7 @@ def train_and_evaluate(config: Config, workdir,
     """Trains every model of `config.models`, writes the table and Figure 1 panels to
     `workdir`; returns what it wrote. `logs`: how much it prints (quiet: one line per
     model)."""
-    app.quiet_tensorflow()
+    app.start_tensorflow(config.seed)
     out = app.output_dir(workdir)
     kind = config.kind.value
     data = (make_toy2d(n=config.n, seed=config.seed, kind=kind),

@@ -33,6 +33,7 @@ __all__ = [
     "check_input",
     "check_jvp_directions",
     "nonfinite_rows_message",
+    "reshape_hint",
 ]
 
 Array = ArrayLike | tf.Tensor
@@ -104,7 +105,7 @@ def check_input(x, spec: InputSpec, keep_float: bool = False, *, name: str = "x"
         raise ValueError(
             f"Model '{spec.name}' expects inputs of shape (batch, "
             f"{', '.join(str(w) for w in spec.shape)}), got {name} of shape {shape}."
-        )
+            + reshape_hint(shape, spec.shape, name, tf.is_tensor(arr)))
     dtype = spec.dtype
     if keep_float and in_dtype in (tf.float32, tf.float64):
         dtype = in_dtype.name
@@ -116,6 +117,32 @@ def check_input(x, spec: InputSpec, keep_float: bool = False, *, name: str = "x"
         raise ValueError(nonfinite_rows_message(bad, name, offset)
                          + " Margins and gradients are undefined there.")
     return t
+
+
+def reshape_hint(shape: tuple, wanted: tuple, name: str = "x", tensor: bool = False) -> str:
+    """The way forward when an input's shape is not the model's but its sizes match:
+    " Reshape it with x.reshape(-1, 784)." (a batch of images for a flat input, one
+    example without its batch axis, ...); "" when no reshape fits.
+
+    Example:
+
+    ```python
+    reshape_hint((16, 28, 28), (784,))      # ' Reshape it with x.reshape(-1, 784).'
+    reshape_hint((784,), (784,))            # ' It looks like one example ...: x[None] ...'
+    reshape_hint((16, 10), (784,))          # ''
+    ```
+    """
+    if any(w is None for w in wanted) or any(s is None for s in shape):
+        return ""
+    size = int(np.prod(wanted, dtype=np.int64))
+    dims = ", ".join(str(w) for w in (-1, *wanted))
+    how = f"tf.reshape({name}, ({dims}))" if tensor else f"{name}.reshape({dims})"
+    if tuple(shape) == tuple(wanted):
+        return (f" It looks like one example without its batch axis: add it with "
+                f"{name}[None] ({how}).")
+    if len(shape) >= 1 and size and int(np.prod(shape[1:], dtype=np.int64)) == size:
+        return f" Each example has {size} values, as the model expects: reshape with {how}."
+    return ""
 
 
 def nonfinite_rows_message(bad: np.ndarray, name: str = "x", offset: int = 0) -> str:

@@ -68,9 +68,10 @@ class Config:
     certified_eps: tuple[float, ...] = option((0.1, 0.3), "l_inf radii of the certified "
                                               "accuracy ([0, 1] pixel units).", above=0.0)
     fixed: tuple[str, ...] = option(
-        (), "Also train and measure these models outside the operating points, each as "
-        "method:value (e.g. ibp:0.1, the training eps the certified-training papers use "
-        "for that radius, whatever the accuracy).")
+        ("ibp:0.1", "ibp:0.3", "crown_ibp:0.1"), "Also train and measure these models "
+        "outside the operating points, each as method:value (e.g. ibp:0.1, the training "
+        "eps the certified-training papers use for that radius, whatever the accuracy; "
+        "--fixed= for none).")
     search_steps: int = option(2, "New trainings per method and operating point in the "
                                "bisection of its knob on validation accuracy.", lower_bound=1)
     roll_lam: float = option(2.0, "ROLL: the first lambda of the search.", above=0.0)
@@ -109,18 +110,9 @@ class Config:
 
 
 # The fields every trained model depends on (a stored model is reused only if they match,
-# with its method's own fields and the data's fingerprint).
+# with its method's own fields, `Method.fields`, and the data's fingerprint).
 TRAINING_FIELDS = ("arch", "depth", "width", "epochs", "batch_size", "lr", "val_size",
                    "train_size", "seed")
-# Each method's own fields (beside its knob).
-METHOD_FIELDS = {
-    "vanilla": (),
-    "roll": ("roll_C", "roll_samples"),
-    "mmr": ("mmr_p", "mmr_k_B", "mmr_gamma_B", "mmr_gamma_D", "mmr_examples"),
-    "input_gradient": ("input_gradient_p",),
-    "ibp": ("ibp_kappa", "ramp"),
-    "crown_ibp": ("crown_ibp_kappa", "ramp"),
-}
 
 
 def get_config() -> Config:
