@@ -7,14 +7,20 @@ module per bound method.
                    check_bounds
     ibp.py         interval bound propagation
     crown.py       the linear relaxation's backward pass (CROWN)
-    methods.py     BoundMethod and lower_bounds: intervals, CROWN-IBP, CROWN;
-                   IntervalPasses (one interval pass, both bounds)
+    methods.py     BoundMethod and lower_bounds: intervals, CROWN-IBP, CROWN, dispatched
+                   through METHOD_PASSES; IntervalPasses (one interval pass, both bounds)
 
 The passes walk the same `Program` the twin runs (`keras_roll.compile.structure` gives
 its ops as nodes). docs/design.md, section "Robustness radius".
 """
 
-from keras_roll.compile.bounds.methods import BoundMethod, IntervalPasses, lower_bounds
+from keras_roll.compile.bounds.methods import (
+    METHOD_PASSES,
+    BoundMethod,
+    IntervalPasses,
+    MethodPass,
+    lower_bounds,
+)
 from keras_roll.compile.bounds.rules import (
     ActivationBounds,
     AffineBounds,
@@ -33,8 +39,8 @@ from keras_roll.compile.bounds.rules import (
 from keras_roll.compile.bounds.traversal import Values, capture, pull_back
 
 __all__ = [
-    "ActivationBounds", "AffineBounds", "Arithmetic", "BoundMethod", "BoundPass", "BoundRule",
-    "Box", "IntervalPasses", "RelaxationLines", "Values", "bound_rule", "capture", "check_bounds",
-    "lower_bounds", "pull_back", "register_bound_rule", "relaxation_lines", "supported_passes",
-    "unregister_bound_rule",
+    "METHOD_PASSES", "ActivationBounds", "AffineBounds", "Arithmetic", "BoundMethod", "BoundPass",
+    "BoundRule", "Box", "IntervalPasses", "MethodPass", "RelaxationLines", "Values", "bound_rule",
+    "capture", "check_bounds", "lower_bounds", "pull_back", "register_bound_rule",
+    "relaxation_lines", "supported_passes", "unregister_bound_rule",
 ]
