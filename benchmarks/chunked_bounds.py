@@ -14,6 +14,7 @@ per process to read the peak RSS of that budget.
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import time
@@ -60,7 +61,7 @@ def main(_):
     for mib in FLAGS.budgets:
         budget = int(float(mib) * 2**20)
 
-        @tf.function
+        @functools.partial(tf.function, autograph=False)  # as robust_radius compiles it
         def bounds(t, eps, budget=budget):
             values = capture(twin.interpreter, t)
             return lower_bounds(structure, values, tf.constant(rows), eps, np.inf,
