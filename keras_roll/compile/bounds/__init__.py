@@ -7,6 +7,8 @@ module per bound method.
                    check_bounds
     ibp.py         interval bound propagation
     crown.py       the linear relaxation's backward pass (CROWN)
+    intermediate.py  IntermediateBounds: CROWN, intervals or an automatic choice for the
+                   activations' bounds (choose_intermediate, crown_cost)
     methods.py     BoundMethod and lower_bounds: intervals, CROWN-IBP, CROWN, dispatched
                    through METHOD_PASSES; IntervalPasses (one interval pass, both bounds)
 
@@ -14,6 +16,13 @@ The passes walk the same `Program` the twin runs (`keras_roll.compile.structure`
 its ops as nodes). docs/design.md, section "Robustness radius".
 """
 
+from keras_roll.compile.bounds.intermediate import (
+    BoundCost,
+    IntermediateBounds,
+    IntermediateChoice,
+    choose_intermediate,
+    crown_cost,
+)
 from keras_roll.compile.bounds.methods import (
     METHOD_PASSES,
     BoundMethod,
@@ -39,8 +48,9 @@ from keras_roll.compile.bounds.rules import (
 from keras_roll.compile.bounds.traversal import Values, capture, pull_back
 
 __all__ = [
-    "METHOD_PASSES", "ActivationBounds", "AffineBounds", "Arithmetic", "BoundMethod", "BoundPass",
-    "BoundRule", "Box", "IntervalPasses", "MethodPass", "RelaxationLines", "Values", "bound_rule",
-    "capture", "check_bounds", "lower_bounds", "pull_back", "register_bound_rule",
+    "METHOD_PASSES", "ActivationBounds", "AffineBounds", "Arithmetic", "BoundCost", "BoundMethod",
+    "BoundPass", "BoundRule", "Box", "IntermediateBounds", "IntermediateChoice", "IntervalPasses",
+    "MethodPass", "RelaxationLines", "Values", "bound_rule", "capture", "check_bounds",
+    "choose_intermediate", "crown_cost", "lower_bounds", "pull_back", "register_bound_rule",
     "relaxation_lines", "supported_passes", "unregister_bound_rule",
 ]

@@ -41,7 +41,8 @@ from keras_roll.compile.bounds.traversal import Values, pull_back
 from keras_roll.compile.chunking import map_chunks, plan_chunks
 from keras_roll.compile.structure import ProgramStructure
 
-__all__ = ["RelaxedOps", "dual_norm", "relaxation_refiner", "relaxed_lower_bounds"]
+__all__ = ["RelaxedOps", "dual_norm", "layer_rows_per_chunk", "relaxation_refiner",
+           "relaxed_lower_bounds"]
 
 
 class RelaxedOps:
@@ -127,7 +128,7 @@ def relaxed_lower_bounds(structure: ProgramStructure, values: Values, key: int,
     return res.const - eps * dual_norm(res.lam_input, p)
 
 
-def _rows_per_chunk(values, index, n, budget, b) -> int:
+def layer_rows_per_chunk(values, index, n, budget, b) -> int:
     """Functionals per pull-back for the `2 n` bounds of one op's input (`b` examples at
     most per call), balanced over the `2 n` rows."""
     largest = max([int(np.prod(values.x.shape[1:]))]
@@ -156,7 +157,7 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
         n = int(np.prod(shape))
         if n == 0:
             return box
-        k = _rows_per_chunk(values, index, n, budget, examples)
+        k = layer_rows_per_chunk(values, index, n, budget, examples)
         dtype = values.x.dtype
 
         def chunk(start):
