@@ -3,11 +3,13 @@ CNNs (`benchmarks.cnn_models`), as `robust_radius` compiles it.
 
 For `--model` and each `--budgets` (MiB of functionals per chunk) it traces the pass
 that `robust_radius(method="relaxation")` compiles (the margins' lower bounds of a
-float64 twin with the rounding guard) for `--examples` examples, and prints the
-tracing time, the traced ops (the function's graph, the loops' bodies counted once),
-the number of chunks of the layer bounds, and, with `--run`, the time of one compiled
-pass; the process's peak RSS is printed last (`resource.getrusage`). Run one budget
-per process to read the peak RSS of that budget.
+float64 twin with the rounding guard; `--method=crown_ibp`: intervals, then CROWN at
+the output) for `--examples` examples, and prints the tracing time, the traced ops
+(the function's graph, the loops' bodies counted once), the number of chunks of the
+layer bounds, `crown_cost`'s estimated work of both methods and, with `--run`, the
+time of one compiled pass; the process's peak RSS is printed last
+(`resource.getrusage`). Run one budget per process to read the peak RSS of that
+budget.
 
     python -m benchmarks.chunked_bounds --model=cnn_l --budgets=64 --run
 """
@@ -26,7 +28,7 @@ import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from benchmarks.cnn_models import CNNS  # noqa: E402
-from keras_roll.compile.bounds import BoundMethod, capture, lower_bounds  # noqa: E402
+from keras_roll.compile.bounds import BoundMethod, capture, crown_cost, lower_bounds  # noqa: E402
 from keras_roll.compile.chunking import plan_chunks  # noqa: E402
 from keras_roll.compile.structure import structure_of  # noqa: E402
 from keras_roll.compile.twin import linearize  # noqa: E402
@@ -37,6 +39,8 @@ flags.DEFINE_enum("model", "cnn_l", sorted(CNNS), "The CNN.")
 flags.DEFINE_list("budgets", ["64"], "Memory budgets in MiB.")
 flags.DEFINE_integer("examples", 1, "Examples per pass.")
 flags.DEFINE_bool("run", False, "Also run the compiled pass once and time it.")
+flags.DEFINE_enum("method", "relaxation", ["relaxation", "crown_ibp"],
+                  "The bound method: CROWN at every layer, or intervals then CROWN.")
 
 
 def _chunks(twin, budget: int, b: int) -> int:
@@ -65,15 +69,19 @@ def main(_):
         def bounds(t, eps, budget=budget):
             values = capture(twin.interpreter, t)
             return lower_bounds(structure, values, tf.constant(rows), eps, np.inf,
-                                BoundMethod.RELAXATION, arithmetic, budget, b)
+                                BoundMethod(FLAGS.method), arithmetic, budget, b)
 
         spec = [tf.TensorSpec([b, 28, 28, 1], tf.float64), tf.TensorSpec([b], tf.float64)]
         start = time.perf_counter()
         concrete = bounds.get_concrete_function(*spec)
         traced = time.perf_counter() - start
         ops = len(concrete.graph.get_operations())
-        line = (f"{FLAGS.model} budget {mib} MiB: {_chunks(twin, budget, b)} chunks, "
-                f"{ops} traced ops, tracing {traced:.1f} s")
+        crown, ibp = crown_cost(structure, capture(twin.interpreter, tf.constant(x)), 9,
+                                budget, b)
+        line = (f"{FLAGS.model} {FLAGS.method} budget {mib} MiB: "
+                f"{_chunks(twin, budget, b)} chunks, {ops} traced ops, tracing {traced:.1f} s, "
+                f"estimated elements CROWN {crown.elements:.3g} / CROWN-IBP "
+                f"{ibp.elements:.3g}")
         if FLAGS.run:
             start = time.perf_counter()
             low = concrete(tf.constant(x), tf.fill([b], tf.constant(0.5, tf.float64))).numpy()
