@@ -83,9 +83,10 @@ def main(_):
                 f"estimated elements CROWN {crown.elements:.3g} / CROWN-IBP "
                 f"{ibp.elements:.3g}")
         if FLAGS.run:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             low = concrete(tf.constant(x), tf.fill([b], tf.constant(0.5, tf.float64))).numpy()
-            line += f", one pass {time.perf_counter() - start:.1f} s (min bound {low.min():.3g})"
+            line += (f", one pass {time.perf_counter() - start:.1f} s wall, "
+                     f"{time.process_time() - cpu:.1f} s CPU (min bound {low.min():.3g})")
         print(line, flush=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(f"peak RSS {peak:.2f} GiB", flush=True)
