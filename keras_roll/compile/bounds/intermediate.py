@@ -41,9 +41,9 @@ from keras_roll.compile.structure import ProgramStructure
 __all__ = ["DEFAULT_MAX_ELEMENTS", "BoundCost", "IntermediateBounds", "IntermediateChoice",
            "choose_intermediate", "crown_cost"]
 
-# Functional entries CROWN may pull through ops per example under "auto": about a
-# minute of float64 work per example on one CPU core (docs/guide.md's measurements).
-DEFAULT_MAX_ELEMENTS = 2 * 10**10
+# Functional entries CROWN may pull through ops per call under "auto": a little more than
+# a CROWN pass of the CROWN-IBP paper's large MNIST CNN on one image (docs/guide.md).
+DEFAULT_MAX_ELEMENTS = 3 * 10**9
 
 
 class IntermediateBounds(enum.Enum):
