@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import keras_roll
 from keras_roll.compile.bounds import (
+    METHOD_PASSES,
     AffineBounds,
     BoundMethod,
     BoundPass,
@@ -379,6 +380,15 @@ def test_every_method_bounds_the_sampled_outputs(name, method):
     ibp = lower_bounds(structure, values, rows, tf.constant([EPS, EPS]), np.inf,
                        BoundMethod.INTERVAL, arithmetic).numpy()
     assert np.all(low >= ibp - 1e-12)
+
+
+def test_every_bound_method_has_one_pass_in_the_table():
+    """`lower_bounds` dispatches through `METHOD_PASSES`: one pass per `BoundMethod`, and
+    the table is read-only (a method is added with its pass, not patched in)."""
+    assert set(METHOD_PASSES) == set(BoundMethod)
+    assert len({id(fn) for fn in METHOD_PASSES.values()}) == len(BoundMethod)
+    with pytest.raises(TypeError):
+        METHOD_PASSES[BoundMethod.INTERVAL] = None
 
 
 @pytest.mark.parametrize("guard", [False, True])

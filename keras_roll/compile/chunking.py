@@ -48,6 +48,7 @@ __all__ = [
     "auto_candidates",
     "balanced_split",
     "choose_budget",
+    "map_chunks",
     "plan_chunks",
     "plan_directions",
     "remembered_budget",
@@ -178,6 +179,49 @@ def plan_chunks(examples: int, directions: int, bytes_per_item: int, budget: int
         b = max(1, min(b, budget // (per * want)))
     k, _, fits = plan_directions(int(directions), b * per, budget)
     return ChunkPlan(int(examples), int(directions), b, max(1, k), per, budget, bool(fits))
+
+
+def map_chunks(fn: Callable[[tf.Tensor], tf.Tensor], total: int, per_chunk: int,
+               dtype) -> tf.Tensor:
+    """`[B, total]`: the columns `fn` makes chunk by chunk, in one traced loop.
+
+    `fn(start)` gets the first column of a chunk as an int32 scalar tensor and
+    returns the `[B, per_chunk]` columns `start .. start + per_chunk - 1` (columns
+    past `total` in the last chunk are computed and dropped). The chunks run in a
+    `tf.while_loop` one at a time (`parallel_iterations=1`), so the graph holds
+    one chunk's ops whatever their number, and the memory of one chunk at a time
+    follows the budget that sized `per_chunk`. The loop is differentiable with
+    respect to the tensors `fn` reads (the weights in a training step). A single
+    chunk runs without a loop.
+
+    Args:
+        fn: `fn(start) -> [B, per_chunk]` tensor of `dtype`, the same shape for
+            every chunk.
+        total: columns in all.
+        per_chunk: columns per chunk (from a `ChunkPlan` or `balanced_split`).
+        dtype: the dtype of `fn`'s results.
+
+    Example:
+
+    ```python
+    k, _ = balanced_split(2 * n, fit)
+    low = map_chunks(lambda start: bounds_of_rows(start, k), 2 * n, k, tf.float64)
+    ```
+    """
+    total, per_chunk = int(total), max(1, int(per_chunk))
+    chunks = -(-total // per_chunk)
+    if chunks <= 1:
+        return fn(tf.constant(0, tf.int32))[:, :total]
+    parts = tf.TensorArray(dtype, size=chunks)
+
+    def body(i, parts):
+        return i + 1, parts.write(i, fn(i * per_chunk))
+
+    _, parts = tf.while_loop(lambda i, _: i < chunks, body,
+                             (tf.constant(0, tf.int32), parts), parallel_iterations=1)
+    out = parts.stack()  # [chunks, B, per_chunk]
+    out = tf.transpose(out, [1, 0, 2])
+    return tf.reshape(out, [tf.shape(out)[0], chunks * per_chunk])[:, :total]
 
 
 # --------------------------------------------------------------------------- memory_budget="auto"

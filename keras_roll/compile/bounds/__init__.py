@@ -7,16 +7,31 @@ module per bound method.
                    check_bounds
     ibp.py         interval bound propagation
     crown.py       the linear relaxation's backward pass (CROWN)
-    methods.py     BoundMethod and lower_bounds: intervals, CROWN-IBP, CROWN;
-                   IntervalPasses (one interval pass, both bounds)
+    intermediate.py  IntermediateBounds: CROWN, intervals or an automatic choice for the
+                   activations' bounds (choose_intermediate, crown_cost)
+    methods.py     BoundMethod and lower_bounds: intervals, CROWN-IBP, CROWN, dispatched
+                   through METHOD_PASSES; IntervalPasses (one interval pass, both bounds)
     margins.py     logit_margins: the capture, logits and rows e_y - e_j of a classifier
 
 The passes walk the same `Program` the twin runs (`keras_roll.compile.structure` gives
 its ops as nodes). docs/design.md, section "Robustness radius".
 """
 
+from keras_roll.compile.bounds.intermediate import (
+    BoundCost,
+    IntermediateBounds,
+    IntermediateChoice,
+    choose_intermediate,
+    crown_cost,
+)
 from keras_roll.compile.bounds.margins import LogitMargins, logit_margins, margin_rows
-from keras_roll.compile.bounds.methods import BoundMethod, IntervalPasses, lower_bounds
+from keras_roll.compile.bounds.methods import (
+    METHOD_PASSES,
+    BoundMethod,
+    IntervalPasses,
+    MethodPass,
+    lower_bounds,
+)
 from keras_roll.compile.bounds.rules import (
     ActivationBounds,
     AffineBounds,
@@ -35,8 +50,10 @@ from keras_roll.compile.bounds.rules import (
 from keras_roll.compile.bounds.traversal import Values, capture, pull_back
 
 __all__ = [
-    "ActivationBounds", "AffineBounds", "Arithmetic", "BoundMethod", "BoundPass", "BoundRule",
-    "Box", "IntervalPasses", "LogitMargins", "RelaxationLines", "Values", "bound_rule", "capture",
-    "check_bounds", "logit_margins", "lower_bounds", "margin_rows", "pull_back",
-    "register_bound_rule", "relaxation_lines", "supported_passes", "unregister_bound_rule",
+    "METHOD_PASSES", "ActivationBounds", "AffineBounds", "Arithmetic", "BoundCost", "BoundMethod",
+    "BoundPass", "BoundRule", "Box", "IntermediateBounds", "IntermediateChoice", "IntervalPasses",
+    "LogitMargins", "MethodPass", "RelaxationLines", "Values", "bound_rule", "capture",
+    "check_bounds", "choose_intermediate", "crown_cost", "logit_margins", "lower_bounds",
+    "margin_rows", "pull_back", "register_bound_rule", "relaxation_lines", "supported_passes",
+    "unregister_bound_rule",
 ]

@@ -38,11 +38,11 @@ import tensorflow as tf
 from keras_roll.compile.bounds.ibp import abs_sum
 from keras_roll.compile.bounds.rules import Box, bound_rule
 from keras_roll.compile.bounds.traversal import Values, pull_back
-from keras_roll.compile.chunking import plan_chunks
+from keras_roll.compile.chunking import map_chunks, plan_chunks
 from keras_roll.compile.structure import ProgramStructure
 from keras_roll.geometry import dual_norm
 
-__all__ = ["RelaxedOps", "relaxation_refiner", "relaxed_lower_bounds"]
+__all__ = ["RelaxedOps", "layer_rows_per_chunk", "relaxation_refiner", "relaxed_lower_bounds"]
 
 
 class RelaxedOps:
@@ -105,20 +105,21 @@ def relaxed_lower_bounds(structure: ProgramStructure, values: Values, key: int,
     return res.const - eps * dual_norm(res.lam_input, p, axis=axes)
 
 
-def _rows_per_chunk(values, index, n, budget, b) -> int:
+def layer_rows_per_chunk(values, index, n, budget, b) -> int:
     """Functionals per pull-back for the `2 n` bounds of one op's input (`b` examples at
-    most per call)."""
+    most per call), balanced over the `2 n` rows."""
     largest = max([int(np.prod(values.x.shape[1:]))]
                   + [int(np.prod(v.shape[1:])) for v in values.outputs[:index + 1]])
     plan = plan_chunks(b, 2 * n, 3 * 8 * largest, budget, batch_size=b)
-    return max(1, min(plan.per_chunk, n))
+    return max(1, plan.per_chunk)
 
 
 def relaxation_refiner(structure: ProgramStructure, values: Values, lines: RelaxedOps,
                        eps, p, budget: int, examples: int):
     """`interval_pass`'s `refine` for CROWN: the relaxation's bounds of a nonlinear op's
     input (`+-I` rows pulled back, in chunks of at most `budget` bytes for `examples`
-    examples), intersected with its interval; the op's lines are set from the result.
+    examples, run one at a time in one traced loop: `map_chunks`), intersected with its
+    interval; the op's lines are set from the result.
 
     Example:
 
@@ -133,20 +134,24 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
         n = int(np.prod(shape))
         if n == 0:
             return box
-        k = _rows_per_chunk(values, index, n, budget, examples)
+        k = layer_rows_per_chunk(values, index, n, budget, examples)
         dtype = values.x.dtype
-        bounds = []
-        for sign in (1.0, -1.0):
-            parts = []
-            for start in range(0, n, k):
-                eye = sign * tf.one_hot(tf.range(start, min(start + k, n)), n, dtype=dtype)
-                # One copy for the batch: the functionals stay shared until an
-                # activation makes them per example (broadcasting does the rest).
-                lam = tf.reshape(eye, [1, -1, *shape])
-                parts.append(relaxed_lower_bounds(structure, values, key, lam, lines, deltas,
-                                                  eps, p))
-            bounds.append(sign * tf.reshape(tf.concat(parts, 1), [-1, *shape]))
-        tight = Box(tf.maximum(box.lo, bounds[0]), tf.minimum(box.hi, bounds[1]))
+
+        def chunk(start):
+            # Rows start .. start + k - 1 of [I; -I] (rows past 2n repeat earlier ones
+            # and are dropped). One copy for the batch: the functionals stay shared
+            # until an activation makes them per example (broadcasting does the rest).
+            rows = start + tf.range(k)
+            sign = tf.where(rows < n, tf.constant(1.0, dtype), tf.constant(-1.0, dtype))
+            eye = sign[:, None] * tf.one_hot(rows % n, n, dtype=dtype)
+            lam = tf.reshape(eye, [1, k, *shape])
+            low = relaxed_lower_bounds(structure, values, key, lam, lines, deltas, eps, p)
+            return tf.broadcast_to(low, [tf.shape(low)[0], k])
+
+        low = map_chunks(chunk, 2 * n, k, dtype)  # [B, 2n]
+        lo = tf.reshape(low[:, :n], [-1, *shape])
+        hi = -tf.reshape(low[:, n:], [-1, *shape])
+        tight = Box(tf.maximum(box.lo, lo), tf.minimum(box.hi, hi))
         lines.set(index, node, tight)
         return tight
 

@@ -9,8 +9,10 @@ output over an lp ball, by intervals, CROWN-IBP or CROWN.
 * `BoundMethod.RELAXATION`: the relaxation bounds every nonlinear op's input too, layer
   by layer, intersected with the intervals (CROWN: Zhang et al., NeurIPS 2018).
 
-`lower_bounds` is pure TensorFlow on the values of a `capture`: it runs in a caller's
-graph (a training step) and is differentiable with respect to the model's weights.
+`lower_bounds` checks the model's ops for the method's `BoundPass`es and runs the
+method's pass from the table `METHOD_PASSES` (`{BoundMethod: MethodPass}`). It is pure
+TensorFlow on the values of a `capture`: it runs in a caller's graph (a training step)
+and is differentiable with respect to the model's weights.
 docs/design.md, section "Robustness radius".
 
 Example:
@@ -25,6 +27,9 @@ low = lower_bounds(structure_of(lin.program), values, rows, eps, np.inf,
 from __future__ import annotations
 
 import enum
+import types
+from collections.abc import Mapping
+from typing import Protocol
 
 import tensorflow as tf
 
@@ -35,7 +40,8 @@ from keras_roll.compile.bounds.traversal import Values
 from keras_roll.compile.chunking import DEFAULT_EXAMPLES
 from keras_roll.compile.structure import ProgramStructure
 
-__all__ = ["DEFAULT_BUDGET", "BoundMethod", "IntervalPasses", "lower_bounds"]
+__all__ = ["DEFAULT_BUDGET", "METHOD_PASSES", "BoundMethod", "IntervalPasses", "MethodPass",
+           "lower_bounds"]
 
 DEFAULT_BUDGET = 64 * 2**20  # bytes of functionals per pull-back of CROWN's layer bounds
 
@@ -53,47 +59,6 @@ class BoundMethod(enum.Enum):
         if self is BoundMethod.INTERVAL:
             return (BoundPass.INTERVAL,)
         return (BoundPass.INTERVAL, BoundPass.RELAXATION)
-
-
-def lower_bounds(structure: ProgramStructure, values: Values, rows: tf.Tensor, eps, p,
-                 method: BoundMethod, arithmetic: Arithmetic, budget: int = DEFAULT_BUDGET,
-                 examples: int | None = None) -> tf.Tensor:
-    """`[B, C]` lower bounds of `rows . (f(x') - f(x))` over the lp ball of radius `eps`.
-
-    Args:
-        structure: the program's `ProgramStructure`.
-        values: a `capture` of the batch `x`.
-        rows: `[B, C, L]` functionals of the flattened output `f` (e.g. `e_y - e_j`).
-        eps: `[B]` radii (or a scalar).
-        p: the norm of the ball (1, 2 or `np.inf`); intervals use its bounding box.
-        method: a `BoundMethod`.
-        arithmetic: the ops' `|A|` and optional rounding (`Arithmetic`).
-        budget: bytes of functionals per pull-back of CROWN's layer bounds.
-        examples: examples per call, for CROWN's chunks (default the static batch
-            size, else 64).
-
-    Raises:
-        UnsupportedModelError: an op the method's passes do not bound, naming it.
-
-    Example:
-
-    ```python
-    low = lower_bounds(structure, values, rows, eps, 2, BoundMethod.RELAXATION, arithmetic)
-    ```
-    """
-    method = BoundMethod(method)
-    check_bounds(structure, method.passes, values.masks)
-    if method is not BoundMethod.RELAXATION:
-        passes = IntervalPasses(structure, values, eps, p, arithmetic)
-        return passes.interval(rows) if method is BoundMethod.INTERVAL else passes.crown_ibp(rows)
-    lines = RelaxedOps(values)
-    b = examples or values.x.shape[0] or DEFAULT_EXAMPLES
-    refine = relaxation_refiner(structure, values, lines, eps, p, budget, int(b))
-    boxes = interval_pass(structure, values, eps, arithmetic, refine=refine)
-    rows = _output_rows(structure, values, rows)
-    low = relaxed_lower_bounds(structure, values, structure.output_key, rows, lines,
-                               boxes.deltas, eps, p)
-    return tf.maximum(low, interval_lower_bounds(structure, values, boxes, rows))
 
 
 def _output_rows(structure: ProgramStructure, values: Values, rows: tf.Tensor) -> tf.Tensor:
@@ -150,3 +115,72 @@ class IntervalPasses:
         if interval is None:
             interval = interval_lower_bounds(structure, values, self.boxes, rows)
         return tf.maximum(low, interval)
+
+
+# --------------------------------------------------------------------------- the methods' passes
+
+
+class MethodPass(Protocol):
+    """What `METHOD_PASSES` maps a `BoundMethod` to: `lower_bounds` after its checks,
+    with `examples` resolved to an int."""
+
+    def __call__(self, structure: ProgramStructure, values: Values, rows: tf.Tensor, eps, p,
+                 arithmetic: Arithmetic, budget: int, examples: int) -> tf.Tensor: ...
+
+
+def _interval(structure, values, rows, eps, p, arithmetic, budget, examples):
+    return IntervalPasses(structure, values, eps, p, arithmetic).interval(rows)
+
+
+def _crown_ibp(structure, values, rows, eps, p, arithmetic, budget, examples):
+    return IntervalPasses(structure, values, eps, p, arithmetic).crown_ibp(rows)
+
+
+def _relaxation(structure, values, rows, eps, p, arithmetic, budget, examples):
+    lines = RelaxedOps(values)
+    refine = relaxation_refiner(structure, values, lines, eps, p, budget, examples)
+    boxes = interval_pass(structure, values, eps, arithmetic, refine=refine)
+    rows = _output_rows(structure, values, rows)
+    low = relaxed_lower_bounds(structure, values, structure.output_key, rows, lines,
+                               boxes.deltas, eps, p)
+    return tf.maximum(low, interval_lower_bounds(structure, values, boxes, rows))
+
+
+METHOD_PASSES: Mapping[BoundMethod, MethodPass] = types.MappingProxyType({
+    BoundMethod.INTERVAL: _interval,
+    BoundMethod.CROWN_IBP: _crown_ibp,
+    BoundMethod.RELAXATION: _relaxation,
+})
+"""The pass of every `BoundMethod` (`lower_bounds` dispatches through it; read-only)."""
+
+
+def lower_bounds(structure: ProgramStructure, values: Values, rows: tf.Tensor, eps, p,
+                 method: BoundMethod, arithmetic: Arithmetic, budget: int = DEFAULT_BUDGET,
+                 examples: int | None = None) -> tf.Tensor:
+    """`[B, C]` lower bounds of `rows . (f(x') - f(x))` over the lp ball of radius `eps`.
+
+    Args:
+        structure: the program's `ProgramStructure`.
+        values: a `capture` of the batch `x`.
+        rows: `[B, C, L]` functionals of the flattened output `f` (e.g. `e_y - e_j`).
+        eps: `[B]` radii (or a scalar).
+        p: the norm of the ball (1, 2 or `np.inf`); intervals use its bounding box.
+        method: a `BoundMethod`.
+        arithmetic: the ops' `|A|` and optional rounding (`Arithmetic`).
+        budget: bytes of functionals per pull-back of CROWN's layer bounds.
+        examples: examples per call, for CROWN's chunks (default the static batch
+            size, else 64).
+
+    Raises:
+        UnsupportedModelError: an op the method's passes do not bound, naming it.
+
+    Example:
+
+    ```python
+    low = lower_bounds(structure, values, rows, eps, 2, BoundMethod.RELAXATION, arithmetic)
+    ```
+    """
+    method = BoundMethod(method)
+    check_bounds(structure, method.passes, values.masks)
+    b = int(examples or values.x.shape[0] or DEFAULT_EXAMPLES)
+    return METHOD_PASSES[method](structure, values, rows, eps, p, arithmetic, budget, b)
