@@ -217,7 +217,7 @@ FLOORS = {
     # 0: shared by every job, no dependency on the core
     "errors": 0, "options": 0, "summary": 0, "inputs": 0, "layers": 0, "data": 0,
     # 1: the compiler (and the model builders, on top of `layers`)
-    "compile": 1, "models": 1,
+    "compile": 1, "models": 1, "distribute": 1,
     # 2: the rounding guards, passes over the compiled program
     "rounding": 2,
     # 3: what a certificate says about one region
