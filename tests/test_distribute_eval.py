@@ -58,10 +58,11 @@ def _pairs(arrays, other):
 
 def _check_runs(arrays):
     pairs = _pairs(arrays, "two")
-    calls = {k.split("/")[0] for k, _ in pairs}
-    assert calls >= {"certify", "robust_radius", "saliency", "integrated_exact",
-                     "integrated_riemann", "distortion_expected", "distortion_max"}, calls
-    assert {k.split("/")[1] for k, _ in pairs} == {"mlp", "cnn"}
+    every = {"certify", "robust_radius", "saliency", "integrated_exact",
+             "integrated_riemann", "distortion_expected", "distortion_max"}
+    assert {k.split("/")[0] for k, _ in pairs if "/mlp/" in k} == every
+    assert {k.split("/")[0] for k, _ in pairs if "/cnn/" in k} >= {
+        "certify", "saliency", "integrated_riemann", "distortion_expected"}
     for one, two in pairs + _pairs(arrays, "scope"):
         a, b = arrays[one], arrays[two]
         assert a.shape == b.shape and a.shape[0] == 5, (two, a.shape, b.shape)
@@ -87,9 +88,9 @@ def test_two_replicas_give_the_one_device_results(two_replicas):
 
 
 @pytest.mark.slow
-def test_two_replicas_give_the_one_device_results_with_cnn_radii(tmp_path):
+def test_two_replicas_give_the_one_device_results_on_every_call_of_the_cnn(tmp_path):
     arrays = _run(tmp_path / "runs.npz", "--full")
-    assert "robust_radius/cnn/two/lower[2]" in arrays
+    assert "robust_radius/cnn/two/lower[2]" in arrays and "distortion_max/cnn/two/points" in arrays
     _check_runs(arrays)
 
 
@@ -212,7 +213,8 @@ def test_recipe_certificate(recipe):
 
 def test_recipe_robust_radius(recipe):
     joined, whole, order = _shards(
-        lambda m, x, y: keras_roll.robust_radius(m, x, y, verbose=False), recipe)
+        lambda m, x, y: keras_roll.robust_radius(m, x, y, method="region", verbose=False),
+        recipe)  # the join does not depend on the method: the fast one
     for p in (2, np.inf):
         np.testing.assert_allclose(joined.lower[p], whole.lower[p][order], rtol=FLOAT64_RTOL)
         np.testing.assert_allclose(joined.upper[p], whole.upper[p][order], rtol=FLOAT64_RTOL)
