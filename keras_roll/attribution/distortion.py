@@ -210,9 +210,12 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
         **overrides: its fields: `memory_budget` (bytes of live tensors per
             compiled chunk, default 4 x the twin's memory budget; the
             populations of a group of examples take up to 4 x the twin's
-            budget, or `memory_budget`, beside it) and `verbose` ("auto": a
-            progress bar for runs longer than a second, True or False);
-            `batch_size` and `rigor` do not apply to gradients.
+            budget, or `memory_budget`, beside it), `verbose` ("auto": a
+            progress bar for runs longer than a second, True or False) and
+            `strategy` (a `tf.distribute.Strategy` whose replicas share the
+            examples, each drawing from its own stream: the one-device result;
+            default the strategy in scope); `batch_size` and `rigor` do not
+            apply to gradients.
 
     Returns:
         A `Distortion`.

@@ -168,9 +168,11 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
             with an error (a safeguard against runaway walks).
         options: a `keras_roll.RunOptions`, or None.
         **overrides: its fields: `memory_budget` (bytes of live tensors per
-            compiled chunk) and `verbose` ("auto": a progress bar for runs
-            longer than a second, True or False); `batch_size` and `rigor` do
-            not apply to gradients.
+            compiled chunk), `verbose` ("auto": a progress bar for runs
+            longer than a second, True or False) and `strategy` (a
+            `tf.distribute.Strategy` whose replicas share the examples; default
+            the strategy in scope); `batch_size` and `rigor` do not apply to
+            gradients.
 
     Returns:
         An `IntegratedGradients`.

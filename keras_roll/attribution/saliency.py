@@ -153,8 +153,10 @@ def saliency(model, x, y=None, postprocess: bool = False, channel_axis="auto",
             unchanged (`Saliency.radius`; one `keras_roll.certify` of `x`).
         options: a `keras_roll.RunOptions`, or None.
         **overrides: its fields: `memory_budget` (bytes of live tensors per
-            compiled chunk) and, with `radius=True`, `batch_size`, `verbose` and
-            `rigor` (see `keras_roll.certify`); any other is a `TypeError`.
+            compiled chunk), `strategy` (a `tf.distribute.Strategy` whose
+            replicas share the examples; default the strategy in scope) and,
+            with `radius=True`, `batch_size`, `verbose` and `rigor` (see
+            `keras_roll.certify`); any other is a `TypeError`.
 
     Returns:
         A `Saliency`; with `radius=True` its `radius` gives the certified radii
