@@ -32,10 +32,10 @@ from typing import Literal
 import tensorflow as tf
 from tqdm.auto import tqdm
 
-__all__ = ["AUTO", "Choice", "FIELDS", "GRADIENT_FIELDS", "Method", "Norm", "Norms", "Rigor",
-           "RunOptions", "Seed", "Verbose", "check_batch_size", "check_bisect_tol",
-           "check_memory_budget", "check_verbose", "fixed_budget", "parse_norm", "parse_norms",
-           "progress_bar"]
+__all__ = ["AUTO", "Choice", "FIELDS", "GRADIENT_FIELDS", "Method", "Norm", "Norms",
+           "ONE_DEVICE_FIELDS", "Rigor", "RunOptions", "Seed", "Verbose", "check_batch_size",
+           "check_bisect_tol", "check_memory_budget", "check_strategy", "check_verbose",
+           "fixed_budget", "parse_norm", "parse_norms", "progress_bar"]
 
 INF = math.inf
 AUTO = "auto"
@@ -285,6 +285,41 @@ def check_verbose(verbose) -> Verbose:
     raise ValueError(f"verbose must be 'auto', True or False (or 0, 1, 2), got {verbose!r}.")
 
 
+def check_strategy(strategy) -> tf.distribute.Strategy | None:
+    """None (the strategy in scope at the call) or a `tf.distribute.Strategy` whose
+    replicas are local devices: `MirroredStrategy`, `OneDeviceStrategy`,
+    `MultiWorkerMirroredStrategy` (this worker's devices) or the default strategy.
+
+    Raises:
+        ValueError: another object, or a TPU / parameter-server / central-storage
+            strategy (evaluation runs on the replicas' devices one slice each).
+
+    Example:
+
+    ```python
+    check_strategy(tf.distribute.MirroredStrategy())     # the strategy
+    ```
+    """
+    if strategy is None:
+        return None
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise ValueError(f"strategy must be a tf.distribute.Strategy or None (the strategy in "
+                         f"scope), got {type(strategy).__name__}: {strategy!r}.")
+    supported = (tf.distribute.MirroredStrategy, tf.distribute.OneDeviceStrategy,
+                 tf.distribute.MultiWorkerMirroredStrategy)
+    if isinstance(strategy, supported):
+        return strategy
+    try:
+        _ = strategy.extended.worker_devices
+    except RuntimeError:  # only the default strategy has no devices of its own
+        return strategy
+    raise ValueError(f"strategy={type(strategy).__name__} is not supported: keras_roll "
+                     f"evaluates on local replicas (MirroredStrategy, OneDeviceStrategy, "
+                     f"MultiWorkerMirroredStrategy). Evaluate under a MirroredStrategy, or "
+                     f"give each worker a shard and join the results with their concat "
+                     f"(docs/guide.md, \"Distribution\").")
+
+
 _NORM_NAMES = {"inf": INF, "np.inf": INF, "linf": INF, "l_inf": INF, "l1": 1, "l2": 2}
 
 
@@ -409,8 +444,11 @@ def progress_bar(total: int | None, verbose: Verbose, desc: str, unit: str = "ex
     return _Bar(total=total, disable=not verbose, **style)
 
 
-FIELDS = ("batch_size", "memory_budget", "verbose", "rigor")
+FIELDS = ("batch_size", "memory_budget", "verbose", "rigor", "strategy")
 """The fields of `RunOptions`, in order."""
+
+ONE_DEVICE_FIELDS = FIELDS[:4]
+"""The fields of a function that runs on one device (the default `uses` of `RunOptions.of`)."""
 
 GRADIENT_FIELDS = ("memory_budget", "verbose")
 """The fields a gradient method reads (`integrated_gradients`, `gradient_distortion`, ...)."""
@@ -432,6 +470,10 @@ class RunOptions:
             second), True or False.
         rigor: the rounding guard of certificates (`Rigor`; strings accepted;
             default "float64").
+        strategy: the `tf.distribute.Strategy` whose replicas share the
+            examples (`certify`, `robust_radius`, `saliency`,
+            `integrated_gradients`, `gradient_distortion`); None: the strategy
+            in scope at the call (one device outside any scope).
 
     Example:
 
@@ -446,6 +488,7 @@ class RunOptions:
     memory_budget: int | str | None = None
     verbose: Verbose = AUTO
     rigor: Rigor = Rigor.FLOAT64
+    strategy: tf.distribute.Strategy | None = None
 
     def __post_init__(self):
         set_field = object.__setattr__  # frozen: normalise the validated values once
@@ -453,9 +496,10 @@ class RunOptions:
         set_field(self, "memory_budget", check_memory_budget(self.memory_budget))
         set_field(self, "verbose", AUTO if self.verbose is None else check_verbose(self.verbose))
         set_field(self, "rigor", Rigor.parse(self.rigor, default=Rigor.FLOAT64))
+        set_field(self, "strategy", check_strategy(self.strategy))
 
     @classmethod
-    def of(cls, options: RunOptions | None = None, *, uses: Sequence[str] = FIELDS,
+    def of(cls, options: RunOptions | None = None, *, uses: Sequence[str] = ONE_DEVICE_FIELDS,
            caller: str | None = None, **overrides) -> RunOptions:
         """`options` (or the defaults) with the given fields replaced.
 

@@ -216,8 +216,9 @@ def test_the_graph_walk_check_sees_violations():
 FLOORS = {
     # 0: shared by every job, no dependency on the core
     "errors": 0, "options": 0, "summary": 0, "inputs": 0, "layers": 0, "data": 0,
-    # 1: the lp geometry (dual norms, steepest directions, NormDict), on the options' norms
-    "geometry": 1,
+    # 1: the lp geometry (dual norms, steepest directions, NormDict), on the options' norms;
+    # the executor that spreads examples over a strategy's replicas
+    "geometry": 1, "distribute": 1,
     # 2: the compiler (and the model builders, on top of `layers`)
     "compile": 2, "models": 2,
     # 3: the rounding guards, passes over the compiled program

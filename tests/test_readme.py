@@ -78,6 +78,10 @@ GUIDE_SECTIONS = ("Certificates", "Inputs and return types", "Training with ROLL
 GUIDE_SKIPPED = {
     ("Certificates", 1): "zero radii of a trained CNN with max pooling (tests/test_zero_radii.py)",
     ("Distribution", 0): "needs a multi-worker cluster (tests/test_multiworker.py)",
+    ("Distribution", 1): "needs several devices (tests/test_distribute_eval.py, two logical "
+                         "CPUs)",
+    ("Distribution", 2): "a recipe for several workers (tests/test_distribute_eval.py, "
+                         "test_recipe_*)",
     ("Models", 0): "builds the paper's 299 x 299 ResNet-18 (tests/test_models.py)",
     ("Data", 0): "needs the Caltech-256 files (tests/test_caltech256.py)",
 }

@@ -17,9 +17,11 @@ inside the compiled call (`keras_roll.attribution.gradients.LogitGradients`).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import numbers
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -29,9 +31,11 @@ from keras_roll.attribution.gradients import (
     check_count,
     select_logits,
 )
+from keras_roll.attribution.result import join_examples
 from keras_roll.attribution.targets import read_examples
 from keras_roll.compile.chunking import plan_directions
 from keras_roll.compile.units import INPUT_UNITS, Units, resolve_units
+from keras_roll.distribute import Replicas
 from keras_roll.options import GRADIENT_FIELDS, Choice, RunOptions, check_seed, fixed_budget
 from keras_roll.summary import Summary
 
@@ -73,7 +77,8 @@ class Distortion:
         evaluations: input gradients evaluated per example.
         mode: the `DistortionMode` (equal to "expected" or "max").
         eps, domain: the arguments of the run (`eps` and `domain` in `units`).
-        seed: the seed that reproduces the run (the drawn entropy when `seed=None`).
+        seed: the seed that reproduces the run (the drawn entropy when `seed=None`;
+            None for a `concat` of runs with different seeds).
         units: the `keras_roll.compile.units.Units` of `eps`, `domain` and the
             gradients (input units, or a leading layer's output: `wrt=`).
     """
@@ -86,12 +91,34 @@ class Distortion:
     mode: DistortionMode
     eps: float
     domain: tuple | None
-    seed: int
+    seed: int | None
     units: Units = INPUT_UNITS
 
     @property
     def n(self) -> int:
         return int(self.distortion.shape[0])
+
+    @classmethod
+    def concat(cls, parts: Sequence[Distortion]) -> Distortion:
+        """The distortions of the examples of `parts`, in order.
+
+        Each example's draws come from its own random stream, so the join equals
+        one call over the concatenated inputs where the streams match (the
+        replicas of one call). Parts drawn with different seeds (workers given
+        `seed + worker`, say) join with `seed=None`: no one seed reproduces them.
+
+        Raises:
+            ValueError: no parts, or parts of runs with different `mode`, `eps`,
+                `domain`, `evaluations` or units.
+
+        Example:
+
+        ```python
+        d = Distortion.concat([gradient_distortion(model, x[w::2], seed=w) for w in (0, 1)])
+        ```
+        """
+        return join_examples(cls, parts, ("distortion", "points", "changed",
+                                          "changed_fraction"), differ={"seed": None})
 
     def __repr__(self) -> str:
         med = float(np.median(self.distortion)) if self.n else float("nan")
@@ -183,9 +210,12 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
         **overrides: its fields: `memory_budget` (bytes of live tensors per
             compiled chunk, default 4 x the twin's memory budget; the
             populations of a group of examples take up to 4 x the twin's
-            budget, or `memory_budget`, beside it) and `verbose` ("auto": a
-            progress bar for runs longer than a second, True or False);
-            `batch_size` and `rigor` do not apply to gradients.
+            budget, or `memory_budget`, beside it), `verbose` ("auto": a
+            progress bar for runs longer than a second, True or False) and
+            `strategy` (a `tf.distribute.Strategy` whose replicas share the
+            examples, each drawing from its own stream: the one-device result;
+            default the strategy in scope); `batch_size` and `rigor` do not
+            apply to gradients.
 
     Returns:
         A `Distortion`.
@@ -206,7 +236,8 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
     ```
     """
     mode = DistortionMode.parse(mode, "mode", default=DistortionMode.EXPECTED)
-    opts = RunOptions.of(options, uses=GRADIENT_FIELDS, caller="gradient_distortion",
+    opts = RunOptions.of(options, uses=(*GRADIENT_FIELDS, "strategy"),
+                         caller="gradient_distortion",
                          **overrides)
     budget = fixed_budget(opts.memory_budget)
     samples = check_count(samples, "samples")
@@ -239,12 +270,19 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
     streams = [np.random.default_rng(s) for s in seq.spawn(b_total)]
     total = b_total * (samples if mode is DistortionMode.EXPECTED else population)
     chunk = engine.chunk_size(x.shape[1:], budget, total=total)
-    run = _Run(engine, chunk, callback, units)
+    replicas = Replicas.of(opts.strategy)
+    run = _Run(engine, chunk, None if callback is None else replicas.serial(callback), units)
+
+    def shared(search, bar):  # each replica searches its examples, with its own streams
+        run.bar = replicas.serial(bar)
+        parts = replicas.map(lambda sl: search(run.on(sl), *(
+            a[sl] for a in (x, index, sign, lo, hi)), streams[sl]), b_total)
+        return tuple(None if p[0] is None else np.concatenate(p) for p in zip(*parts))
+
     if mode is DistortionMode.EXPECTED:
         total = b_total * samples
         with opts.progress(total, "gradient distortion", unit="grad") as bar:
-            run.bar = bar
-            dist, frac = _expected(run, x, index, sign, lo, hi, samples, streams)
+            dist, frac = shared(lambda r, *a: _expected(r, *a[:5], samples, a[5]), bar)
         points = changed = None
         evaluations = samples
     else:
@@ -252,9 +290,8 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
         evaluations = population + generations * (population - keep)
         with opts.progress(b_total * evaluations, "gradient distortion (GA)",
                            unit="grad") as bar:
-            run.bar = bar
-            dist, frac, points, changed = _genetic(run, x, index, sign, lo, hi, population,
-                                                   generations, keep, streams, budget)
+            dist, frac, points, changed = shared(lambda r, *a: _genetic(
+                r, *a[:5], population, generations, keep, a[5], budget), bar)
     return Distortion(distortion=units.gradient_norm_to_units(dist), points=points,
                       changed=changed, changed_fraction=frac, evaluations=int(evaluations),
                       mode=mode, eps=eps, domain=domain_used, seed=int(seq.entropy),
@@ -316,6 +353,15 @@ class _Run:
         self.callback = callback
         self.units = units
         self.bar = None
+
+    def on(self, examples: slice) -> _Run:
+        """This run for the examples `examples` of the call (a replica's share): the
+        callback gets the call's example indices."""
+        if not examples.start or self.callback is None:
+            return self
+        mine = copy.copy(self)
+        mine.callback = lambda ex, *rest: self.callback(ex + examples.start, *rest)
+        return mine
 
     def evaluate(self, cands: np.ndarray, owner: np.ndarray, ref, examples: np.ndarray):
         """`(l1 [n], changed [n])` of flat candidates; `owner` indexes `ref` rows,

@@ -16,6 +16,7 @@ differentiable model. See docs/design.md, section "Exact integrated gradients".
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import numpy as np
 import tensorflow as tf
@@ -26,6 +27,7 @@ from keras_roll.attribution.result import Attribution, deprecated_alias
 from keras_roll.attribution.tape_gradients import TracedOnce, gradient_engine
 from keras_roll.attribution.targets import check_baseline, read_examples, resolve_targets
 from keras_roll.compile.caches import cached
+from keras_roll.distribute import Replicas
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.options import GRADIENT_FIELDS, Choice, RunOptions, fixed_budget
 
@@ -114,6 +116,9 @@ class IntegratedGradients(Attribution):
     steps: int | None = None
     rule: RiemannRule | None = None
 
+    EXAMPLE_FIELDS: ClassVar[tuple] = (*Attribution.EXAMPLE_FIELDS, "regions", "delta", "f_x",
+                                       "f_baseline")
+
     attributions = deprecated_alias("maps", "attributions")
 
     def __repr__(self) -> str:
@@ -163,9 +168,11 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
             with an error (a safeguard against runaway walks).
         options: a `keras_roll.RunOptions`, or None.
         **overrides: its fields: `memory_budget` (bytes of live tensors per
-            compiled chunk) and `verbose` ("auto": a progress bar for runs
-            longer than a second, True or False); `batch_size` and `rigor` do
-            not apply to gradients.
+            compiled chunk), `verbose` ("auto": a progress bar for runs
+            longer than a second, True or False) and `strategy` (a
+            `tf.distribute.Strategy` whose replicas share the examples; default
+            the strategy in scope); `batch_size` and `rigor` do not apply to
+            gradients.
 
     Returns:
         An `IntegratedGradients`.
@@ -185,7 +192,8 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
     approx = keras_roll.integrated_gradients(model, x, y, steps=64, rule="trapezoid")
     ```
     """
-    opts = RunOptions.of(options, uses=GRADIENT_FIELDS, caller="integrated_gradients",
+    opts = RunOptions.of(options, uses=(*GRADIENT_FIELDS, "strategy"),
+                         caller="integrated_gradients",
                          **overrides)
     budget = fixed_budget(opts.memory_budget)
     rule = RiemannRule.parse(rule, "rule", default=RiemannRule.RIGHT)
@@ -203,12 +211,17 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
                               engine.spec.name)
     f_x = np.sum(targets.weights * logits_x, axis=1)
     f_b = np.sum(targets.weights * logits_b, axis=1)
+    replicas = Replicas.of(opts.strategy)
     with opts.progress(n, "integrated gradients") as bar:
+        bar = replicas.serial(bar)
         if steps is None:
-            attr, regions = exact_walk(engine, x, base, targets.weights, max_regions, budget,
-                                       bar)
+            parts = replicas.map(lambda sl: exact_walk(
+                engine, x[sl], base[sl], targets.weights[sl], max_regions, budget, bar), n)
+            attr = np.concatenate([a for a, _ in parts])
+            regions = np.concatenate([r for _, r in parts])
         else:
-            attr = _riemann(engine, x, base, targets.weights, steps, rule, budget, bar)
+            attr = np.concatenate(replicas.map(lambda sl: _riemann(
+                engine, x[sl], base[sl], targets.weights[sl], steps, rule, budget, bar), n))
             regions = None
     delta = attr.reshape(n, -1).sum(axis=1) - (f_x - f_b)
     return IntegratedGradients(

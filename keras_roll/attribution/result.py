@@ -24,12 +24,77 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 
 from keras_roll.errors import UnsupportedModelError
 
-__all__ = ["Attribution", "WithRadius", "deprecated_alias"]
+__all__ = ["Attribution", "WithRadius", "deprecated_alias", "join_examples"]
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.shape(a) == np.shape(b) and bool(np.all(np.asarray(a) == np.asarray(b)))
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(u, v) for u, v in zip(a, b))
+    return a == b
+
+
+def join_examples(cls: type, parts: Sequence, per_example: Sequence[str],
+                  differ: dict | None = None):
+    """One result of dataclass `cls` for the examples of `parts`, in order: the
+    fields in `per_example` (arrays with a leading example axis, dicts of them, or
+    None in every part) are concatenated; every other field must be equal in all
+    parts (the settings of the run), except those in `differ`, which take the
+    given value where the parts differ.
+
+    Raises:
+        ValueError: no parts, a part of another type, a per-example field that is
+            None in some parts only, or a setting that differs between parts.
+
+    Example:
+
+    ```python
+    join_examples(Saliency, [sal_a, sal_b], ("maps", "labels", "gradient", ...))
+    ```
+    """
+    parts = list(parts)
+    name = cls.__name__
+    if not parts:
+        raise ValueError(f"{name}.concat needs at least one {name}.")
+    for i, q in enumerate(parts):
+        if not isinstance(q, cls):
+            raise ValueError(f"{name}.concat joins {name}s; part {i} is a "
+                             f"{type(q).__name__}.")
+    differ = differ or {}
+    values = {}
+    for field in dataclasses.fields(cls):
+        got = [getattr(q, field.name) for q in parts]
+        if field.name in per_example:
+            if all(v is None for v in got):
+                values[field.name] = None
+            elif any(v is None for v in got):
+                raise ValueError(f"{name}.concat: {field.name} is None in part "
+                                 f"{[v is None for v in got].index(True)} but not in all "
+                                 f"parts; compute every part with the same options.")
+            elif isinstance(got[0], dict):
+                values[field.name] = type(got[0])(
+                    {k: np.concatenate([v[k] for v in got]) for k in got[0]})
+            else:
+                values[field.name] = np.concatenate([np.asarray(v) for v in got])
+            continue
+        for i, v in enumerate(got[1:], 1):
+            if not _same(v, got[0]):
+                if field.name in differ:
+                    values[field.name] = differ[field.name]
+                    break
+                raise ValueError(f"{name}s of different runs cannot be concatenated: part {i} "
+                                 f"has {field.name}={v!r}, part 0 has {got[0]!r}.")
+        else:
+            values[field.name] = got[0]
+    return cls(**values)
 
 
 @dataclasses.dataclass(kw_only=True, repr=False)
@@ -59,6 +124,26 @@ class Attribution:
     piecewise_linear: bool = True
     note: str | None = None
 
+    EXAMPLE_FIELDS: ClassVar[tuple] = ("maps", "labels", "targets")
+    """The fields with one entry per example (the others are the run's settings)."""
+
+    @classmethod
+    def concat(cls, parts: Sequence[Attribution]) -> Attribution:
+        """The result of the examples of `parts`, in order: the result of one call
+        over the concatenated inputs (each example's attribution depends on it
+        alone).
+
+        Raises:
+            ValueError: no parts, or parts of runs with different settings.
+
+        Example:
+
+        ```python
+        sal = Saliency.concat([keras_roll.saliency(model, xa), keras_roll.saliency(model, xb)])
+        ```
+        """
+        return join_examples(cls, parts, cls.EXAMPLE_FIELDS)
+
     @property
     def n(self) -> int:
         """The number of examples."""
@@ -82,6 +167,8 @@ class WithRadius(Attribution):
     """
 
     _radius: dict | None = dataclasses.field(default=None, repr=False)
+
+    EXAMPLE_FIELDS: ClassVar[tuple] = (*Attribution.EXAMPLE_FIELDS, "_radius")
 
     @property
     def radius(self) -> dict:

@@ -9,6 +9,7 @@ of `x` is also the saliency map of every input within the region's margin
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from keras_roll.attribution.tape_gradients import gradient_engine
 from keras_roll.attribution.targets import read_examples, resolve_targets
 from keras_roll.certification import certify
 from keras_roll.compile.units import resolve_units
+from keras_roll.distribute import Replicas
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.options import FIELDS, RunOptions, fixed_budget
 
@@ -24,7 +26,7 @@ __all__ = ["Saliency", "attribution_options", "certified_radius", "postprocess_s
            "saliency", "stable_radius"]
 
 
-SALIENCY_FIELDS = ("memory_budget",)
+SALIENCY_FIELDS = ("memory_budget", "strategy")
 """The run options of the maps (no progress bar); `radius=True` reads all of them."""
 
 
@@ -115,6 +117,8 @@ class Saliency(WithRadius):
     logits: np.ndarray
     postprocessed: bool
 
+    EXAMPLE_FIELDS: ClassVar[tuple] = (*WithRadius.EXAMPLE_FIELDS, "gradient", "logits")
+
     def __repr__(self) -> str:
         return (f"Saliency(n={self.maps.shape[0]}, map_shape={self.maps.shape[1:]}, "
                 f"postprocessed={self.postprocessed})")
@@ -149,8 +153,10 @@ def saliency(model, x, y=None, postprocess: bool = False, channel_axis="auto",
             unchanged (`Saliency.radius`; one `keras_roll.certify` of `x`).
         options: a `keras_roll.RunOptions`, or None.
         **overrides: its fields: `memory_budget` (bytes of live tensors per
-            compiled chunk) and, with `radius=True`, `batch_size`, `verbose` and
-            `rigor` (see `keras_roll.certify`); any other is a `TypeError`.
+            compiled chunk), `strategy` (a `tf.distribute.Strategy` whose
+            replicas share the examples; default the strategy in scope) and,
+            with `radius=True`, `batch_size`, `verbose` and `rigor` (see
+            `keras_roll.certify`); any other is a `TypeError`.
 
     Returns:
         A `Saliency`; with `radius=True` its `radius` gives the certified radii
@@ -169,7 +175,8 @@ def saliency(model, x, y=None, postprocess: bool = False, channel_axis="auto",
     """
     opts = attribution_options(options, overrides, radius, "saliency")
     budget = fixed_budget(opts.memory_budget)
-    engine, x, targets, grad, logits = target_gradients(model, x, y, budget)
+    engine, x, targets, grad, logits = target_gradients(model, x, y, budget,
+                                                        Replicas.of(opts.strategy))
     maps = postprocess_saliency(grad, channel_axis) if postprocess else grad
     return Saliency(maps=maps, gradient=grad, labels=targets.labels, logits=logits,
                     postprocessed=bool(postprocess), targets=targets.weights,
@@ -221,16 +228,23 @@ def postprocess_saliency(maps, channel_axis="auto", percentile: float = 99.0) ->
     return np.clip(g / scale, 0.0, 1.0)
 
 
-def target_gradients(model, x, y, budget):
+def target_gradients(model, x, y, budget, replicas: Replicas = Replicas()):
     """`(engine, x, targets, gradients, logits)`: the inputs read and checked, the
     targets resolved (the predicted class for `y=None`) and the gradient of the
-    targets' weighted logits at `x`, in chunks of `budget` bytes."""
+    targets' weighted logits at `x`, in chunks of `budget` bytes, the examples
+    shared by `replicas`."""
     engine = gradient_engine(model)
     x, y = read_examples(x, y, engine.spec)
-    logits = engine.logits(x, budget) if y is None else None
-    targets = resolve_targets(y, x.shape[0], engine.num_logits(x.shape[1:]),
+    n = x.shape[0]
+    logits = None
+    if y is None:
+        logits = np.concatenate(replicas.map(lambda sl: engine.logits(x[sl], budget), n))
+    targets = resolve_targets(y, n, engine.num_logits(x.shape[1:]),
                               engine.output_link, logits, engine.spec.name)
-    grad, logits = engine.weighted_gradients(x, targets.weights, budget)
+    parts = replicas.map(lambda sl: engine.weighted_gradients(x[sl], targets.weights[sl],
+                                                              budget), n)
+    grad = np.concatenate([g for g, _ in parts])
+    logits = np.concatenate([lg for _, lg in parts])
     return engine, x, targets, grad, logits
 
 
@@ -265,7 +279,7 @@ def stable_radius(model, x, norms=(2, np.inf), options: RunOptions | None = None
     keras_roll.stable_radius(model, x, wrt="rescaling")   # in the Rescaling's output units
     ```
     """
-    opts = RunOptions.of(options, caller="stable_radius", **overrides)
+    opts = RunOptions.of(options, uses=FIELDS, caller="stable_radius", **overrides)
     engine = gradient_engine(model, need_linear=True)
     resolve_units(engine.lin.program, wrt)  # a bad wrt fails before the inputs are read
     x, _ = read_examples(x, None, engine.spec)

@@ -186,6 +186,11 @@ class Certificate:
             nonfinite=np.concatenate([q.nonfinite for q in parts]),
             zero_cause=joined("zero_cause"), units=first.units)
 
+    def __getstate__(self) -> dict:
+        """Pickles the arrays without the twin kept for `binding_direction` (a
+        certificate sent from another worker; see `concat`)."""
+        return {**self.__dict__, "_source": None}
+
     def attach_source(self, twin, inputs: list | None) -> None:
         """Keeps the twin and the inputs (or None) that `binding_direction` recomputes from."""
         self._source = (twin, inputs)

@@ -52,9 +52,11 @@ from keras_roll.certification.zero_radii import explain_zeros
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.twin import Linearized, linearize
 from keras_roll.compile.units import resolve_units
+from keras_roll.distribute import Replicas
 from keras_roll.geometry import NormDict, to_numpy
 from keras_roll.inputs import Array, Batch, ModelOrTwin, read_batches
 from keras_roll.options import (
+    FIELDS,
     Method,
     Norm,
     Norms,
@@ -182,7 +184,7 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
             `keras_roll.options.Method`).
         bisect_tol: relative tolerance of the bisection.
         options: a `keras_roll.RunOptions` (batch_size, memory_budget, verbose,
-            rigor); the defaults if None.
+            rigor, strategy); the defaults if None.
         wrt: None (input units), or the name of a leading Rescaling /
             Normalization layer with a scalar scale: the radii (and directions)
             are in the units of its output (`Certificate.units`).
@@ -193,7 +195,9 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
             twin's), `verbose` ("auto": a progress bar for runs longer than a
             second, True or False) and `rigor` ("float64", the default:
             probabilistic rounding guard; "strict": worst-case guard;
-            "float32": none).
+            "float32": none), `strategy` (a `tf.distribute.Strategy` whose
+            replicas share each batch, the same certificate as on one device;
+            default the strategy in scope).
 
     Returns:
         A `Certificate` (numpy arrays). Examples with a non-finite neuron or
@@ -218,7 +222,7 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
     keras_roll.certify(model, x, wrt="rescaling")   # radii in the Rescaling's output units
     ```
     """
-    opts = RunOptions.of(options, caller="certify", **overrides)
+    opts = RunOptions.of(options, uses=FIELDS, caller="certify", **overrides)
     norms = parse_norms(norms)
     run = _Run.make(model, norms, method, bisect_tol, opts)
     units = resolve_units(run.lin.program, wrt)
@@ -232,9 +236,11 @@ def certify(model: ModelOrTwin, x, norms: Norms = (1, 2, np.inf),
     parts = []
     kept: list | None = []  # the inputs, for Certificate.binding_direction
     kept_bytes = 0
+    replicas = Replicas.of(opts.strategy)
     with opts.progress(batches.total, "certify") as bar:
+        bar = replicas.serial(bar)
         for batch in batches:
-            parts.append(_certify_batch(run, batch, bar))
+            parts += replicas.map_batch(lambda part: _certify_batch(run, part, bar), batch)
             if kept is not None:
                 kept_bytes += int(np.prod(batch.x.shape)) * batch.x.dtype.size
                 keep = not batches.stream or kept_bytes <= KEEP_STREAM_BYTES

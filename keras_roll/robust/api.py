@@ -24,6 +24,7 @@ rr.summary()
 
 from __future__ import annotations
 
+import copy
 import numbers
 import warnings
 from typing import NamedTuple
@@ -36,9 +37,11 @@ from keras_roll.compile.rules.activations import Link
 from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
 from keras_roll.compile.units import Units, resolve_units
+from keras_roll.distribute import Replicas
 from keras_roll.errors import UnsupportedModelError
 from keras_roll.geometry import dual_norm, to_numpy
 from keras_roll.inputs import LabelSpec, ModelOrTwin, read_batches
+from keras_roll.options import FIELDS as RUN_FIELDS
 from keras_roll.options import Norms, RunOptions, check_bisect_tol, parse_norms
 from keras_roll.robust.adversarial import predict_classes
 from keras_roll.robust.bounds import margin_bounds
@@ -353,15 +356,17 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
         exact_rtol: `exact` where `upper - lower <= exact_rtol * upper` (and where
             method 1 located the minimum inside the region; see above).
         options: a `keras_roll.RunOptions` (batch_size, memory_budget, verbose,
-            rigor), or None.
+            rigor, strategy), or None.
         wrt: None (input units), or the name of a leading Rescaling /
             Normalization layer with a scalar scale: distances in its output's units.
         **overrides: its fields, replacing those of `options`: `rigor`
             ("float64", the default, "strict" or "float32"), `batch_size`
             (examples per batch; streams of single examples are grouped),
             `memory_budget` (bytes of tangents / functionals per chunk, default
-            the twin's) and `verbose` ("auto", the default, True or False: a
-            progress bar). None means the default.
+            the twin's), `verbose` ("auto", the default, True or False: a
+            progress bar) and `strategy` (a `tf.distribute.Strategy` whose
+            replicas share each batch; default the strategy in scope). None
+            means the default.
 
     Returns:
         A `RobustRadius` (numpy arrays).
@@ -382,7 +387,7 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     rr.certified_accuracy(8 / 255, np.inf)    # in [0, 1] pixels for 0-255 inputs
     ```
     """
-    run_options = RunOptions.of(options, caller="robust_radius", **overrides)
+    run_options = RunOptions.of(options, uses=RUN_FIELDS, caller="robust_radius", **overrides)
     method = RobustMethod.parse(method, "method", default=RobustMethod.BEST)
     norms = parse_norms(norms)
     if not norms:
@@ -397,9 +402,14 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     labels = LabelSpec(classes, model=lin.model.name)
     batches = read_batches(x, lin.input_spec, y=y, labels=labels,
                            batch_size=run_options.batch_size, split=True, finite=False)
+    replicas = Replicas.of(run_options.strategy)
+    parts = []
     with run_options.progress(None if batches.total is None else batches.total * len(norms),
                               "robust radius") as bar:
-        parts = [run.batch(batch.x.numpy(), batch.y, bar) for batch in batches]
+        bar = replicas.serial(bar)
+        for batch in batches:  # a copy of `run` per replica: it tracks its batch's progress
+            parts += replicas.map_batch(
+                lambda part: copy.copy(run).batch(part.x.numpy(), part.y, bar), batch)
     rr = RobustRadius.concat(parts)
     if rr.nonfinite.any():
         warnings.warn(f"{int(rr.nonfinite.sum())} of {rr.n} inputs have non-finite values "
