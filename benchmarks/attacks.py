@@ -16,7 +16,9 @@ and prints the median and the worst ratio of each attack's upper bound to the
 walk's, the share of images where it is at most the walk's, and seconds per image
 (wall time). Only ratios measured in one run mean anything on a shared machine.
 
-    python -m benchmarks.attacks --data=/path/to/mnist.npz [--num_examples=20]
+    python -m benchmarks.attacks --data=/path/to/mnist.npz [--num_examples=20] [--save=f.npz]
+
+The seconds include the first call's tracing of each compiled function.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ flags.DEFINE_integer("num_examples", 20, "Correctly classified test images attac
 flags.DEFINE_integer("epochs", 1, "Training epochs.")
 flags.DEFINE_integer("steps", 100, "Attack steps per run.")
 flags.DEFINE_integer("restarts", 3, "Attack runs per image.")
+flags.DEFINE_string("save", None, "Optional .npz: the weights, images, labels and upper "
+                    "bounds, for a comparison with other attack libraries on the same "
+                    "weights.")
 
 NORMS = (np.inf, 2)
 
@@ -84,6 +89,9 @@ def main(argv):
     print(f"machine: {os.cpu_count()} CPU cores (shared), TensorFlow {tf.__version__}")
     print(f"network: CNN-S, {FLAGS.epochs} epoch(s), test accuracy {acc:.1%} (first 1000); "
           f"{n} images; attack {opts.steps} steps x {opts.restarts} runs")
+    saved = {"x": x, "y": y}
+    for i, w in enumerate(model.get_weights()):
+        saved[f"weight_{i}"] = w
     for p in NORMS:
         label = "linf" if p == np.inf else "l2"
         walk, t_walk = timed(keras_roll.robust_radius, model, x, y, norms=(p,),
@@ -95,6 +103,7 @@ def main(argv):
         boxed, t_box = timed(minimal_norm_attack, model, x, p, pred=y, domain=(0.0, 255.0),
                              options=opts)
         w = walk.upper[p]
+        saved[f"walk_{label}"], saved[f"attack_{label}"] = w, from_walk.upper
         print(f"{label}: walk median upper {np.median(w) / 255:.4g} ([0, 1] units), "
               f"{t_walk / n:.2f} s/image")
         for name, up, t in (("attack from the walk's point", from_walk.upper, t_fw),
@@ -104,6 +113,8 @@ def main(argv):
             print(f"  {name:30s}: attack / walk median {np.nanmedian(r):.3f}, max "
                   f"{np.nanmax(r):.3f}, <= walk on {np.mean(r <= 1 + 1e-9):.0%}, found "
                   f"{np.mean(np.isfinite(up)):.0%}; {t / n:.2f} s/image")
+    if FLAGS.save:
+        np.savez(FLAGS.save, **saved)
 
 
 if __name__ == "__main__":
