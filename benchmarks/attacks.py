@@ -104,6 +104,7 @@ def main(argv):
                              options=opts)
         w = walk.upper[p]
         saved[f"walk_{label}"], saved[f"attack_{label}"] = w, from_walk.upper
+        saved[f"attack_box_{label}"] = boxed.upper
         print(f"{label}: walk median upper {np.median(w) / 255:.4g} ([0, 1] units), "
               f"{t_walk / n:.2f} s/image")
         for name, up, t in (("attack from the walk's point", from_walk.upper, t_fw),
