@@ -1,6 +1,6 @@
 """`robust_radius`: lower and upper bounds on the minimal adversarial perturbation.
 
-Three methods, each usable alone and combined by `method="best"` (the larger lower
+Four methods, each usable alone and combined by `method="best"` (the larger lower
 bound and the smaller upper bound of those that apply; docs/design.md, section
 "Robustness radius"):
 
