@@ -342,6 +342,8 @@ def minimal_norm_attack(model, x, p=2, *, pred=None, start=None, domain=None,
     options = (options or AttackOptions()).checked()
     x = np.asarray(x, np.float64)
     b = x.shape[0]
+    if b == 0:
+        return NormBounds(np.zeros(0), np.zeros(0), x.copy(), np.zeros(0, np.int64))
     lo, hi = _domain_arrays(domain, x)
     if pred is None:
         pred = predict_classes(model, x)
