@@ -19,6 +19,8 @@ walk's, the share of images where it is at most the walk's, and seconds per imag
     python -m benchmarks.attacks --data=/path/to/mnist.npz [--num_examples=20] [--save=f.npz]
 
 The seconds include the first call's tracing of each compiled function.
+`benchmarks/attacks_foolbox.py` compares the saved bounds with foolbox's FMN and DDN
+on the same weights (in a separate environment with PyTorch and foolbox).
 """
 
 from __future__ import annotations
