@@ -2,7 +2,8 @@
 
 `robust_radius` (`keras_roll.robust.api`) combines three methods, one module each:
 `region` (exact inside the linear region), `walk` (adversarial points across
-regions), `bounds` (a CROWN-style lower bound beyond the region, with interval
+regions), `attacks` (a minimal-norm gradient attack from the walk's points),
+`bounds` (a CROWN-style lower bound beyond the region, with interval
 bounds as the fallback and baseline: the passes of `keras_roll.compile.bounds`
 with the rounding bound of `float_error`); `search` the bracketing search, `result`
 the `RobustRadius` they fill. `interval_bounds` is the same bound passes as a
@@ -11,7 +12,9 @@ differentiable function, for certified training. See docs/design.md, section
 """
 
 from keras_roll.robust.api import robust_radius
+from keras_roll.robust.attacks import AttackOptions, minimal_norm_attack
 from keras_roll.robust.bounds import MarginBounds, interval_bounds
 from keras_roll.robust.result import RobustMethod, RobustRadius
 
-__all__ = ["MarginBounds", "RobustMethod", "RobustRadius", "interval_bounds", "robust_radius"]
+__all__ = ["AttackOptions", "MarginBounds", "RobustMethod", "RobustRadius", "interval_bounds",
+           "minimal_norm_attack", "robust_radius"]

@@ -1,6 +1,6 @@
 """`robust_radius`: lower and upper bounds on the minimal adversarial perturbation.
 
-Three methods, each usable alone and combined by `method="best"` (the larger lower
+Four methods, each usable alone and combined by `method="best"` (the larger lower
 bound and the smaller upper bound of those that apply; docs/design.md, section
 "Robustness radius"):
 
@@ -9,6 +9,8 @@ bound and the smaller upper bound of those that apply; docs/design.md, section
   certified region, else the region margin is the lower bound. About one `certify`.
 * `"walk"` (`keras_roll.robust.walk`): an upper bound, a real adversarial point
   found by walking region by region toward the decision boundary.
+* `"attack"` (`keras_roll.robust.attacks`): an upper bound, a minimal-norm gradient
+  attack (FMN style) started from the walk's point.
 * `"relaxation"` (`keras_roll.robust.bounds`): a sound lower bound beyond the
   region by a CROWN-style linear relaxation, the largest certified radius by
   bisection (`keras_roll.robust.search`); `"interval"` is the same search with interval
@@ -44,6 +46,7 @@ from keras_roll.inputs import LabelSpec, ModelOrTwin, read_batches
 from keras_roll.options import FIELDS as RUN_FIELDS
 from keras_roll.options import Norms, RunOptions, check_bisect_tol, parse_norms
 from keras_roll.robust.adversarial import predict_classes
+from keras_roll.robust.attacks import AttackOptions, minimal_norm_attack
 from keras_roll.robust.bounds import margin_bounds
 from keras_roll.robust.region import decision_terms, link_gap, region_bounds
 from keras_roll.robust.result import RobustMethod, RobustRadius
@@ -64,6 +67,15 @@ def _check_arguments(max_regions, bisect_tol, exact_rtol):
     if not (isinstance(exact_rtol, numbers.Real) and 0 <= exact_rtol < 1):
         raise ValueError(f"exact_rtol must be a relative tolerance in [0, 1), got "
                          f"{exact_rtol!r}.")
+
+
+def _attack_options(attack) -> AttackOptions:
+    if attack is None:
+        return AttackOptions()
+    if not isinstance(attack, AttackOptions):
+        raise ValueError(f"attack must be a keras_roll.robust.AttackOptions (e.g. "
+                         f"AttackOptions(steps=200, restarts=5)) or None, got {attack!r}.")
+    return attack.checked()
 
 
 def _check_classifier(lin) -> int:
@@ -111,6 +123,7 @@ class SearchOptions(NamedTuple):
     max_regions: int
     bisect_tol: float
     exact_rtol: float
+    attack: AttackOptions = AttackOptions()
 
 
 class _Run:
@@ -199,6 +212,8 @@ class _Run:
                 & ~np.isfinite(rr.exact_value[p][idx])
             if self.method in (RobustMethod.BEST, RobustMethod.WALK):
                 self._walk(x64, pred, idx, todo, p, rr)
+            if self.method in (RobustMethod.BEST, RobustMethod.ATTACK):
+                self._attack(x64, pred, idx, todo, p, rr)
             if self.bound is not None:
                 if terms is None:
                     terms = decision_terms(self.twin, x64, pred, guard=False,
@@ -236,6 +251,14 @@ class _Run:
         nb = walk_bounds(self.model, self.twin, x64[sub], pred[sub], p,
                          self.search.max_regions, self.budget)
         _take_upper(rr, p, idx[sub], nb, "walk")
+
+    def _attack(self, x64, pred, idx, todo, p, rr: RobustRadius):
+        sub = np.flatnonzero(todo)
+        if not sub.size:
+            return
+        nb = minimal_norm_attack(self.model, x64[sub], p, pred=pred[sub],
+                                 start=rr.adversarial[p][idx[sub]], options=self.search.attack)
+        _take_upper(rr, p, idx[sub], nb, "attack")
 
     def _relaxation(self, x64, pred, idx, todo, p, rr: RobustRadius, terms):
         sub = np.flatnonzero(todo)
@@ -289,7 +312,7 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
                   method: RobustMethod | str | None = "best", *, max_regions: int = 100,
                   bisect_tol: float = 1e-3, exact_rtol: float = 1e-3,
                   options: RunOptions | None = None, wrt: str | None = None,
-                  **overrides) -> RobustRadius:
+                  attack: AttackOptions | None = None, **overrides) -> RobustRadius:
     """Lower and upper bounds on every input's minimal adversarial perturbation.
 
     The minimal adversarial perturbation of `x` in the lp norm is the distance to the
@@ -307,6 +330,10 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
       the region margin is the lower bound.
     * `"walk"`: an upper bound by walking region by region to the decision
       boundary; every point is checked in the Keras model.
+    * `"attack"`: an upper bound by a minimal-norm gradient attack (after FMN,
+      `keras_roll.robust.attacks`): from the walk's point (under `"best"`) or `x`,
+      it shrinks the perturbation while the point stays adversarial; every point is
+      checked in the Keras model.
     * `"relaxation"`: a sound lower bound beyond the region by linear relaxation
       (CROWN / DeepPoly), the largest certified radius by a bracketing search;
       `"interval"` uses interval bounds alone. Dense, convolutions,
@@ -346,7 +373,7 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
             every input (checked as by every function: `keras_roll.inputs.check_labels`);
             for streams, taken from `(x, y)` elements unless given here.
         norms: any of 1, 2, np.inf (or 'l1', 'l2', 'linf').
-        method: "best" (the default, also for None), "region", "walk",
+        method: "best" (the default, also for None), "region", "walk", "attack",
             "relaxation" or "interval" (a `keras_roll.robust.RobustMethod`).
         max_regions: regions the walk may cross per input (and per refining line).
         bisect_tol: relative width of the relaxation search's final bracket: the lower
@@ -359,6 +386,9 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
             rigor, strategy), or None.
         wrt: None (input units), or the name of a leading Rescaling /
             Normalization layer with a scalar scale: distances in its output's units.
+        attack: the budgets of the `"attack"` method, a
+            `keras_roll.robust.AttackOptions` (steps, restarts, max_seconds, seed);
+            None: its defaults.
         **overrides: its fields, replacing those of `options`: `rigor`
             ("float64", the default, "strict" or "float32"), `batch_size`
             (examples per batch; streams of single examples are grouped),
@@ -397,7 +427,8 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     units = resolve_units(lin.program, wrt)
     classes = _check_classifier(lin)
     _warn_saturating_link(lin, run_options.rigor)
-    search = SearchOptions(int(max_regions), float(bisect_tol), float(exact_rtol))
+    search = SearchOptions(int(max_regions), float(bisect_tol), float(exact_rtol),
+                           _attack_options(attack))
     run = _Run(lin, norms, method, run_options, search, units)
     labels = LabelSpec(classes, model=lin.model.name)
     batches = read_batches(x, lin.input_spec, y=y, labels=labels,

@@ -41,6 +41,8 @@ class RobustMethod(Choice):
     * `WALK` ("walk"): an upper bound by walking region by region.
     * `RELAXATION` ("relaxation"): a sound lower bound by linear relaxation.
     * `INTERVAL` ("interval"): the same search with interval bounds alone.
+    * `ATTACK` ("attack"): an upper bound by a minimal-norm gradient attack
+      (`keras_roll.robust.attacks`).
 
     Example:
 
@@ -54,6 +56,7 @@ class RobustMethod(Choice):
     WALK = "walk"
     RELAXATION = "relaxation"
     INTERVAL = "interval"
+    ATTACK = "attack"
 
     @property
     def finds_points(self) -> bool:
@@ -89,7 +92,7 @@ class RobustRadius:
         runner_up: `{p: [B]}` int64: the class of the adversarial point, else of
             the nearest decision hyperplane of the region (-1 if none).
         lower_method, upper_method: `{p: [B]}` str: which method gave each bound
-            ('region', 'decision', 'relaxation', 'interval', 'walk', 'label', or ''
+            ('region', 'decision', 'relaxation', 'interval', 'walk', 'attack', 'label', or ''
             where none did).
         predicted: `[B]` int64, the class the model predicts (-1 for `nonfinite`).
         labels: `[B]` int64 or None, the labels given.
