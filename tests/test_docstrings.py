@@ -59,16 +59,18 @@ SETUP = {
 SETUP.update({
     "module keras_roll.callbacks[0]": "model.compile('sgd', 'sparse_categorical_crossentropy')",
     "module keras_roll.compile.units[0]": "margins = np.ones(4)",
-    "module keras_roll.roll.ramps[0]":
+    "module keras_roll.regularizers.ramps[0]":
         "wrapped = keras_roll.wrap(model, regularizer=keras_roll.IBPConfig(eps=0.0))\n"
         "wrapped.compile('adam', 'sparse_categorical_crossentropy')",
+    "regularizers.evaluating[0]": "wrapped = keras_roll.wrap(model, lam=1.0)",
+    "regularizers.labelled_step[0]":
+        "wrapped = keras_roll.wrap(model, regularizer=keras_roll.MMRConfig(lam=1.0))\n"
+        "model.loss = keras.losses.SparseCategoricalCrossentropy()",
 })
 
 # Examples that fail as written: the test expects them to fail (strict xfail), so a
 # fix shows as an unexpected pass and the entry goes.
-KNOWN_BROKEN = {
-    "module keras_roll.roll.certified[0]": "EpsilonRamp takes length=, not steps=",
-}
+KNOWN_BROKEN: dict = {}
 
 # Examples that do not run on the fixture, with the reason.
 NOT_RUN = {
@@ -123,8 +125,7 @@ SLOW = {
     "module keras_roll.certification.certificates[0]",
     "module keras_roll.certification.stability[0]", "module keras_roll.models[0]",
     "module keras_roll.options[0]", "module keras_roll.robust.api[0]",
-    "module keras_roll.robust.result[0]", "module keras_roll.roll.regularizer[0]",
-    "module keras_roll.roll.ramps[0]", "wrap[0]", "module keras_roll.callbacks[0]",
+    "module keras_roll.robust.result[0]", "module keras_roll.regularizers.ramps[0]", "wrap[0]", "module keras_roll.callbacks[0]",
 }
 
 
@@ -235,8 +236,10 @@ def run_example(example: Example, folder) -> None:
     os.chdir(folder)
     try:
         if example.key in SETUP:
-            exec(compile(SETUP[example.key], "<setup>", "exec"), ns)
-        exec(compile(example.source, f"<docstring of {example.key}>", "exec"), ns)
+            exec(compile(SETUP[example.key], "<setup>", "exec", dont_inherit=True), ns)
+        # dont_inherit: the example compiles as pasted, without this file's future import
+        exec(compile(example.source, f"<docstring of {example.key}>", "exec", dont_inherit=True),
+             ns)
     except Exception as e:
         raise AssertionError(f"The docstring example of {example.key} fails: "
                              f"{type(e).__name__}: {e}\n{example.source}") from e
