@@ -125,7 +125,8 @@ SLOW = {
     "module keras_roll.certification.certificates[0]",
     "module keras_roll.certification.stability[0]", "module keras_roll.models[0]",
     "module keras_roll.options[0]", "module keras_roll.robust.api[0]",
-    "module keras_roll.robust.result[0]", "module keras_roll.regularizers.ramps[0]", "wrap[0]", "module keras_roll.callbacks[0]",
+    "module keras_roll.robust.result[0]", "module keras_roll.regularizers.ramps[0]", "wrap[0]",
+    "module keras_roll.callbacks[0]",
 }
 
 
