@@ -90,6 +90,8 @@ GUIDE_SKIPPED = {
 SHORTER = (
     ("README.md", 'mode="max", seed=0)', 'mode="max", seed=0, population=24, generations=2)'),
     ("README.md", "epochs=10", "epochs=2"),
+    ("README.md", "validation_data=(x_val, y_val)", "validation_data=(x_val[:16], y_val[:16])"),
+    ("README.md", "MarginMonitor(x_val)", "MarginMonitor(x_val[:16])"),
     ("README.md", 'norms=(2, np.inf), wrt="rescale")',
      'norms=(2, np.inf), wrt="rescale", method="region")'),
     ("docs/guide.md", 'mode="max", seed=0)', 'mode="max", seed=0, population=24, generations=2)'),
