@@ -41,10 +41,10 @@ from keras_roll.errors import UnsupportedModelError
 from keras_roll.inputs import LabelSpec, ModelOrTwin, read_batches
 from keras_roll.options import Norms, RunOptions, check_bisect_tol, parse_norms
 from keras_roll.robust.adversarial import predict_classes
-from keras_roll.robust.bounds import margin_bounds
+from keras_roll.robust.bounds import relaxed_margins
 from keras_roll.robust.region import decision_terms, link_gap, region_bounds
 from keras_roll.robust.result import RobustMethod, RobustRadius
-from keras_roll.robust.search import largest_certified
+from keras_roll.robust.search import search_certified
 from keras_roll.robust.walk import walk_bounds
 from keras_roll.rounding.precision import unit_roundoff
 
@@ -52,7 +52,7 @@ __all__ = ["METHODS", "SearchOptions", "robust_radius"]
 
 METHODS = tuple(m.value for m in RobustMethod)
 FIELDS = ("lower", "upper", "adversarial", "exact", "exact_value", "runner_up",
-          "lower_method", "upper_method")
+          "lower_method", "upper_method", "bound_passes")
 
 
 def _check_arguments(max_regions, bisect_tol, exact_rtol):
@@ -136,7 +136,8 @@ class _Run:
                       "exact_value": np.full(b, np.nan),
                       "runner_up": np.full(b, -1, np.int64),
                       "lower_method": np.full(b, "", object),
-                      "upper_method": np.full(b, "", object)}
+                      "upper_method": np.full(b, "", object),
+                      "bound_passes": np.zeros(b, np.int64)}
         return out
 
     def batch(self, x: np.ndarray, y, bar) -> tuple:
@@ -236,15 +237,14 @@ class _Run:
         if not sub.size:
             return
         relax = self.method != "interval"
-        guard = self.rigor.guarded
         xs, ps = x64[sub], pred[sub]
 
         gap = self._gap(terms)  # certified where every margin exceeds it
 
         def values(i, eps):
-            low = margin_bounds(self.twin, xs[i], ps[i], eps, p, relax=relax, guard=guard,
-                                memory_budget=self.budget)
-            return np.min(low, axis=1) - gap
+            bounds = relaxed_margins(self.twin, xs[i], ps[i], eps, p, relax=relax,
+                                     guard=self.rigor, memory_budget=self.budget)
+            return np.min(bounds.lower, axis=1) - gap, bounds.root(gap)
 
         known = r["lower"][idx[sub]]
         # The affine map at x steers the search: its margins at `known` and its
@@ -253,9 +253,13 @@ class _Run:
         at_known = np.min(m - gq * known[:, None], axis=1) - gap
         with np.errstate(divide="ignore", invalid="ignore"):
             guess = np.min(np.where(gq > 0, m / gq, np.inf), axis=1)
-        lo = largest_certified(values, known, r["upper"][idx[sub]], guess,
-                               self.search.bisect_tol, progress=self._finished,
-                               values_at_lower=at_known)
+            root0 = np.min(np.where(gq > 0, (m - gap) / gq, np.inf), axis=1)
+        found = search_certified(values, known, r["upper"][idx[sub]], guess,
+                                 self.search.bisect_tol, progress=self._finished,
+                                 values_at_lower=at_known,
+                                 root_at_zero=np.where(np.isfinite(root0), root0, np.nan))
+        lo = found.lower
+        r["bound_passes"][idx[sub]] += found.passes
         better = lo > known
         target = idx[sub[better]]
         r["lower"][target] = lo[better]
