@@ -81,8 +81,9 @@ def trained_model(data, kind: str, epochs: int, train_size: int) -> keras.Model:
 @contextlib.contextmanager
 def patched_passes(roots: bool = True, worst_case_default: bool = False):
     """The relaxation's passes as `robust_radius` calls them, with the roots withheld
-    (the search then brackets alone, without the affine map's root either) or the default rigor's probabilistic guard of the
-    margins replaced by the worst case (both as before)."""
+    (the search then brackets alone, without the affine map's root either) or the
+    default rigor's probabilistic guard of the margins replaced by the worst case
+    (both as before)."""
     original = robust_api.relaxed_margins
 
     def passes(twin, x, pred, eps, p, relax=True, guard=True, memory_budget=None):

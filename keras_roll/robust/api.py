@@ -10,9 +10,10 @@ bound and the smaller upper bound of those that apply; docs/design.md, section
 * `"walk"` (`keras_roll.robust.walk`): an upper bound, a real adversarial point
   found by walking region by region toward the decision boundary.
 * `"relaxation"` (`keras_roll.robust.bounds`): a sound lower bound beyond the
-  region by a CROWN-style linear relaxation, the largest certified radius by
-  bisection (`keras_roll.robust.search`); `"interval"` is the same search with interval
-  bounds alone (`keras_roll.compile.bounds.ibp`), the usual baseline.
+  region by a CROWN-style linear relaxation, the largest certified radius by a
+  search steered by each pass's own bound (`keras_roll.robust.search`);
+  `"interval"` is the same search with interval bounds alone
+  (`keras_roll.compile.bounds.ibp`), the usual baseline.
 
 Example:
 
@@ -319,8 +320,9 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     semantics: the region margin has its probabilistic guard, and method 1's logit
     margins `LAMBDA = 8` standard deviations of their rounding in the same model of
     rounding (each margin of each point fails with probability below 2.5e-14), or
-    the worst-case bound where that allows more; the relaxation's passes keep the
-    worst-case bound. Under "strict" every term is worst case (sound whatever the
+    the worst-case bound where that allows more; the relaxation's passes bound the
+    margins' rounding the same way (their intermediate bounds keep the worst case).
+    Under "strict" every term is worst case (sound whatever the
     rounding errors). "float32" bounds exact arithmetic on the weights (no guard).
 
     **Exact** (`RobustRadius.exact`): where `upper - lower <= exact_rtol * upper`, or

@@ -87,6 +87,7 @@ class _State:
         self.c_eps, self.c_h = np.full(self.lo.shape, np.nan), np.full(self.lo.shape, np.nan)
         self.u_eps, self.u_h = np.full(self.lo.shape, np.nan), np.full(self.lo.shape, np.nan)
         self.repeat = np.zeros(self.lo.shape, np.int64)  # probes in a row on one side
+        self.widths = np.full(self.lo.shape + (2,), np.inf)  # log widths before the last 2
         self.p_eps = np.full(self.lo.shape + (3,), np.nan)  # the last 3 probes' eps, h
         self.p_h = np.full(self.lo.shape + (3,), np.nan)
         if root_at_zero is not None:
@@ -157,7 +158,13 @@ class _State:
         est = self._root_estimate(idx)
         # Safeguards: an estimate outside the bracket, or a second probe in a row on
         # the same side, leaves the step to the bracketing rules above.
-        rooted = np.isfinite(est) & (self.repeat[idx] < 3)
+        # Brent's safeguard: a bracket that did not halve (in log space) over the last
+        # two probes gets a bracketing step.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            width = np.where((lo > 0) & np.isfinite(hi), np.log(hi / lo), np.inf)
+        slow = width > 0.5 * self.widths[idx, 1]
+        self.widths[idx, 1], self.widths[idx, 0] = self.widths[idx, 0], width
+        rooted = np.isfinite(est) & (self.repeat[idx] < 3) & ~slow
         pick = np.where(rooted, est * (1.0 + ABOVE * self.tol), pick)
         # Only the affine map's root at eps = 0 (or one root beyond the bracket): the
         # passes stop certifying well before it; `FIRST` of the way there (or to
