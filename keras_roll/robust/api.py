@@ -12,9 +12,10 @@ bound and the smaller upper bound of those that apply; docs/design.md, section
 * `"attack"` (`keras_roll.robust.attacks`): an upper bound, a minimal-norm gradient
   attack (FMN style) started from the walk's point.
 * `"relaxation"` (`keras_roll.robust.bounds`): a sound lower bound beyond the
-  region by a CROWN-style linear relaxation, the largest certified radius by
-  bisection (`keras_roll.robust.search`); `"interval"` is the same search with interval
-  bounds alone (`keras_roll.compile.bounds.ibp`), the usual baseline.
+  region by a CROWN-style linear relaxation, the largest certified radius by a
+  search steered by each pass's own bound (`keras_roll.robust.search`);
+  `"interval"` is the same search with interval bounds alone
+  (`keras_roll.compile.bounds.ibp`), the usual baseline.
 
 Example:
 
@@ -47,10 +48,10 @@ from keras_roll.options import FIELDS as RUN_FIELDS
 from keras_roll.options import Norms, RunOptions, check_bisect_tol, parse_norms
 from keras_roll.robust.adversarial import predict_classes
 from keras_roll.robust.attacks import AttackOptions, minimal_norm_attack
-from keras_roll.robust.bounds import margin_bounds
+from keras_roll.robust.bounds import relaxed_margins
 from keras_roll.robust.region import decision_terms, link_gap, region_bounds
 from keras_roll.robust.result import RobustMethod, RobustRadius
-from keras_roll.robust.search import largest_certified
+from keras_roll.robust.search import search_certified
 from keras_roll.robust.walk import walk_bounds
 from keras_roll.rounding.precision import unit_roundoff
 
@@ -159,6 +160,7 @@ class _Run:
             runner_up=per_norm(lambda: np.full(b, -1, np.int64)),
             lower_method=per_norm(lambda: np.full(b, "", object)),
             upper_method=per_norm(lambda: np.full(b, "", object)),
+            bound_passes=per_norm(lambda: np.zeros(b, np.int64)),
             predicted=np.full(b, -1, np.int64), labels=None if y is None else np.asarray(y),
             method=self.method, rigor=self.rigor, exact_rtol=self.search.exact_rtol,
             nonfinite=~np.all(np.isfinite(x.reshape(b, -1)), axis=1), units=self.units)
@@ -264,15 +266,14 @@ class _Run:
         sub = np.flatnonzero(todo)
         if not sub.size:
             return
-        guard = self.rigor.guarded
         xs, ps = x64[sub], pred[sub]
 
         gap = self._gap(terms)  # certified where every margin exceeds it
 
         def values(i, eps):
-            low = margin_bounds(self.twin, xs[i], ps[i], eps, p, method=self.bound,
-                                guard=guard, memory_budget=self.budget)
-            return np.min(low, axis=1) - gap
+            bounds = relaxed_margins(self.twin, xs[i], ps[i], eps, p, method=self.bound,
+                                     guard=self.rigor, memory_budget=self.budget)
+            return np.min(bounds.lower, axis=1) - gap, bounds.root(gap)
 
         known = rr.lower[p][idx[sub]]
         # The affine map at x steers the search: its margins at `known` and its
@@ -281,9 +282,13 @@ class _Run:
         at_known = np.min(m - gq * known[:, None], axis=1) - gap
         with np.errstate(divide="ignore", invalid="ignore"):
             guess = np.min(np.where(gq > 0, m / gq, np.inf), axis=1)
-        lo = largest_certified(values, known, rr.upper[p][idx[sub]], guess,
-                               self.search.bisect_tol, progress=self._finished,
-                               values_at_lower=at_known)
+            root0 = np.min(np.where(gq > 0, (m - gap) / gq, np.inf), axis=1)
+        found = search_certified(values, known, rr.upper[p][idx[sub]], guess,
+                                 self.search.bisect_tol, progress=self._finished,
+                                 values_at_lower=at_known,
+                                 root_at_zero=np.where(np.isfinite(root0), root0, np.nan))
+        lo = found.lower
+        rr.bound_passes[p][idx[sub]] += found.passes
         better = lo > known
         target = idx[sub[better]]
         rr.lower[p][target] = lo[better]
@@ -348,8 +353,9 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     semantics: the region margin has its probabilistic guard, and method 1's logit
     margins `LAMBDA = 8` standard deviations of their rounding in the same model of
     rounding (each margin of each point fails with probability below 2.5e-14), or
-    the worst-case bound where that allows more; the relaxation's passes keep the
-    worst-case bound. Under "strict" every term is worst case (sound whatever the
+    the worst-case bound where that allows more; the relaxation's passes bound the
+    margins' rounding the same way (their intermediate bounds keep the worst case).
+    Under "strict" every term is worst case (sound whatever the
     rounding errors). "float32" bounds exact arithmetic on the weights (no guard).
 
     **Exact** (`RobustRadius.exact`): where `upper - lower <= exact_rtol * upper`, or

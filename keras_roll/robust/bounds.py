@@ -23,24 +23,48 @@ grads = tape.gradient(loss, model.trainable_weights)
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.bounds import Arithmetic, BoundMethod, logit_margins, lower_bounds
+from keras_roll.compile.bounds import (
+    Arithmetic,
+    BoundMethod,
+    logit_margins,
+    lower_bounds,
+    pull_back,
+)
+from keras_roll.compile.bounds.crown import RelaxedOps, relaxation_refiner
+from keras_roll.compile.bounds.ibp import abs_sum, interval_lower_bounds, interval_pass
 from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
+from keras_roll.geometry import dual_norm
 from keras_roll.options import parse_norm
 from keras_roll.robust.compiled import compile_batched
 from keras_roll.robust.float_error import OpRounding
+from keras_roll.robust.region import PROBABILISTIC_SAFETY, guard_mode
 from keras_roll.rounding import rules
-from keras_roll.rounding.precision import evaluation_precision
+from keras_roll.rounding.guard import BOUND_SAFETY
+from keras_roll.rounding.noise import LAMBDA
+from keras_roll.rounding.precision import (
+    evaluation_precision,
+    gamma,
+    underflow_unit,
+    unit_roundoff,
+)
 
-__all__ = ["MarginBounds", "arithmetic_of", "example_chunk", "interval_bounds",
-           "margin_bounds"]
+__all__ = ["MarginBounds", "RelaxedMargins", "arithmetic_of", "example_chunk",
+           "interval_bounds", "margin_bounds", "relaxed_margins"]
+
+_U64 = unit_roundoff("float64")
+_ETA64 = underflow_unit("float64")
+# The root of the linear bound is pulled in by this much, so that the bound is > 0 there
+# in spite of the float64 rounding of the division.
+ROOT_SAFETY = 1.0 - 2.0**-40
 
 
 def linear_magnitude(op, bounds, record, mask, values):
@@ -59,18 +83,143 @@ def arithmetic_of(twin, guard: bool) -> Arithmetic:
     return Arithmetic(linear_magnitude, rounding)
 
 
-def _bounds_fn(twin, p, method: BoundMethod, guard: bool, budget: int, examples: int, x,
-               pred, eps):
-    """`[B, L-1]` lower bounds of the margins `f_y - f_j` over the ball (compiled)."""
+class _NoiseRounding(OpRounding):
+    """`OpRounding` (the worst case, which widens the intervals) that also keeps, per op
+    output, the probabilistic scale of the model's rounding on the same magnitudes and
+    the float64 twin's rigorous share, for the probabilistic bound of the margins
+    (rigor "float64", `_MarginGuard`)."""
+
+    def __init__(self, precision):
+        super().__init__(precision)
+        self.noise: dict = {}
+
+    def __call__(self, node, magnitudes, record, mask, affine=True, values=None):
+        delta = super().__call__(node, magnitudes, record, mask, affine, values)
+        if delta is not None and affine:
+            n = self.roundings(node, magnitudes)
+            s = self.shift(node)
+            m = rules.magnitude(node.op, [b + s for b in magnitudes], record, True, mask,
+                                values)
+            dtype = self.precision.dtype_of(node.op)
+            c = self.precision.noise_unit(node.op, n, rules.matmul_like(node.op))
+            e = c * m + math.sqrt(n) * underflow_unit(dtype)
+            w = gamma(n, _U64) * m + n * _ETA64
+            self.noise[node.output] = (e, w)
+        return delta
+
+
+class _MarginGuard:
+    """The rounding terms of the margins' final pull-back, op by op: the worst case
+    `sum |Lambda| Delta`, and under rigor "float64" also `LAMBDA` standard deviations of
+    the model's rounding in Higham & Mary's model plus the twin's rigorous error (as
+    method 1's logit margins, `keras_roll.robust.region`); a margin is safe where either
+    holds, so the smaller is subtracted."""
+
+    def __init__(self, deltas, rounding):
+        self.deltas, self.rounding = deltas, rounding
+        self.strict, self.noise, self.twin = [], [], []
+
+    def visit(self, node, index, lam):
+        d = self.deltas[index] if index < len(self.deltas) else None
+        if d is None:
+            return None
+        self.strict.append(abs_sum(lam, d))
+        if isinstance(self.rounding, _NoiseRounding):
+            e, w = self.rounding.noise[node.output]
+            self.noise.append(abs_sum(tf.square(lam), tf.square(e)))
+            self.twin.append(abs_sum(lam, w))
+        return None
+
+    def total(self, zero):
+        """`[B, C]`: what the margins lose to rounding (0 without a guard)."""
+        if not self.strict:
+            return zero
+        strict = tf.add_n(self.strict)
+        if not self.noise:
+            return strict
+        noise = (LAMBDA * PROBABILISTIC_SAFETY * tf.sqrt(tf.add_n(self.noise))
+                 + tf.add_n(self.twin)) * BOUND_SAFETY
+        return tf.minimum(strict, noise)
+
+
+def _relaxed_terms(structure, values, rows, eps, p, arithmetic, budget, examples):
+    """The relaxation of `lower_bounds`, keeping its final bound's linear form in `eps`:
+    `(lower, offset, slope)` `[B, C]` with `lower >= offset - eps * slope`, and the
+    linear form a lower bound of the margins on every ball of radius `r <= eps` (the
+    intermediate bounds of the ball of radius `eps` hold on the smaller balls)."""
+    lines = RelaxedOps(values)
+    refine = relaxation_refiner(structure, values, lines, eps, p, budget, examples)
+    boxes = interval_pass(structure, values, eps, arithmetic, refine=refine)
+    out = values.value(structure, structure.output_key)
+    rows = tf.reshape(rows, tf.concat([tf.shape(rows)[:2], tf.shape(out)[1:]], 0))
+    guard = _MarginGuard(boxes.deltas, arithmetic.rounding)
+    res = pull_back(structure, values, structure.output_key, rows, relax=lines,
+                    visit=guard.visit)
+    offset = res.const - guard.total(tf.zeros_like(res.const))
+    slope = dual_norm(res.lam_input, p, axis=tuple(range(2, res.lam_input.shape.rank)))
+    e = tf.cast(eps, offset.dtype)
+    e = e[:, None] if e.shape.rank else e
+    lower = tf.maximum(offset - e * slope, interval_lower_bounds(structure, values, boxes, rows))
+    return lower, offset, slope
+
+
+def _arithmetic(twin, mode: str) -> Arithmetic:
+    if mode != "float64":
+        return arithmetic_of(twin, mode == "strict")
+    rounding = _NoiseRounding(evaluation_precision(twin.program))
+    for node in structure_of(twin.program).nodes:
+        rounding.check(node)
+    return Arithmetic(linear_magnitude, rounding)
+
+
+def _bounds_fn(twin, p, method: BoundMethod, mode: str, budget: int, examples: int, x, pred,
+               eps):
+    """`[B, L-1]` lower bounds of the margins `f_y - f_j` over the ball, and the linear
+    form of the relaxation's (offset and slope in `eps`; NaN for the other methods),
+    compiled."""
     lm = logit_margins(twin.interpreter, x, pred)
-    return lm.margins + lower_bounds(lm.structure, lm.values, lm.rows, eps, p, method,
-                                     arithmetic_of(twin, guard), budget, examples)
+    arithmetic = _arithmetic(twin, mode)
+    if method is not BoundMethod.RELAXATION:
+        low = lower_bounds(lm.structure, lm.values, lm.rows, eps, p, method, arithmetic,
+                           budget, examples)
+        nan = tf.fill(tf.shape(low), tf.constant(np.nan, low.dtype))
+        return lm.margins + low, nan, nan
+    low, offset, slope = _relaxed_terms(lm.structure, lm.values, lm.rows, eps, p, arithmetic,
+                                        budget, examples)
+    return lm.margins + low, lm.margins + offset, slope
 
 
-def margin_bounds(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
-                  method: BoundMethod | str = BoundMethod.RELAXATION, guard: bool = True,
-                  memory_budget: int | None = None) -> np.ndarray:
-    """`[B, L-1]` lower bounds of `f_y - f_j` over the lp balls of radii `eps` (numpy).
+class RelaxedMargins(NamedTuple):
+    """What one bound pass says of the margins `f_y - f_j` over the balls (numpy).
+
+    Attributes:
+        lower: `[B, L-1]` lower bounds over the ball of the radius asked for.
+        offset, slope: `[B, L-1]` the relaxation's final bound as a linear function of
+            the radius, `offset - r * slope`, a lower bound of the margin on every ball
+            of radius `r` up to the one asked for (NaN for interval bounds).
+    """
+
+    lower: np.ndarray
+    offset: np.ndarray
+    slope: np.ndarray
+
+    def root(self, gap: float = 0.0) -> np.ndarray:
+        """`[B]`: the radius below which the linear form keeps every margin above `gap`
+        (`inf` where no margin depends on the input, NaN for interval bounds). Radii
+        `r <= min(root, eps)` are certified by the same pass; beyond `eps` it only
+        estimates where the pass stops certifying."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a = self.offset - gap
+            r = np.where(self.slope > 0, a / self.slope, np.where(a > 0, np.inf, -np.inf))
+            r = np.min(r, axis=1) if r.shape[1] else np.full(r.shape[0], np.inf)
+        return np.where(np.isfinite(r) & (r > 0), r * ROOT_SAFETY, r)
+
+
+def relaxed_margins(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
+                    method: BoundMethod | str = BoundMethod.RELAXATION, guard=True,
+                    memory_budget: int | None = None) -> RelaxedMargins:
+    """The bound pass over the lp balls of radii `eps`, with the linear form of the
+    relaxation's bound in the radius (numpy).
 
     Args:
         twin: a float64 `Linearized`.
@@ -78,10 +227,44 @@ def margin_bounds(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
         pred: `[B]` the classes the margins are measured from.
         eps: `[B]` radii.
         p: the norm of the balls.
-        method: the `BoundMethod` (or its value): "relaxation" (CROWN, the default),
-            "crown_ibp" or "interval" (interval bounds alone).
-        guard: bound the rounding of the model's evaluation.
+        method: the `BoundMethod` (or its value): "relaxation" (CROWN, the default,
+            with the linear form), "crown_ibp" or "interval" (interval bounds alone).
+        guard: the rounding guard of the model's evaluation: a `Rigor` or its string
+            ("float64": the margins' probabilistic bound beside the worst case), or a
+            bool (True: the worst case, False: none).
         memory_budget: bytes of functionals per pull-back.
+
+    Example:
+
+    ```python
+    rm = relaxed_margins(twin, x, pred, eps, p=np.inf, guard="float64")
+    certified = (rm.lower > 0).all(axis=1)
+    also = np.minimum(rm.root(), eps)      # certified by the same pass where > 0
+    ```
+    """
+    budget = int(memory_budget or twin.memory_budget)
+    x = np.asarray(x, np.float64)
+    chunk = example_chunk(twin, x.shape[1:], budget)
+    key = (p, BoundMethod(method), guard_mode(guard), budget, chunk)
+    fn = cached(twin, ("relaxation", *key), lambda: compile_batched(
+        functools.partial(_bounds_fn, twin, *key), twin, "xye"))
+    out = []
+    for s in range(0, x.shape[0], chunk):
+        res = fn(tf.constant(x[s:s + chunk]),
+                 tf.constant(np.asarray(pred[s:s + chunk], np.int64)),
+                 tf.constant(np.asarray(eps[s:s + chunk], np.float64)))
+        out.append([r.numpy() for r in res])
+    if not out:
+        z = np.zeros((0, 0))
+        return RelaxedMargins(z, z, z)
+    return RelaxedMargins(*[np.concatenate(parts) for parts in zip(*out)])
+
+
+def margin_bounds(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
+                  method: BoundMethod | str = BoundMethod.RELAXATION, guard=True,
+                  memory_budget: int | None = None) -> np.ndarray:
+    """`[B, L-1]` lower bounds of `f_y - f_j` over the lp balls of radii `eps` (numpy):
+    `relaxed_margins(...).lower`, with the same arguments.
 
     Example:
 
@@ -90,18 +273,7 @@ def margin_bounds(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
     certified = (lower > 0).all(axis=1)
     ```
     """
-    budget = int(memory_budget or twin.memory_budget)
-    x = np.asarray(x, np.float64)
-    chunk = example_chunk(twin, x.shape[1:], budget)
-    key = (p, BoundMethod(method), bool(guard), budget, chunk)
-    fn = cached(twin, ("relaxation", *key), lambda: compile_batched(
-        functools.partial(_bounds_fn, twin, *key), twin, "xye"))
-    out = []
-    for s in range(0, x.shape[0], chunk):
-        out.append(fn(tf.constant(x[s:s + chunk]),
-                      tf.constant(np.asarray(pred[s:s + chunk], np.int64)),
-                      tf.constant(np.asarray(eps[s:s + chunk], np.float64))).numpy())
-    return np.concatenate(out) if out else np.zeros((0, 0))
+    return relaxed_margins(twin, x, pred, eps, p, method, guard, memory_budget).lower
 
 
 def example_chunk(twin, example_shape, budget: int | None = None) -> int:

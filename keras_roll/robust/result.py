@@ -28,7 +28,7 @@ from keras_roll.summary import Summary, format_table, percentiles_of
 __all__ = ["RobustMethod", "RobustRadius"]
 
 PER_NORM = ("lower", "upper", "adversarial", "exact", "exact_value", "runner_up",
-            "lower_method", "upper_method")
+            "lower_method", "upper_method", "bound_passes")
 
 
 class RobustMethod(Choice):
@@ -94,6 +94,9 @@ class RobustRadius:
         lower_method, upper_method: `{p: [B]}` str: which method gave each bound
             ('region', 'decision', 'relaxation', 'interval', 'walk', 'attack', 'label', or ''
             where none did).
+        bound_passes: `{p: [B]}` int64: the bound passes the relaxation's search spent
+            on each input (0 where it did not run), between the certified lower bound
+            it starts from and the attacked upper bound that caps it.
         predicted: `[B]` int64, the class the model predicts (-1 for `nonfinite`).
         labels: `[B]` int64 or None, the labels given.
         method: the `RobustMethod` of the call; rigor: the rounding guard (a
@@ -127,8 +130,12 @@ class RobustRadius:
     nonfinite: np.ndarray | None = None
     exact_value: dict | None = None
     units: Units = INPUT_UNITS
+    bound_passes: dict | None = None
 
     def __post_init__(self):
+        if self.bound_passes is None:
+            self.bound_passes = {p: np.zeros(np.shape(v)[0], np.int64)
+                                 for p, v in self.lower.items()}
         if self.exact_value is None:
             self.exact_value = {p: np.where(np.asarray(self.exact[p], bool), self.upper[p],
                                             np.nan) for p in self.upper}
