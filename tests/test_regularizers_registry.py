@@ -26,7 +26,7 @@ from keras_roll.regularizers import (
 
 @register_regularizer
 @dataclasses.dataclass(frozen=True)
-class LogitNormConfig(RegularizerConfig):
+class SquaredLogitsConfig(RegularizerConfig):
     """`R(x) = ||z(x)||_2^2`, the squared norm of the logits (the guide's example)."""
 
     lam: float = 0.01
@@ -73,7 +73,7 @@ def test_a_registered_regularizer_trains_with_the_loss_numpy_gives():
     x = rng.normal(size=(16, 5)).astype("float32")
     y = rng.integers(0, 3, size=16)
     lam, lr = 0.05, 0.1
-    wrapped = keras_roll.wrap(model, regularizer=LogitNormConfig(lam=lam))
+    wrapped = keras_roll.wrap(model, regularizer=SquaredLogitsConfig(lam=lam))
     assert [layer.name for layer in wrapped.layers][-1] == "logit_norm_regularizer"
     wrapped.compile(keras.optimizers.SGD(lr),
                     keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -92,18 +92,18 @@ def test_a_registered_regularizer_trains_with_the_loss_numpy_gives():
     np.testing.assert_allclose(result["logit_norm_loss"], reg, rtol=1e-5)
     np.testing.assert_allclose(result["loss"], ce + lam * reg, rtol=1e-5)
     np.testing.assert_allclose(
-        keras_roll.regularizer_loss(model, x, y, LogitNormConfig()).numpy(),
+        keras_roll.regularizer_loss(model, x, y, SquaredLogitsConfig()).numpy(),
         (np.float64(wrapped.predict(x, verbose=0)) ** 2).sum(1), rtol=1e-5)
 
 
 def test_a_registered_regularizer_is_saved_and_loaded(tmp_path):
     model = logits_net(1)
-    wrapped = keras_roll.wrap(model, regularizer=LogitNormConfig(lam=0.2, on_eval=False))
+    wrapped = keras_roll.wrap(model, regularizer=SquaredLogitsConfig(lam=0.2, on_eval=False))
     path = tmp_path / "logit_norm.keras"
     wrapped.save(path)
     loaded = keras.saving.load_model(path)
     layer = loaded.layers[-1]
-    assert layer.config == LogitNormConfig(lam=0.2, on_eval=False)
+    assert layer.config == SquaredLogitsConfig(lam=0.2, on_eval=False)
     x = np.ones((2, 5), "float32")
     np.testing.assert_allclose(loaded.predict(x, verbose=0), wrapped.predict(x, verbose=0),
                                rtol=1e-6)
@@ -116,9 +116,9 @@ def test_unknown_configs_are_refused_with_the_registered_ones_listed():
         with pytest.raises(TypeError) as info:
             call()
         for name in ("RollConfig", "MMRConfig", "InputGradientConfig", "IBPConfig",
-                     "CrownIBPConfig", "LogitNormConfig"):
+                     "CrownIBPConfig", "SquaredLogitsConfig"):
             assert name in str(info.value)
-    assert set(registered_regularizers()) >= {"RollConfig", "MMRConfig", "LogitNormConfig"}
+    assert set(registered_regularizers()) >= {"RollConfig", "MMRConfig", "SquaredLogitsConfig"}
 
 
 def test_registration_names_what_a_config_lacks():
@@ -144,7 +144,7 @@ def test_registration_names_what_a_config_lacks():
         register_regularizer(int)
 
     @dataclasses.dataclass(frozen=True)
-    class LogitNormConfig(RegularizerConfig):  # noqa: F811 (the same name, another class)
+    class SquaredLogitsConfig(RegularizerConfig):  # noqa: F811 (the same name, another class)
         lam: float = 1.0
         on_eval: bool | None = None
         log_name = "other_loss"
@@ -153,9 +153,9 @@ def test_registration_names_what_a_config_lacks():
             return None
 
     with pytest.raises(TypeError, match="another regularizer config named"):
-        register_regularizer(LogitNormConfig)
+        register_regularizer(SquaredLogitsConfig)
     with pytest.raises(ValueError, match="lam must be a finite number"):
-        LogitNormConfig(lam=-1.0)
+        SquaredLogitsConfig(lam=-1.0)
 
 
 @pytest.mark.parametrize("p", [1.0, 2.0, np.inf])
