@@ -47,10 +47,10 @@ from keras_roll.compile.bounds import (
     bound_rule,
     capture,
     ibp,
+    logit_margins,
     lower_bounds,
 )
 from keras_roll.compile.bounds import supported_passes as bound_passes
-from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import Linearized, linearize
 from keras_roll.robust.bounds import arithmetic_of
 
@@ -431,10 +431,10 @@ def check_bounds(model, x, eps: float = 0.1, seed: int = 0) -> dict[str, float]:
     ```
     """
     twin = linearize(model).at_dtype("float64")
-    structure = structure_of(twin.program)
     x = np.asarray(x, np.float64)
     b = x.shape[0]
-    values = capture(twin.interpreter, tf.constant(x))
+    lm = logit_margins(twin.interpreter, tf.constant(x))
+    structure, values = lm.structure, lm.values
     arithmetic = arithmetic_of(twin, guard=False)
     boxes = ibp.interval_pass(structure, values, tf.fill([b], eps), arithmetic).boxes
     rng = np.random.default_rng(seed)
@@ -452,8 +452,7 @@ def check_bounds(model, x, eps: float = 0.1, seed: int = 0) -> dict[str, float]:
     errors = {"intervals at sampled points": max(
         excess(n.output, boxes[n.output].lo.numpy(), boxes[n.output].hi.numpy())
         for n in structure.nodes)}
-    out = values.value(structure, structure.output_key)
-    n_out = int(np.prod(out.shape[1:]))
+    n_out = int(lm.logits.shape[-1])
     eye = np.eye(n_out)[None]
     low = lower_bounds(structure, values, tf.constant(np.concatenate([eye, -eye], 1)),
                        tf.fill([b], eps), np.inf, BoundMethod.RELAXATION, arithmetic).numpy()

@@ -496,6 +496,7 @@ def test_the_default_path_in_length_buckets_gives_the_whole_batch_loss(bucket_ca
 
 
 @pytest.mark.graph
+@pytest.mark.slow  # about 40 s: the padded batch is cut and the full one run whole, compiled
 def test_a_training_graph_cuts_a_padded_batch_and_runs_a_full_one_whole(monkeypatch):
     """In a graph the cut is a `tf.cond` on the batch's lengths: the same loss and
     gradients as the whole batch, for a padded batch (cut) and an unpadded one (whole)."""

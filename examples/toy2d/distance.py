@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import keras_roll
-from keras_roll.roll.loss import neuron_grad_sq
+from keras_roll.roll import neuron_grad_sq
 
 __all__ = ["DistanceRegularizer", "distance_loss", "l2_margin"]
 
