@@ -170,7 +170,7 @@ def test_bad_arguments_name_the_problem(kw, match):
 def cnn():
     keras.utils.set_random_seed(11)
     model = keras.Sequential([
-        keras.Input((10, 10, 1)), keras.layers.Rescaling(1 / 255),
+        keras.Input((10, 10, 1)), keras.layers.Rescaling(1 / 255, name="rescaling"),
         keras.layers.Conv2D(4, 3, strides=2, activation="relu"),
         keras.layers.Conv2D(8, 3, strides=1, activation="relu"), keras.layers.Flatten(),
         keras.layers.Dense(16, activation="relu"), keras.layers.Dense(4)])
