@@ -21,9 +21,9 @@ comparable between epochs.
 Example:
 
 ```python
-layer = RollRegularizer(model, lam=2.0)
-inp = keras.Input(model.input_shape[1:])
-wrapped = keras_roll.RollModel(inp, layer(inp))
+wrapped = keras_roll.wrap(model, lam=2.0)        # a RollModel around a RollRegularizer
+wrapped.compile("sgd", "sparse_categorical_crossentropy")
+wrapped.evaluate(x, y, verbose=0)                # the loss includes lam * ROLL
 ```
 """
 
