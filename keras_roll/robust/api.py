@@ -16,6 +16,8 @@ bound and the smaller upper bound of those that apply; docs/design.md, section
   search steered by each pass's own bound (`keras_roll.robust.search`);
   `"interval"` is the same search with interval bounds alone
   (`keras_roll.compile.bounds.ibp`), the usual baseline.
+  `"alpha_crown"` is the same search with the relaxation's lower slopes optimized
+  per margin (`keras_roll.compile.bounds.alpha`), never looser than `"relaxation"`.
 
 Example:
 
@@ -35,7 +37,7 @@ from typing import NamedTuple
 import numpy as np
 
 from keras_roll.certification import certify
-from keras_roll.compile.bounds import BoundMethod, BoundPass, check_bounds
+from keras_roll.compile.bounds import BoundMethod, BoundPass, SlopeOptions, check_bounds
 from keras_roll.compile.rules.activations import Link
 from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
@@ -79,6 +81,15 @@ def _attack_options(attack) -> AttackOptions:
     return attack.checked()
 
 
+def _slope_options(slopes) -> SlopeOptions:
+    if slopes is None:
+        return SlopeOptions()
+    if not isinstance(slopes, SlopeOptions):
+        raise ValueError(f"slopes must be a keras_roll.robust.SlopeOptions (e.g. "
+                         f"SlopeOptions(steps=50, lr=0.1)) or None, got {slopes!r}.")
+    return slopes.checked()
+
+
 def _check_classifier(lin) -> int:
     """The number of classes; refuses models whose output is not `[B, L]`, `L >= 2`."""
     shape = tuple(lin.model.outputs[0].shape[1:])
@@ -105,7 +116,8 @@ def _warn_saturating_link(lin, rigor) -> None:
 def _bound_method(twin, method: RobustMethod) -> BoundMethod | None:
     """The bound pass of the lower bounds beyond the region, None where the method runs
     none; 'best' falls back to method 1 (None) if the passes do not cover the model."""
-    if method not in (RobustMethod.BEST, RobustMethod.RELAXATION, RobustMethod.INTERVAL):
+    if method not in (RobustMethod.BEST, RobustMethod.RELAXATION, RobustMethod.INTERVAL,
+                      RobustMethod.ALPHA_CROWN):
         return None
     try:
         check_bounds(structure_of(twin.program), tuple(BoundPass))
@@ -115,7 +127,9 @@ def _bound_method(twin, method: RobustMethod) -> BoundMethod | None:
         warnings.warn(f"robust_radius(method='best') bounds this model without the linear "
                       f"relaxation: {e}", stacklevel=3)
         return None
-    return BoundMethod.INTERVAL if method is RobustMethod.INTERVAL else BoundMethod.RELAXATION
+    return {RobustMethod.INTERVAL: BoundMethod.INTERVAL,
+            RobustMethod.ALPHA_CROWN: BoundMethod.ALPHA_CROWN}.get(method,
+                                                                   BoundMethod.RELAXATION)
 
 
 class SearchOptions(NamedTuple):
@@ -125,6 +139,7 @@ class SearchOptions(NamedTuple):
     bisect_tol: float
     exact_rtol: float
     attack: AttackOptions = AttackOptions()
+    slopes: SlopeOptions = SlopeOptions()
 
 
 class _Run:
@@ -272,7 +287,8 @@ class _Run:
 
         def values(i, eps):
             bounds = relaxed_margins(self.twin, xs[i], ps[i], eps, p, method=self.bound,
-                                     guard=self.rigor, memory_budget=self.budget)
+                                     guard=self.rigor, memory_budget=self.budget,
+                                     slopes=self.search.slopes)
             return np.min(bounds.lower, axis=1) - gap, bounds.root(gap)
 
         known = rr.lower[p][idx[sub]]
@@ -317,7 +333,8 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
                   method: RobustMethod | str | None = "best", *, max_regions: int = 100,
                   bisect_tol: float = 1e-3, exact_rtol: float = 1e-3,
                   options: RunOptions | None = None, wrt: str | None = None,
-                  attack: AttackOptions | None = None, **overrides) -> RobustRadius:
+                  attack: AttackOptions | None = None, slopes: SlopeOptions | None = None,
+                  **overrides) -> RobustRadius:
     """Lower and upper bounds on every input's minimal adversarial perturbation.
 
     The minimal adversarial perturbation of `x` in the lp norm is the distance to the
@@ -341,7 +358,9 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
       checked in the Keras model.
     * `"relaxation"`: a sound lower bound beyond the region by linear relaxation
       (CROWN / DeepPoly), the largest certified radius by a bracketing search;
-      `"interval"` uses interval bounds alone. Dense, convolutions,
+      `"interval"` uses interval bounds alone; `"alpha_crown"` optimizes the
+      relaxation's lower slopes per margin (alpha-CROWN, budget `slopes=`), never
+      looser than `"relaxation"`. Dense, convolutions,
       BatchNormalization, average pooling, reshapes, Add / Concatenate and
       ReLU-family activations; other layers raise `UnsupportedModelError` (and
       `"best"` falls back to `"region"`).
@@ -380,7 +399,8 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
             for streams, taken from `(x, y)` elements unless given here.
         norms: any of 1, 2, np.inf (or 'l1', 'l2', 'linf').
         method: "best" (the default, also for None), "region", "walk", "attack",
-            "relaxation" or "interval" (a `keras_roll.robust.RobustMethod`).
+            "relaxation", "alpha_crown" or "interval" (a
+            `keras_roll.robust.RobustMethod`).
         max_regions: regions the walk may cross per input (and per refining line).
         bisect_tol: relative width of the relaxation search's final bracket: the lower
             bound is within `1 + bisect_tol` of the largest radius the pass certifies
@@ -395,6 +415,9 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
         attack: the budgets of the `"attack"` method, a
             `keras_roll.robust.AttackOptions` (steps, restarts, max_seconds, seed);
             None: its defaults.
+        slopes: the budget of the `"alpha_crown"` method per bound pass, a
+            `keras_roll.robust.SlopeOptions` (steps, lr, decay, max_seconds);
+            None: its defaults (20 Adam steps).
         **overrides: its fields, replacing those of `options`: `rigor`
             ("float64", the default, "strict" or "float32"), `batch_size`
             (examples per batch; streams of single examples are grouped),
@@ -434,7 +457,7 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     classes = _check_classifier(lin)
     _warn_saturating_link(lin, run_options.rigor)
     search = SearchOptions(int(max_regions), float(bisect_tol), float(exact_rtol),
-                           _attack_options(attack))
+                           _attack_options(attack), _slope_options(slopes))
     run = _Run(lin, norms, method, run_options, search, units)
     labels = LabelSpec(classes, model=lin.model.name)
     batches = read_batches(x, lin.input_spec, y=y, labels=labels,
