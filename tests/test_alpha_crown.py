@@ -158,7 +158,7 @@ def test_alpha_radius_lies_between_crowns_and_the_milps():
     """`robust_radius(method="alpha_crown")`: lower >= CROWN's lower (to the search's
     tolerance), strictly larger on some input, and <= the MILP's exact l_inf radius
     (about 60 s)."""
-    model = _mlp((32, 32), 0.0, 4, 3, 0)
+    model = _mlp((16, 16), 0.0, 4, 3, 0)
     stages = affine_stack(model)
     x = near_boundary(stages, (4,), 4, seed=7, back=0.5)
     pred = np.argmax(forward(stages, x.astype(np.float64)), 1)
