@@ -25,12 +25,8 @@ import keras_roll  # noqa: E402
 from benchmarks.robust_search import trained_model  # noqa: E402
 from keras_roll.data import mnist_splits  # noqa: E402
 
+# --data, --model, --num_examples, --epochs, --train_size: benchmarks.robust_search's
 FLAGS = flags.FLAGS
-flags.DEFINE_string("data", None, "mnist.npz, or a folder with it or the IDX files.")
-flags.DEFINE_enum("model", "mlp", ["mlp", "cnn"], "784-100-100-10 MLP or CNN-S.")
-flags.DEFINE_integer("num_examples", 10, "Correctly classified test images.")
-flags.DEFINE_integer("epochs", 1, "Training epochs (0: the random initialisation).")
-flags.DEFINE_integer("train_size", 20000, "Training images.")
 flags.DEFINE_integer("steps", 20, "Adam steps of the slopes per bound pass.")
 flags.DEFINE_float("lr", 0.1, "Adam's step size.")
 flags.DEFINE_string("rigor", "float64", "robust_radius's rigor.")
