@@ -3,10 +3,11 @@
 Trains a network briefly on MNIST (`--model=mlp`: 784-100-100-10, `--model=cnn`: CNN-S,
 conv 16 4x4 s2, conv 32 4x4 s2, dense 100, dense 10; as `benchmarks.robust_search`),
 then bounds `--num_examples` correctly classified test images with
-`robust_radius(method="relaxation")` and `method="alpha_crown"` (`--steps`, `--lr`) in
-l_inf and l2, and prints per norm the median and range of the lower bounds' ratio
-(alpha-CROWN / CROWN) and the CPU seconds per image of each (`time.process_time`, the
-fairer measure on a shared machine).
+`robust_radius(method="relaxation")` and `method="alpha_crown"` (`--steps`, `--lr`;
+the final bound's slopes alone, and with `SlopeOptions(intermediate=True)`) in l_inf and
+l2, and prints per norm the median and range of the lower bounds' ratio (alpha-CROWN /
+CROWN) and the CPU seconds per image of each (`time.process_time`, the fairer measure
+on a shared machine).
 
     python -m benchmarks.alpha_crown --data=/path/to/mnist.npz [--model=cnn]
 """
@@ -48,15 +49,19 @@ def main(_):
     pred = np.argmax(model.predict(xt[:200], verbose=0), -1)
     x = xt[:200][pred == yt[:200]][:FLAGS.num_examples]
     crown, t_crown = _run(model, x, "relaxation")
-    slopes = keras_roll.robust.SlopeOptions(steps=FLAGS.steps, lr=FLAGS.lr)
-    alpha, t_alpha = _run(model, x, "alpha_crown", slopes=slopes)
     print(f"{FLAGS.model}, {len(x)} images, {FLAGS.epochs} epoch(s), rigor {FLAGS.rigor}, "
-          f"{FLAGS.steps} steps, lr {FLAGS.lr}")
-    for p in NORMS:
-        ratio = alpha.lower[p] / crown.lower[p]
-        print(f"  l{p}: alpha / CROWN median {np.median(ratio):.3f} (min {ratio.min():.3f}, "
-              f"max {ratio.max():.3f}); CROWN median radius {np.median(crown.lower[p]):.4g}")
-    print(f"  CPU seconds per image (both norms): CROWN {t_crown:.1f}, alpha {t_alpha:.1f}")
+          f"{FLAGS.steps} steps, lr {FLAGS.lr}; CROWN {t_crown:.1f} CPU s per image "
+          f"(both norms), median radius " + ", ".join(
+              f"l{p} {np.median(crown.lower[p]):.4g}" for p in NORMS), flush=True)
+    for intermediate in (False, True):
+        slopes = keras_roll.robust.SlopeOptions(steps=FLAGS.steps, lr=FLAGS.lr,
+                                                intermediate=intermediate)
+        alpha, t_alpha = _run(model, x, "alpha_crown", slopes=slopes)
+        print(f"  alpha-CROWN, intermediate={intermediate}: {t_alpha:.1f} CPU s per image")
+        for p in NORMS:
+            ratio = alpha.lower[p] / crown.lower[p]
+            print(f"    l{p}: alpha / CROWN median {np.median(ratio):.3f} (min "
+                  f"{ratio.min():.3f}, max {ratio.max():.3f})", flush=True)
 
 
 if __name__ == "__main__":

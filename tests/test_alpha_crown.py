@@ -1,5 +1,8 @@
 """Optimized relaxations (alpha-CROWN) against independent references.
 
+The optimized intermediate bounds (`SlopeOptions(intermediate=True)`) contain every
+activation's input on a dense grid of the ball and lie inside CROWN's.
+
 * Soundness whatever the slopes: on 2-D ReLU / LeakyReLU networks, the bound of every
   logit difference with random per-row lower slopes (inside the pieces' slope range
   and outside it) lies below its minimum over a dense grid of the ball, computed in
@@ -18,6 +21,7 @@ import tensorflow as tf
 
 import keras_roll
 from keras_roll.compile.bounds import BoundMethod, SlopeOptions, logit_margins, lower_bounds
+from keras_roll.compile.bounds.alpha import optimized_refiner
 from keras_roll.compile.bounds.crown import (
     RelaxedOps,
     relaxation_refiner,
@@ -35,7 +39,7 @@ class _Bounds:
     """CROWN's intermediate bounds on the balls of radii `eps` around `x`, and the final
     bound of the margins `f_y - f_j` (`y` the prediction) with any lower slopes."""
 
-    def __init__(self, model, x, eps, p):
+    def __init__(self, model, x, eps, p, slopes=None):
         twin = keras_roll.linearize(model).at_dtype("float64")
         x64 = tf.constant(x, tf.float64)
         self.pred = np.argmax(twin.primal(x64).logits.numpy(), -1)
@@ -44,6 +48,9 @@ class _Bounds:
         self.eps, self.p = tf.constant(eps, tf.float64), p
         self.lines = RelaxedOps(v)
         refine = relaxation_refiner(s, v, self.lines, self.eps, p, 2**26, len(x))
+        if slopes is not None:
+            refine = optimized_refiner(refine, s, v, self.lines, self.eps, p, 2**26, len(x),
+                                       slopes)
         self.boxes = interval_pass(s, v, self.eps, arithmetic_of(twin, False), refine=refine)
 
     def lower(self, slopes=None) -> np.ndarray:
@@ -130,6 +137,41 @@ def test_optimized_bound_lies_between_crown_and_the_grid_minimum(net):
     unchanged = lower_bounds(s, v, b.lm.rows, b.eps, np.inf, BoundMethod.ALPHA_CROWN,
                              arithmetic, slopes=SlopeOptions(steps=0)).numpy()
     np.testing.assert_array_equal(unchanged, crown)
+
+
+def _grid_pre_activations(stages, x, eps, n=121) -> list:
+    """Per activation, `[B, G, units]` its inputs on a dense grid of each l_inf ball."""
+    t = np.linspace(-1.0, 1.0, n)
+    grid = np.stack(np.meshgrid(t, t), -1).reshape(-1, 2)
+    h = x[:, None] + eps[:, None, None] * grid[None]
+    out = []
+    for st in stages:
+        if st[0] == "linear":
+            h = h @ st[1] + st[2]
+        else:
+            out.append(h)
+            h = np.maximum(h, st[1] * h)
+    return out
+
+
+def test_optimized_intermediate_bounds_hold_and_are_tighter(net):
+    """`optimized_refiner` (`SlopeOptions(intermediate=True)`): every activation's input
+    interval contains its values on a dense grid of the ball, lies inside CROWN's, and is
+    strictly narrower somewhere; the final bound stays below the grid's minimum."""
+    model, stages, x = net
+    eps = np.array([0.3, 0.6, 1.0])
+    crown = _Bounds(model, x, eps, np.inf)
+    opt = _Bounds(model, x, eps, np.inf, SlopeOptions(steps=8, lr=0.3, intermediate=True))
+    narrower = False
+    for i, z in zip(opt.lines.optimizable(), _grid_pre_activations(stages, x, eps)):
+        _, lo, hi = (np.asarray(t) for t in opt.lines.intervals[i])
+        _, c_lo, c_hi = (np.asarray(t) for t in crown.lines.intervals[i])
+        assert np.all(lo[:, None] <= z.min(axis=1, keepdims=True) + 1e-9)
+        assert np.all(hi[:, None] >= z.max(axis=1, keepdims=True) - 1e-9)
+        assert np.all(lo >= c_lo) and np.all(hi <= c_hi)
+        narrower |= bool(np.any(hi - lo < (c_hi - c_lo) * (1 - 1e-6)))
+    assert narrower
+    assert np.all(opt.lower() <= _grid_minimum(stages, x, opt.pred, eps, np.inf) + 1e-9)
 
 
 def test_no_slopes_certify_the_ball_of_the_exact_radius():

@@ -72,22 +72,14 @@ def _check_arguments(max_regions, bisect_tol, exact_rtol):
                          f"{exact_rtol!r}.")
 
 
-def _attack_options(attack) -> AttackOptions:
-    if attack is None:
-        return AttackOptions()
-    if not isinstance(attack, AttackOptions):
-        raise ValueError(f"attack must be a keras_roll.robust.AttackOptions (e.g. "
-                         f"AttackOptions(steps=200, restarts=5)) or None, got {attack!r}.")
-    return attack.checked()
-
-
-def _slope_options(slopes) -> SlopeOptions:
-    if slopes is None:
-        return SlopeOptions()
-    if not isinstance(slopes, SlopeOptions):
-        raise ValueError(f"slopes must be a keras_roll.robust.SlopeOptions (e.g. "
-                         f"SlopeOptions(steps=50, lr=0.1)) or None, got {slopes!r}.")
-    return slopes.checked()
+def _options(value, kind: type, arg: str, example: str):
+    """`value` checked (`kind.checked`), `kind()` for None; a ValueError for another type."""
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise ValueError(f"{arg} must be a keras_roll.robust.{kind.__name__} (e.g. {example}) "
+                         f"or None, got {value!r}.")
+    return value.checked()
 
 
 def _check_classifier(lin) -> int:
@@ -457,7 +449,10 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     classes = _check_classifier(lin)
     _warn_saturating_link(lin, run_options.rigor)
     search = SearchOptions(int(max_regions), float(bisect_tol), float(exact_rtol),
-                           _attack_options(attack), _slope_options(slopes))
+                           _options(attack, AttackOptions, "attack",
+                                    "AttackOptions(steps=200, restarts=5)"),
+                           _options(slopes, SlopeOptions, "slopes",
+                                    "SlopeOptions(steps=50, lr=0.1)"))
     run = _Run(lin, norms, method, run_options, search, units)
     labels = LabelSpec(classes, model=lin.model.name)
     batches = read_batches(x, lin.input_spec, y=y, labels=labels,

@@ -36,7 +36,11 @@ from keras_roll.compile.bounds import (
     lower_bounds,
     pull_back,
 )
-from keras_roll.compile.bounds.alpha import SlopeOptions, optimize_lower_slopes
+from keras_roll.compile.bounds.alpha import (
+    SlopeOptions,
+    optimize_lower_slopes,
+    optimized_refiner,
+)
 from keras_roll.compile.bounds.crown import RelaxedOps, relaxation_refiner
 from keras_roll.compile.bounds.ibp import abs_sum, interval_lower_bounds, interval_pass
 from keras_roll.compile.caches import cached
@@ -153,6 +157,9 @@ def _relaxed_terms(structure, values, rows, eps, p, arithmetic, budget, examples
     (alpha-CROWN)."""
     lines = RelaxedOps(values)
     refine = relaxation_refiner(structure, values, lines, eps, p, budget, examples)
+    if slopes is not None and slopes.intermediate:
+        refine = optimized_refiner(refine, structure, values, lines, eps, p, budget, examples,
+                                   slopes)
     boxes = interval_pass(structure, values, eps, arithmetic, refine=refine)
     out = values.value(structure, structure.output_key)
     rows = tf.reshape(rows, tf.concat([tf.shape(rows)[:2], tf.shape(out)[1:]], 0))

@@ -37,7 +37,11 @@ from typing import Protocol
 
 import tensorflow as tf
 
-from keras_roll.compile.bounds.alpha import SlopeOptions, optimize_lower_slopes
+from keras_roll.compile.bounds.alpha import (
+    SlopeOptions,
+    optimize_lower_slopes,
+    optimized_refiner,
+)
 from keras_roll.compile.bounds.crown import RelaxedOps, relaxation_refiner, relaxed_lower_bounds
 from keras_roll.compile.bounds.ibp import interval_lower_bounds, interval_pass
 from keras_roll.compile.bounds.rules import Arithmetic, BoundPass, bound_rule, check_bounds
@@ -147,6 +151,9 @@ def _relaxation(structure, values, rows, eps, p, arithmetic, budget, examples, s
                 optimize=False):
     lines = RelaxedOps(values)
     refine = relaxation_refiner(structure, values, lines, eps, p, budget, examples)
+    if optimize and slopes.intermediate:
+        refine = optimized_refiner(refine, structure, values, lines, eps, p, budget, examples,
+                                   slopes)
     boxes = interval_pass(structure, values, eps, arithmetic, refine=refine)
     rows = _output_rows(structure, values, rows)
 
