@@ -56,9 +56,12 @@ class BoundMethod(enum.Enum):
     @property
     def passes(self) -> tuple:
         """The `BoundPass`es the method runs."""
-        if self is BoundMethod.INTERVAL:
-            return (BoundPass.INTERVAL,)
-        return (BoundPass.INTERVAL, BoundPass.RELAXATION)
+        return _BOUND_PASSES[self]
+
+
+_BOUND_PASSES = {BoundMethod.INTERVAL: (BoundPass.INTERVAL,),
+                 BoundMethod.CROWN_IBP: (BoundPass.INTERVAL, BoundPass.RELAXATION),
+                 BoundMethod.RELAXATION: (BoundPass.INTERVAL, BoundPass.RELAXATION)}
 
 
 def _output_rows(structure: ProgramStructure, values: Values, rows: tf.Tensor) -> tf.Tensor:
