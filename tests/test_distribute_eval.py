@@ -20,10 +20,7 @@ the many-worker recipe (shards joined by the results' `concat`).
 
 from __future__ import annotations
 
-import os
 import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -34,19 +31,14 @@ from keras_roll.distribute import Replicas, split_batch
 from keras_roll.inputs import Batch
 from keras_roll.options import RunOptions
 from tests import model_zoo
+from tests.scripts import run_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "tests", "_eval_distribute.py")
 FLOAT32_RTOL = 1e-5  # float32 gradients computed in batches of another size
 FLOAT64_RTOL = 1e-12  # float64 certificates: the same, up to a kernel's rounding
 
 
 def _run(out, *flags):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, SCRIPT, str(out), *flags], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_script("_eval_distribute.py", out, *flags, timeout=900)
     with np.load(out, allow_pickle=False) as data:
         return dict(data)
 
