@@ -66,6 +66,7 @@ flags.DEFINE_integer("repeats", 5, "Interleaved repetitions of the training step
 flags.DEFINE_list("widths", [], "Width multipliers of CNN-S for the memory sweep (e.g. 1,2,4).")
 flags.DEFINE_string("data", "/work/shared/data/mnist.npz", "mnist.npz (absent: random images).")
 flags.DEFINE_bool("quick", False, "CNN-S only, 1 image, 2 generations, 60 s per call.")
+flags.DEFINE_string("json", None, "Also write every call's records to this JSON file.")
 flags.DEFINE_string("worker", None, "Internal: 'model:call' to run in this process.")
 
 EPS_PIXELS = 8 / 256  # the README's distortion radius, in [0, 1] pixels
@@ -276,7 +277,7 @@ def _fmt_steps(rec: dict) -> str:
             + (f"; {rec['limit']}" if rec["limit"] else ""))
 
 
-def memory_sweep(widths, calls) -> None:
+def memory_sweep(widths, calls) -> dict:
     """Peak RSS of every call on CNN-S at each width, above the model's own footprint."""
     rows = {w: report_model("cnn_s" if float(w) == 1 else f"cnn_s_x{w}", calls)
             for w in widths}
@@ -293,6 +294,7 @@ def memory_sweep(widths, calls) -> None:
             cells.append(f"{call} {max(peaks) - model['rss_gib']:.2f}")
         print(f"  x{w}: {model['neurons']} neurons, base {model['rss_gib']:.2f} GiB; "
               + ", ".join(cells))
+    return rows
 
 
 def main(argv):
@@ -313,10 +315,12 @@ def main(argv):
           f"{FLAGS.rss_limit_gib:g} GiB per call; distortion: population {FLAGS.population}, "
           f"{FLAGS.generations} generations, {FLAGS.samples} samples; random weights",
           flush=True)
-    for name in FLAGS.models:
-        report_model(name, calls)
+    records = {name: report_model(name, calls) for name in FLAGS.models}
     if FLAGS.widths:
-        memory_sweep(FLAGS.widths, [c for c in calls if c != "steps"])
+        records["sweep"] = memory_sweep(FLAGS.widths, [c for c in calls if c != "steps"])
+    if FLAGS.json:
+        with open(FLAGS.json, "w") as f:
+            json.dump(records, f, indent=1)
 
 
 if __name__ == "__main__":
