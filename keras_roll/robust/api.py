@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import numbers
+import time
 import warnings
 from typing import NamedTuple
 
@@ -47,10 +48,10 @@ from keras_roll.inputs import LabelSpec, ModelOrTwin, read_batches
 from keras_roll.options import FIELDS as RUN_FIELDS
 from keras_roll.options import Norms, RunOptions, check_bisect_tol, parse_norms
 from keras_roll.robust.adversarial import predict_classes
-from keras_roll.robust.attacks import AttackOptions, minimal_norm_attack
+from keras_roll.robust.attacks import AttackOptions, probe_attack, run_attack
 from keras_roll.robust.bounds import relaxed_margins
 from keras_roll.robust.region import decision_terms, link_gap, region_bounds
-from keras_roll.robust.result import RobustMethod, RobustRadius
+from keras_roll.robust.result import BoundSource, RobustMethod, RobustRadius
 from keras_roll.robust.search import search_certified
 from keras_roll.robust.walk import walk_bounds
 from keras_roll.rounding.precision import unit_roundoff
@@ -158,9 +159,11 @@ class _Run:
             exact=per_norm(lambda: np.zeros(b, bool)),
             exact_value=per_norm(lambda: np.full(b, np.nan)),
             runner_up=per_norm(lambda: np.full(b, -1, np.int64)),
-            lower_method=per_norm(lambda: np.full(b, "", object)),
-            upper_method=per_norm(lambda: np.full(b, "", object)),
+            lower_method=per_norm(lambda: np.full(b, BoundSource.NONE, object)),
+            upper_method=per_norm(lambda: np.full(b, BoundSource.NONE, object)),
             bound_passes=per_norm(lambda: np.zeros(b, np.int64)),
+            attack_steps=per_norm(lambda: np.zeros(b, np.int64)),
+            seconds=per_norm(lambda: np.zeros(b)),
             predicted=np.full(b, -1, np.int64), labels=None if y is None else np.asarray(y),
             method=self.method, rigor=self.rigor, exact_rtol=self.search.exact_rtol,
             nonfinite=~np.all(np.isfinite(x.reshape(b, -1)), axis=1), units=self.units)
@@ -179,7 +182,7 @@ class _Run:
             for p in self.norms:
                 rr.upper[p][wrong], rr.adversarial[p][wrong] = 0.0, x[wrong]
                 rr.exact_value[p][wrong] = 0.0
-                rr.lower_method[p][wrong] = rr.upper_method[p][wrong] = "label"
+                rr.lower_method[p][wrong] = rr.upper_method[p][wrong] = BoundSource.LABEL
                 rr.runner_up[p][wrong] = pred[wrong]
             idx = idx[pred[idx] == y[idx]]
         if idx.size:
@@ -213,14 +216,16 @@ class _Run:
                                         self.search.exact_rtol) \
                 & ~np.isfinite(rr.exact_value[p][idx])
             if self.method in (RobustMethod.BEST, RobustMethod.WALK):
-                self._walk(x64, pred, idx, todo, p, rr)
+                _timed(self._walk, x64, pred, idx, todo, p, rr)
             if self.method in (RobustMethod.BEST, RobustMethod.ATTACK):
-                self._attack(x64, pred, idx, todo, p, rr)
+                _timed(self._attack, x64, pred, idx, todo, p, rr)
             if self.bound is not None:
                 if terms is None:
                     terms = decision_terms(self.twin, x64, pred, guard=False,
                                            memory_budget=self.budget)
-                self._relaxation(x64, pred, idx, todo, p, rr, terms)
+                _timed(self._relaxation, x64, pred, idx, todo, p, rr, terms)
+            if self.method is RobustMethod.BEST:
+                _timed(self._search, x64, pred, idx, todo, p, rr)
         return bad
 
     def _region(self, x, x64, pred, idx, rr: RobustRadius):
@@ -236,9 +241,10 @@ class _Run:
             margin = np.nan_to_num(cert.margins[p], nan=0.0)
             nb = region_bounds(self.model, x64, pred, terms, margin, p, slack, gap)
             rr.lower[p][idx] = nb.lower
-            rr.lower_method[p][idx] = np.where(nb.lower < margin, "decision", "region")
+            rr.lower_method[p][idx] = np.where(nb.lower < margin, BoundSource.DECISION,
+                                               BoundSource.REGION)
             rr.exact_value[p][idx] = nb.exact_value
-            _take_upper(rr, p, idx, nb, "region")
+            _take_upper(rr, p, idx, nb, BoundSource.REGION)
         return np.asarray(cert.nonfinite, bool), terms
 
     def _gap(self, terms) -> float:
@@ -252,15 +258,30 @@ class _Run:
             return
         nb = walk_bounds(self.model, self.twin, x64[sub], pred[sub], p,
                          self.search.max_regions, self.budget)
-        _take_upper(rr, p, idx[sub], nb, "walk")
+        _take_upper(rr, p, idx[sub], nb, BoundSource.WALK)
 
     def _attack(self, x64, pred, idx, todo, p, rr: RobustRadius):
         sub = np.flatnonzero(todo)
         if not sub.size:
             return
-        nb = minimal_norm_attack(self.model, x64[sub], p, pred=pred[sub],
-                                 start=rr.adversarial[p][idx[sub]], options=self.search.attack)
-        _take_upper(rr, p, idx[sub], nb, "attack")
+        nb, steps = run_attack(self.model, x64[sub], p, pred=pred[sub],
+                               lower=rr.lower[p][idx[sub]], start=rr.adversarial[p][idx[sub]],
+                               options=self.search.attack,
+                               probes=self.method is not RobustMethod.BEST)  # "best": later
+        rr.attack_steps[p][idx[sub]] += steps
+        _take_upper(rr, p, idx[sub], nb, BoundSource.ATTACK)
+
+    def _search(self, x64, pred, idx, todo, p, rr: RobustRadius):
+        """The attack's probes at fixed radii between the certified radius and the
+        upper bound (`keras_roll.robust.search.shrink_upper`)."""
+        open_ = ~_bounds_meet(rr.lower[p][idx], rr.upper[p][idx], self.search.exact_rtol)
+        sub = np.flatnonzero(todo & open_ & np.isfinite(rr.upper[p][idx]))
+        if not sub.size or not self.search.attack.probe_steps:
+            return
+        nb, steps = probe_attack(self.model, x64[sub], p, pred[sub], rr.adversarial[p][idx[sub]],
+                                 rr.lower[p][idx[sub]], self.search.attack)
+        rr.attack_steps[p][idx[sub]] += steps
+        _take_upper(rr, p, idx[sub], nb, BoundSource.SEARCH)
 
     def _relaxation(self, x64, pred, idx, todo, p, rr: RobustRadius, terms):
         sub = np.flatnonzero(todo)
@@ -292,7 +313,15 @@ class _Run:
         better = lo > known
         target = idx[sub[better]]
         rr.lower[p][target] = lo[better]
-        rr.lower_method[p][target] = self.bound.value
+        rr.lower_method[p][target] = BoundSource.parse(self.bound.value)
+
+
+def _timed(method, x64, pred, idx, todo, p, rr: RobustRadius, *rest) -> None:
+    """Runs `method` and shares its wall time among the inputs it ran on (`todo`)."""
+    began = time.perf_counter()
+    method(x64, pred, idx, todo, p, rr, *rest)
+    rows = idx[todo]
+    rr.seconds[p][rows] += (time.perf_counter() - began) / max(1, rows.size)
 
 
 def _bounds_meet(lower, upper, rtol) -> np.ndarray:

@@ -25,10 +25,10 @@ from keras_roll.geometry import NORM_LABELS, NormDict
 from keras_roll.options import Choice, Rigor, parse_norm
 from keras_roll.summary import Summary, format_table, percentiles_of
 
-__all__ = ["RobustMethod", "RobustRadius"]
+__all__ = ["BoundSource", "RobustMethod", "RobustRadius"]
 
 PER_NORM = ("lower", "upper", "adversarial", "exact", "exact_value", "runner_up",
-            "lower_method", "upper_method", "bound_passes")
+            "lower_method", "upper_method", "bound_passes", "attack_steps", "seconds")
 
 
 class RobustMethod(Choice):
@@ -64,6 +64,55 @@ class RobustMethod(Choice):
         return self not in (RobustMethod.RELAXATION, RobustMethod.INTERVAL)
 
 
+class BoundSource(Choice):
+    """Which method gave a bound of `RobustRadius` (`lower_method`, `upper_method`).
+
+    `NONE` (""): none did; `LABEL`: a misclassified input (0); `REGION`,
+    `DECISION`: method 1 (the region margin, the nearest decision hyperplane);
+    `INTERVAL`, `CROWN_IBP`, `RELAXATION`, `ALPHA_CROWN`: a bound pass's certified
+    radius; `BRANCH`: branch and bound; `WALK`: the region walk's point; `ATTACK`:
+    the minimal-norm attack's point; `SEARCH`: a point of the radius search's probes
+    at fixed radii between the certified radius and the upper bound
+    (`keras_roll.robust.search.shrink_upper`).
+
+    Example:
+
+    ```python
+    rr.upper_method[np.inf] == BoundSource.ATTACK      # [B] bool
+    ```
+    """
+
+    NONE = ""
+    LABEL = "label"
+    REGION = "region"
+    DECISION = "decision"
+    INTERVAL = "interval"
+    CROWN_IBP = "crown_ibp"
+    RELAXATION = "relaxation"
+    ALPHA_CROWN = "alpha_crown"
+    BRANCH = "branch"
+    WALK = "walk"
+    ATTACK = "attack"
+    SEARCH = "search"
+
+    @classmethod
+    def array(cls, values, name: str) -> np.ndarray:
+        """`values` as an object array of members (strings are parsed)."""
+        out = np.empty(np.shape(values), object)
+        out[...] = [cls.parse(v, name) for v in np.asarray(values, object).ravel()]
+        return out
+
+
+def _fill_defaults(rr) -> None:
+    """The fields a `RobustRadius` was built without: zero budgets, `exact_value`."""
+    for name, dtype in zip(PER_NORM[-3:], (np.int64, np.int64, np.float64)):
+        if getattr(rr, name) is None:
+            setattr(rr, name, {p: np.zeros(len(v), dtype) for p, v in rr.lower.items()})
+    if rr.exact_value is None:
+        rr.exact_value = {p: np.where(np.asarray(rr.exact[p], bool), rr.upper[p], np.nan)
+                          for p in rr.upper}
+
+
 @dataclasses.dataclass(repr=False)
 class RobustRadius:
     """Bounds on the minimal adversarial perturbation of every input, per norm.
@@ -91,12 +140,10 @@ class RobustRadius:
             (method 1's distance in exact arithmetic, else `upper`); NaN elsewhere.
         runner_up: `{p: [B]}` int64: the class of the adversarial point, else of
             the nearest decision hyperplane of the region (-1 if none).
-        lower_method, upper_method: `{p: [B]}` str: which method gave each bound
-            ('region', 'decision', 'relaxation', 'interval', 'walk', 'attack', 'label', or ''
-            where none did).
-        bound_passes: `{p: [B]}` int64: the bound passes the relaxation's search spent
-            on each input (0 where it did not run), between the certified lower bound
-            it starts from and the attacked upper bound that caps it.
+        lower_method, upper_method: `{p: [B]}` `BoundSource` members (object arrays).
+        bound_passes, attack_steps, seconds: `{p: [B]}` the budget spent per input: the
+            relaxation's bound passes, the attack's and probes' gradient steps, and
+            the methods' wall time (shared evenly among the inputs of each call).
         predicted: `[B]` int64, the class the model predicts (-1 for `nonfinite`).
         labels: `[B]` int64 or None, the labels given.
         method: the `RobustMethod` of the call; rigor: the rounding guard (a
@@ -131,18 +178,18 @@ class RobustRadius:
     exact_value: dict | None = None
     units: Units = INPUT_UNITS
     bound_passes: dict | None = None
+    attack_steps: dict | None = None
+    seconds: dict | None = None
 
     def __post_init__(self):
-        if self.bound_passes is None:
-            self.bound_passes = {p: np.zeros(np.shape(v)[0], np.int64)
-                                 for p, v in self.lower.items()}
-        if self.exact_value is None:
-            self.exact_value = {p: np.where(np.asarray(self.exact[p], bool), self.upper[p],
-                                            np.nan) for p in self.upper}
+        _fill_defaults(self)
         for name in PER_NORM:
             value = getattr(self, name)
             if not isinstance(value, NormDict):
-                setattr(self, name, NormDict({parse_norm(k): v for k, v in value.items()}))
+                value = NormDict({parse_norm(k): v for k, v in value.items()})
+                setattr(self, name, value)
+            if name.endswith("_method"):
+                value.update({p: BoundSource.array(v, name) for p, v in value.items()})
         self.method = RobustMethod.parse(self.method, "method")
         self.rigor = Rigor.parse(self.rigor)
         if self.nonfinite is None:
@@ -313,5 +360,8 @@ class RobustRadius:
             return ", ".join(f"{n or 'none'} {c}" for n, c in zip(names, num))
 
         of = " of the correctly classified" if self.labels is not None else ""
+        spent = ", ".join(f"{np.mean(getattr(self, f)[p][solved]):.4g} {f.replace('_', ' ')}"
+                          for f in PER_NORM[-3:])
         return (f"{lab}: exact {exact:.0%}{of}, adversarial found {found:.0%}; lower from "
-                f"[{counts(self.lower_method[p])}], upper from [{counts(self.upper_method[p])}]")
+                f"[{counts(self.lower_method[p])}], upper from [{counts(self.upper_method[p])}]"
+                f"; mean per input {spent}")
