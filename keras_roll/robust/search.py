@@ -337,7 +337,8 @@ def shrink_upper(probe: Callable, lower: np.ndarray, upper: np.ndarray, *, steps
     lower = np.asarray(lower, np.float64)
     up = np.asarray(upper, np.float64).copy()
     floor = np.maximum(lower, (1.0 - WIDTH) * up)
-    width0 = up - floor
+    with np.errstate(invalid="ignore"):
+        width0 = up - floor  # NaN where no upper bound: never probed
     spent = np.zeros(up.shape, np.int64)
     probes = np.zeros(up.shape, np.int64)
 
