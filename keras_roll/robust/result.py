@@ -141,9 +141,8 @@ class RobustRadius:
         runner_up: `{p: [B]}` int64: the class of the adversarial point, else of
             the nearest decision hyperplane of the region (-1 if none).
         lower_method, upper_method: `{p: [B]}` `BoundSource` members (object arrays).
-        bound_passes, attack_steps, seconds: `{p: [B]}` the budget spent per input: the
-            relaxation's bound passes, the attack's and probes' gradient steps, and
-            the methods' wall time (shared evenly among the inputs of each call).
+        bound_passes, attack_steps, seconds: `{p: [B]}` per input, the relaxation's bound
+            passes, the attack's gradient steps, the methods' wall time (shared evenly).
         predicted: `[B]` int64, the class the model predicts (-1 for `nonfinite`).
         labels: `[B]` int64 or None, the labels given.
         method: the `RobustMethod` of the call; rigor: the rounding guard (a
