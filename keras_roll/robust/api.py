@@ -35,7 +35,8 @@ from typing import NamedTuple
 import numpy as np
 
 from keras_roll.certification import certify
-from keras_roll.compile.bounds import BoundMethod, BoundPass, check_bounds
+from keras_roll.compile.bounds import BoundMethod, BoundPass, IntermediateBounds, check_bounds
+from keras_roll.compile.bounds.intermediate import DEFAULT_MAX_SECONDS
 from keras_roll.compile.rules.activations import Link
 from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
@@ -48,7 +49,7 @@ from keras_roll.options import FIELDS as RUN_FIELDS
 from keras_roll.options import Norms, RunOptions, check_bisect_tol, parse_norms
 from keras_roll.robust.adversarial import predict_classes
 from keras_roll.robust.attacks import AttackOptions, minimal_norm_attack
-from keras_roll.robust.bounds import relaxed_margins
+from keras_roll.robust.bounds import intermediate_choice, relaxed_margins
 from keras_roll.robust.region import decision_terms, link_gap, region_bounds
 from keras_roll.robust.result import RobustMethod, RobustRadius
 from keras_roll.robust.search import search_certified
@@ -60,8 +61,12 @@ __all__ = ["METHODS", "SearchOptions", "robust_radius"]
 METHODS = tuple(m.value for m in RobustMethod)
 
 
-def _check_arguments(max_regions, bisect_tol, exact_rtol):
+def _check_arguments(max_regions, bisect_tol, exact_rtol, pass_seconds):
     check_bisect_tol(bisect_tol)
+    if pass_seconds is not None and not (isinstance(pass_seconds, numbers.Real)
+                                         and pass_seconds > 0):
+        raise ValueError(f"pass_seconds must be a positive number of seconds or None (no time "
+                         f"budget), got {pass_seconds!r}.")
     if not isinstance(max_regions, numbers.Integral) or isinstance(max_regions, bool) \
             or max_regions < 1:
         raise ValueError(f"max_regions must be a positive integer, got {max_regions!r}.")
@@ -125,6 +130,8 @@ class SearchOptions(NamedTuple):
     bisect_tol: float
     exact_rtol: float
     attack: AttackOptions = AttackOptions()
+    intermediate: IntermediateBounds = IntermediateBounds.AUTO
+    pass_seconds: float | None = DEFAULT_MAX_SECONDS
 
 
 class _Run:
@@ -267,11 +274,16 @@ class _Run:
         if not sub.size:
             return
         xs, ps = x64[sub], pred[sub]
+        bound = self.bound
+        if bound is BoundMethod.RELAXATION:  # CROWN or CROWN-IBP: the call's choice
+            choice = intermediate_choice(self.twin, xs, self.search.intermediate, self.budget,
+                                         self.search.pass_seconds)
+            bound, rr.intermediate = choice.method, (choice,)
 
         gap = self._gap(terms)  # certified where every margin exceeds it
 
         def values(i, eps):
-            bounds = relaxed_margins(self.twin, xs[i], ps[i], eps, p, method=self.bound,
+            bounds = relaxed_margins(self.twin, xs[i], ps[i], eps, p, method=bound,
                                      guard=self.rigor, memory_budget=self.budget)
             return np.min(bounds.lower, axis=1) - gap, bounds.root(gap)
 
@@ -317,7 +329,10 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
                   method: RobustMethod | str | None = "best", *, max_regions: int = 100,
                   bisect_tol: float = 1e-3, exact_rtol: float = 1e-3,
                   options: RunOptions | None = None, wrt: str | None = None,
-                  attack: AttackOptions | None = None, **overrides) -> RobustRadius:
+                  attack: AttackOptions | None = None,
+                  intermediate: IntermediateBounds | str = "auto",
+                  pass_seconds: float | None = DEFAULT_MAX_SECONDS,
+                  **overrides) -> RobustRadius:
     """Lower and upper bounds on every input's minimal adversarial perturbation.
 
     The minimal adversarial perturbation of `x` in the lp norm is the distance to the
@@ -428,13 +443,15 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     norms = parse_norms(norms)
     if not norms:
         raise ValueError("norms=() leaves nothing to bound; pass e.g. norms=(2, np.inf).")
-    _check_arguments(max_regions, bisect_tol, exact_rtol)
+    _check_arguments(max_regions, bisect_tol, exact_rtol, pass_seconds)
     lin = linearize(model)
     units = resolve_units(lin.program, wrt)
     classes = _check_classifier(lin)
     _warn_saturating_link(lin, run_options.rigor)
     search = SearchOptions(int(max_regions), float(bisect_tol), float(exact_rtol),
-                           _attack_options(attack))
+                           _attack_options(attack),
+                           IntermediateBounds.parse(intermediate, "intermediate"),
+                           None if pass_seconds is None else float(pass_seconds))
     run = _Run(lin, norms, method, run_options, search, units)
     labels = LabelSpec(classes, model=lin.model.name)
     batches = read_batches(x, lin.input_spec, y=y, labels=labels,
@@ -452,4 +469,9 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
         warnings.warn(f"{int(rr.nonfinite.sum())} of {rr.n} inputs have non-finite values "
                       f"(NaN / inf), or non-finite neurons or logits: their bounds are NaN "
                       f"(see .nonfinite).", stacklevel=2)
+    for choice in rr.intermediate:
+        if choice.gave_up:
+            warnings.warn(f"robust_radius took {choice.reason} Pass intermediate='crown' for "
+                          f"CROWN's bounds, or a larger pass_seconds / memory_budget.",
+                          stacklevel=2)
     return rr

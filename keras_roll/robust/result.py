@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from keras_roll.compile.bounds import IntermediateChoice
 from keras_roll.compile.units import INPUT_UNITS, Units
 from keras_roll.geometry import NORM_LABELS, NormDict
 from keras_roll.options import Choice, Rigor, parse_norm
@@ -105,6 +106,9 @@ class RobustRadius:
             their bounds are NaN.
         units: the `keras_roll.compile.units.Units` of the distances (input units,
             or those of a leading Rescaling / Normalization's output: `wrt=`).
+        intermediate: the `keras_roll.compile.bounds.IntermediateChoice`s of the
+            relaxation's intermediate bounds (CROWN or intervals, with the reason), one
+            per distinct choice of the parts joined (empty where it did not run).
 
     Example:
 
@@ -131,6 +135,7 @@ class RobustRadius:
     exact_value: dict | None = None
     units: Units = INPUT_UNITS
     bound_passes: dict | None = None
+    intermediate: tuple[IntermediateChoice, ...] = ()
 
     def __post_init__(self):
         if self.bound_passes is None:
@@ -147,6 +152,7 @@ class RobustRadius:
         self.rigor = Rigor.parse(self.rigor)
         if self.nonfinite is None:
             self.nonfinite = np.zeros(self.n, bool)
+        self.intermediate = tuple(self.intermediate)
 
     @classmethod
     def concat(cls, parts: Sequence[RobustRadius]) -> RobustRadius:
@@ -184,10 +190,12 @@ class RobustRadius:
         fields = {name: {p: np.concatenate([getattr(q, name)[p] for q in parts])
                          for p in first.norms} for name in PER_NORM}
         labels = np.concatenate([q.labels for q in parts]) if all(labelled) else None
+        choices = {c.bounds: c for q in reversed(parts) for c in q.intermediate}
         return cls(**fields, predicted=np.concatenate([q.predicted for q in parts]),
                    labels=labels, method=first.method, rigor=first.rigor,
                    exact_rtol=first.exact_rtol, units=first.units,
-                   nonfinite=np.concatenate([q.nonfinite for q in parts]))
+                   nonfinite=np.concatenate([q.nonfinite for q in parts]),
+                   intermediate=tuple(sorted(choices.values(), key=lambda c: c.bounds.value)))
 
     @property
     def n(self) -> int:
@@ -276,6 +284,9 @@ class RobustRadius:
         out = [format_table(head, rows, percentiles, count=True, column="Bound")]
         out += self._undefined_lines(no_upper, zero_lower, int(solved.sum()))
         out += [self._methods_line(p) for p in self.norms]
+        out += [f"Intermediate bounds of the relaxation: {c.reason}"
+                + (" Pass intermediate='crown' for CROWN's." if c.gave_up else "")
+                for c in self.intermediate]
         if self.labels is not None:
             wrong = int(np.sum(~solved & ~self.nonfinite))
             line = f"Accuracy {self.certified_accuracy(0.0):.1%}"
