@@ -20,8 +20,8 @@ from keras_roll.compile.bounds import (
     crown_cost,
     lower_bounds,
 )
-from keras_roll.compile.bounds.intermediate import SURE_SECONDS_PER_ELEMENT, probe_seconds
 from keras_roll.compile.bounds import crown as crown_module
+from keras_roll.compile.bounds.intermediate import SURE_SECONDS_PER_ELEMENT, probe_seconds
 from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
 from keras_roll.robust import RobustRadius

@@ -106,9 +106,8 @@ class RobustRadius:
             their bounds are NaN.
         units: the `keras_roll.compile.units.Units` of the distances (input units,
             or those of a leading Rescaling / Normalization's output: `wrt=`).
-        intermediate: the `keras_roll.compile.bounds.IntermediateChoice`s of the
-            relaxation's intermediate bounds (CROWN or intervals, with the reason), one
-            per distinct choice of the parts joined (empty where it did not run).
+        intermediate: a tuple of the relaxation's `IntermediateChoice`s (CROWN or
+            intervals, and why), one per distinct choice (empty where it did not run).
 
     Example:
 
@@ -152,7 +151,6 @@ class RobustRadius:
         self.rigor = Rigor.parse(self.rigor)
         if self.nonfinite is None:
             self.nonfinite = np.zeros(self.n, bool)
-        self.intermediate = tuple(self.intermediate)
 
     @classmethod
     def concat(cls, parts: Sequence[RobustRadius]) -> RobustRadius:
@@ -190,12 +188,11 @@ class RobustRadius:
         fields = {name: {p: np.concatenate([getattr(q, name)[p] for q in parts])
                          for p in first.norms} for name in PER_NORM}
         labels = np.concatenate([q.labels for q in parts]) if all(labelled) else None
-        choices = {c.bounds: c for q in reversed(parts) for c in q.intermediate}
         return cls(**fields, predicted=np.concatenate([q.predicted for q in parts]),
                    labels=labels, method=first.method, rigor=first.rigor,
                    exact_rtol=first.exact_rtol, units=first.units,
                    nonfinite=np.concatenate([q.nonfinite for q in parts]),
-                   intermediate=tuple(sorted(choices.values(), key=lambda c: c.bounds.value)))
+                   intermediate=_distinct_choices(parts))
 
     @property
     def n(self) -> int:
@@ -282,11 +279,9 @@ class RobustRadius:
                 f"{int(solved.sum())} {inputs} of {self.n}: method '{self.method}', rigor "
                 f"'{self.rigor}'")
         out = [format_table(head, rows, percentiles, count=True, column="Bound")]
-        out += self._undefined_lines(no_upper, zero_lower, int(solved.sum()))
+        out += _undefined_lines(self.method, no_upper, zero_lower, int(solved.sum()))
         out += [self._methods_line(p) for p in self.norms]
-        out += [f"Intermediate bounds of the relaxation: {c.reason}"
-                + (" Pass intermediate='crown' for CROWN's." if c.gave_up else "")
-                for c in self.intermediate]
+        out += [_choice_line(c) for c in self.intermediate]
         if self.labels is not None:
             wrong = int(np.sum(~solved & ~self.nonfinite))
             line = f"Accuracy {self.certified_accuracy(0.0):.1%}"
@@ -297,19 +292,6 @@ class RobustRadius:
             out.append(f"{int(self.nonfinite.sum())} input(s) with non-finite values: bounds "
                        f"NaN, counted apart from the table.")
         return Summary.emit(out, print_fn)
-
-    def _undefined_lines(self, no_upper: dict, zero_lower: dict, n: int) -> list:
-        """Why rows of the table leave values out, one line per reason and count (its
-        norms named): NaN upper bounds, ratios over a lower bound of 0."""
-        why = ("no adversarial point found within the search budget (max_regions)"
-               if self.method.finds_points else
-               f"method '{self.method}' bounds from below only; 'walk', 'region' or 'best' "
-               f"also find adversarial points")
-        lines = [f"upper ({', '.join(labs)}): NaN (undefined) for {k} of {n}: {why}."
-                 for k, labs in no_upper.items() if k]
-        lines += [f"upper / lower ({', '.join(labs)}): undefined for {k} of {n} whose lower "
-                  f"bound is 0." for k, labs in zero_lower.items() if k]
-        return lines
 
     def _methods_line(self, p) -> str:
         lab = NORM_LABELS[p]
@@ -326,3 +308,28 @@ class RobustRadius:
         of = " of the correctly classified" if self.labels is not None else ""
         return (f"{lab}: exact {exact:.0%}{of}, adversarial found {found:.0%}; lower from "
                 f"[{counts(self.lower_method[p])}], upper from [{counts(self.upper_method[p])}]")
+
+
+def _distinct_choices(parts) -> tuple:
+    """The distinct `IntermediateChoice`s of `parts` (the first of each kind)."""
+    choices = {c.bounds: c for q in reversed(parts) for c in q.intermediate}
+    return tuple(sorted(choices.values(), key=lambda c: c.bounds.value))
+
+
+def _choice_line(choice: IntermediateChoice) -> str:
+    given_up = " Pass intermediate='crown' for CROWN's." if choice.gave_up else ""
+    return f"Intermediate bounds of the relaxation: {choice.reason}{given_up}"
+
+
+def _undefined_lines(method: RobustMethod, no_upper: dict, zero_lower: dict, n: int) -> list:
+    """Why rows of the table leave values out, one line per reason and count (its
+    norms named): NaN upper bounds, ratios over a lower bound of 0."""
+    why = ("no adversarial point found within the search budget (max_regions)"
+           if method.finds_points else
+           f"method '{method}' bounds from below only; 'walk', 'region' or 'best' "
+           f"also find adversarial points")
+    lines = [f"upper ({', '.join(labs)}): NaN (undefined) for {k} of {n}: {why}."
+             for k, labs in no_upper.items() if k]
+    lines += [f"upper / lower ({', '.join(labs)}): undefined for {k} of {n} whose lower "
+              f"bound is 0." for k, labs in zero_lower.items() if k]
+    return lines

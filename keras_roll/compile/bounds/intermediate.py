@@ -1,6 +1,7 @@
 """The intermediate bounds of the linear relaxation as a user's choice: CROWN at every
 layer, intervals then CROWN at the output (CROWN-IBP), or an automatic choice that
-takes the tightest one fitting a work budget and says which it took.
+takes the tightest one fitting the call's memory and time budgets and says which it
+took.
 
 The relaxation needs bounds `[l, u]` on the input of every activation. CROWN pulls
 the `+-I` rows of each activation's input back to the input (the tightest; its cost
@@ -8,11 +9,15 @@ grows with neurons x layers); CROWN-IBP takes them from interval bounds and runs
 backward pass, from the output's functionals. `crown_cost` estimates both from the
 shapes of a `capture` (no pass is run): the functional entries pulled through ops
 (`elements`, the work) and the largest chunk of functionals (`chunk_bytes`, the
-memory, which the memory budget caps). `choose_intermediate` resolves
-`IntermediateBounds.AUTO` to CROWN when its `elements` fit `max_elements`, else to
-intervals, and returns an `IntermediateChoice` that names the choice, the
-`BoundMethod` to run, both costs and the reason, to be recorded on the caller's
-result. docs/guide.md, section "Intermediate bounds", gives measured costs.
+memory, which the memory budget caps). `probe_seconds` times one chunk of CROWN's
+pull-backs where the call runs, per entry. `choose_intermediate` resolves
+`IntermediateBounds.AUTO` to CROWN when its chunks fit the memory budget and its
+entries, times the probe's seconds per entry, fit the time budget (no probe where a
+pessimistic rate already fits), else to intervals, and returns an
+`IntermediateChoice` that names the choice, the `BoundMethod` to run, both costs,
+CROWN's estimated seconds and the reason (with what it gave up), to be recorded on the
+caller's result (`RobustRadius.intermediate`). docs/guide.md, section "Intermediate
+bounds", gives measured costs.
 
 Example:
 
@@ -20,7 +25,7 @@ Example:
 values = capture(twin.interpreter, x)
 choice = choose_intermediate("auto", structure, values, rows=9, budget=64 * 2**20)
 low = lower_bounds(structure, values, rows, eps, np.inf, choice.method, arithmetic)
-choice.bounds, choice.reason      # IntermediateBounds.CROWN, "CROWN's 3.1e+08 ... fit ..."
+choice.bounds, choice.reason      # IntermediateBounds.CROWN, "CROWN at every layer: ..."
 ```
 """
 
@@ -182,7 +187,7 @@ def crown_cost(structure: ProgramStructure, values: Values, rows: int,
 
 def probe_seconds(structure: ProgramStructure, values: Values, budget: int = DEFAULT_BUDGET,
                   examples: int | None = None, repeats: int = 2) -> float:
-    """Seconds per functional entry of CROWN's pull-backs on this machine: one chunk of the
+    """Seconds per functional entry of CROWN's pull-backs where it runs: one chunk of the
     layer bounds of the last relaxed op (the one with the most ops below it) is traced,
     then timed `repeats` times (the fastest counts), and its time divided by the entries
     it pulls through ops (as `crown_cost` counts them).
@@ -274,7 +279,7 @@ def choose_intermediate(choice: IntermediateBounds | str, structure: ProgramStru
     if choice is IntermediateBounds.INTERVALS:
         return IntermediateChoice(choice, choice.method, crown, ibp, "intervals, then CROWN "
                                   "at the output (CROWN-IBP), as asked.")
-    seconds, over = float("nan"), None
+    seconds, over, how = float("nan"), None, ""
     if crown.chunk_bytes > budget:
         over = (f"its smallest chunk of layer bounds needs {crown.chunk_bytes / 2**20:.3g} "
                 f"MiB, over the memory budget of {budget / 2**20:.3g} MiB")
@@ -284,17 +289,17 @@ def choose_intermediate(choice: IntermediateBounds | str, structure: ProgramStru
     elif max_seconds is not None:
         work = crown.elements / b
         if work * SURE_SECONDS_PER_ELEMENT <= max_seconds:
-            seconds = work * SURE_SECONDS_PER_ELEMENT
+            seconds, how = work * SURE_SECONDS_PER_ELEMENT, "at most about"
         else:
             rate = seconds_per_element
             if rate is None:
-                rate = probe_seconds(structure, values, budget, b)
-            seconds = work * float(rate() if callable(rate) else rate)
+                rate = probe_seconds(structure, values, budget, b, repeats=1)
+            seconds, how = work * float(rate() if callable(rate) else rate), "about"
             if seconds > max_seconds:
                 over = (f"it would take about {seconds:.2g} s per pass and input (a timed "
                         f"chunk, extrapolated), over the time budget of {max_seconds:g} s")
     if over is None:
-        took = "" if np.isnan(seconds) else f", at most about {seconds:.2g} s per pass and input"
+        took = "" if np.isnan(seconds) else f", {how} {seconds:.2g} s per pass and input"
         return IntermediateChoice(IntermediateBounds.CROWN, BoundMethod.RELAXATION, crown, ibp,
                                   f"CROWN at every layer: it fits the budgets{took}.",
                                   seconds, True)
