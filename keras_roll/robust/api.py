@@ -355,8 +355,10 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
       it shrinks the perturbation while the point stays adversarial; every point is
       checked in the Keras model.
     * `"relaxation"`: a sound lower bound beyond the region by linear relaxation
-      (CROWN / DeepPoly), the largest certified radius by a bracketing search;
-      `"interval"` uses interval bounds alone. Dense, convolutions,
+      (CROWN / DeepPoly), the largest certified radius by a bracketing search; its
+      intermediate bounds (on every activation's input) by CROWN at every layer or
+      by intervals (CROWN-IBP), as `intermediate=` says; `"interval"` uses interval
+      bounds alone. Dense, convolutions,
       BatchNormalization, average pooling, reshapes, Add / Concatenate and
       ReLU-family activations; other layers raise `UnsupportedModelError` (and
       `"best"` falls back to `"region"`).
@@ -369,7 +371,8 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     margins `LAMBDA = 8` standard deviations of their rounding in the same model of
     rounding (each margin of each point fails with probability below 2.5e-14), or
     the worst-case bound where that allows more; the relaxation's passes bound the
-    margins' rounding the same way (their intermediate bounds keep the worst case).
+    rounding of the margins and of every intermediate bound the same way (each bound
+    of each point fails with probability below 2.5e-14).
     Under "strict" every term is worst case (sound whatever the
     rounding errors). "float32" bounds exact arithmetic on the weights (no guard).
 
@@ -410,6 +413,16 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
         attack: the budgets of the `"attack"` method, a
             `keras_roll.robust.AttackOptions` (steps, restarts, max_seconds, seed);
             None: its defaults.
+        intermediate: where the relaxation's bounds on every activation's input come
+            from: "crown" (CROWN at every layer, the tightest), "intervals" (CROWN-IBP:
+            one pass, looser) or "auto" (the default: CROWN where its chunks fit the
+            memory budget and its estimated time per pass and input fits
+            `pass_seconds`, else intervals, with a warning that says what was given
+            up); a `keras_roll.compile.bounds.IntermediateBounds`. The choice and its
+            reason are recorded (`RobustRadius.intermediate`) and summarized.
+        pass_seconds: the time budget of "auto": CROWN's estimated seconds per bound
+            pass and input (a timed chunk of its pull-backs, extrapolated; the search
+            runs about 4-6 passes per input and norm); None: no time budget.
         **overrides: its fields, replacing those of `options`: `rigor`
             ("float64", the default, "strict" or "float32"), `batch_size`
             (examples per batch; streams of single examples are grouped),

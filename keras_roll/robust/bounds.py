@@ -4,7 +4,10 @@ the same passes as a differentiable function for certified training.
 
 The compiler's passes ask their caller for an op's `|A|` and, under a rounding guard,
 for the bound `Delta_l` of its rounding (`Arithmetic`); both come from the rounding
-rules of `keras_roll.rounding` (`keras_roll.robust.float_error`). `margin_bounds` runs
+rules of `keras_roll.rounding` (`keras_roll.robust.float_error`); under rigor "float64"
+the intervals, CROWN's layer bounds and the margins take the smaller of that worst case
+and the probabilistic bound of the margins of method 1 (`_ProbableLoss`).
+`intermediate_choice` resolves `robust_radius(intermediate=...)`. `margin_bounds` runs
 the passes compiled, in chunks within the memory budget, on numpy batches (the
 searches of `robust_radius`); `interval_bounds` runs them in the caller's graph on
 tensors, so that `tape.gradient` of its bounds reaches the model's weights (IBP,
@@ -291,11 +294,13 @@ def relaxed_margins(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
         pred: `[B]` the classes the margins are measured from.
         eps: `[B]` radii.
         p: the norm of the balls.
-        method: the `BoundMethod` (or its value): "relaxation" (CROWN, the default,
-            with the linear form), "crown_ibp" or "interval" (interval bounds alone).
+        method: the `BoundMethod` (or its value): "relaxation" (CROWN, the default),
+            "crown_ibp" (both with the linear form) or "interval" (interval bounds
+            alone); `intermediate_choice` chooses between the first two.
         guard: the rounding guard of the model's evaluation: a `Rigor` or its string
-            ("float64": the margins' probabilistic bound beside the worst case), or a
-            bool (True: the worst case, False: none).
+            ("float64": the probabilistic bound beside the worst case, for the
+            intermediate bounds and the margins), or a bool (True: the worst case,
+            False: none).
         memory_budget: bytes of functionals per pull-back.
 
     Example:
