@@ -144,7 +144,7 @@ def test_default_intermediate_bounds_contain_the_float32_evaluation_and_beat_str
     wider than the worst case's, narrower somewhere."""
     import tensorflow as tf
 
-    from keras_roll.compile.bounds import logit_margins
+    from keras_roll.compile.bounds import bound_rule, logit_margins
     from keras_roll.compile.bounds.crown import RelaxedOps, relaxation_refiner
     from keras_roll.compile.bounds.ibp import interval_pass
     from keras_roll.robust import bounds as robust_bounds
@@ -169,7 +169,7 @@ def test_default_intermediate_bounds_contain_the_float32_evaluation_and_beat_str
         res = interval_pass(lm.structure, lm.values, tf.fill([3], eps), arithmetic, refine)
         boxes[mode] = [(lm.values.inputs[i][0].numpy(), res.boxes[node.inputs[0]])
                        for i, node in enumerate(lm.structure.nodes)
-                       if not robust_bounds.bound_rule(node.op).linear]
+                       if not bound_rule(node.op).linear]
     assert len(boxes["float64"]) == 2
     # the corners where the first layer's units reach their extremes, and random ones
     w1 = np.sign(model.layers[1].get_weights()[0].T[:50])

@@ -35,7 +35,6 @@ import tensorflow as tf
 from keras_roll.compile.bounds import (
     Arithmetic,
     BoundMethod,
-    bound_rule,
     check_bounds,
     logit_margins,
     lower_bounds,
@@ -53,6 +52,7 @@ from keras_roll.compile.bounds.intermediate import (
     IntermediateBounds,
     IntermediateChoice,
     choose_intermediate,
+    interval_lines,
 )
 from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_chunks
@@ -177,9 +177,7 @@ def _relaxed_terms(structure, values, rows, eps, p, arithmetic, budget, examples
         refine = relaxation_refiner(structure, values, lines, eps, p, budget, examples, loss)
     boxes = interval_pass(structure, values, eps, arithmetic, refine=refine)
     if not crown:  # CROWN-IBP: the lines on the intervals
-        for i, node in enumerate(structure.nodes):
-            if not bound_rule(node.op).linear:
-                lines.set(i, node, boxes.boxes[node.inputs[0]])
+        interval_lines(structure, values, boxes.boxes, lines)
     out = values.value(structure, structure.output_key)
     rows = tf.reshape(rows, tf.concat([tf.shape(rows)[:2], tf.shape(out)[1:]], 0))
     guard = loss(boxes.deltas)

@@ -47,7 +47,8 @@ from keras_roll.compile.structure import ProgramStructure
 from keras_roll.options import Choice
 
 __all__ = ["DEFAULT_MAX_SECONDS", "SURE_SECONDS_PER_ELEMENT", "BoundCost", "IntermediateBounds",
-           "IntermediateChoice", "choose_intermediate", "crown_cost", "probe_seconds"]
+           "IntermediateChoice", "choose_intermediate", "crown_cost", "interval_lines",
+           "probe_seconds"]
 
 # The time AUTO allows one CROWN pass per example, in seconds (docs/guide.md).
 DEFAULT_MAX_SECONDS = 10.0
@@ -183,6 +184,24 @@ def crown_cost(structure: ProgramStructure, values: Values, rows: int,
     final = 3 * itemsize * b * rows * max([input_size, *sizes])
     return (BoundCost(elements + out, pullbacks + 1, max(widest, final)),
             BoundCost(out, 1, final))
+
+
+def interval_lines(structure: ProgramStructure, values: Values, boxes: dict,
+                   lines: RelaxedOps | None = None) -> RelaxedOps:
+    """CROWN-IBP's relaxation: every relaxed op's lines on its input's interval (`boxes`,
+    `interval_pass(...).boxes`), set in `lines` (a new `RelaxedOps` by default).
+
+    Example:
+
+    ```python
+    lines = interval_lines(structure, values, interval_pass(...).boxes)
+    ```
+    """
+    lines = RelaxedOps(values) if lines is None else lines
+    for i, node in enumerate(structure.nodes):
+        if not bound_rule(node.op).linear:
+            lines.set(i, node, boxes[node.inputs[0]])
+    return lines
 
 
 def probe_seconds(structure: ProgramStructure, values: Values, budget: int = DEFAULT_BUDGET,
