@@ -86,6 +86,16 @@ class BranchOptions(NamedTuple):
     beta_rate: float = 0.1
     refine: bool = True
 
+    @staticmethod
+    def of(value) -> BranchOptions | None:
+        """`value` checked: None, or a `BranchOptions` (else a ValueError)."""
+        if value is None:
+            return None
+        if not isinstance(value, BranchOptions):
+            raise ValueError(f"branch must be a keras_roll.robust.BranchOptions (e.g. "
+                             f"BranchOptions(max_seconds=10)) or None, got {value!r}.")
+        return value.checked()
+
     def checked(self) -> BranchOptions:
         """The options, or a ValueError naming the bad one."""
         for name in ("max_leaves", "batch"):
@@ -114,11 +124,34 @@ class _Passes:
         zero = tf.zeros([1, *twin.input_shape], tf.float64)
         values = capture(twin.interpreter, zero)
         self.layout = split_layout(self.structure, values)
-        self.rows = int(np.prod(values.value(self.structure, self.structure.output_key).shape[1:])) - 1
+        out = values.value(self.structure, self.structure.output_key)
+        self.rows = int(np.prod(out.shape[1:])) - 1  # the margins f_y - f_j
         self.relaxed = tuple(i for i, node in enumerate(self.structure.nodes)
                              if not bound_rule(node.op).linear)
-        self.boxes = tf.function(self._boxes, reduce_retracing=True, autograph=False)
-        self.bounds = tf.function(self._bounds, reduce_retracing=True, autograph=False)
+        shape = [1, *twin.input_shape]
+        f64 = tf.float64
+        self.boxes = tf.function(self._boxes, autograph=False, input_signature=[
+            tf.TensorSpec(shape, f64), tf.TensorSpec([], f64),
+            tf.TensorSpec([None, self.layout.size], f64)])
+        self._compiled_bounds = None
+
+    def bounds(self, x, pred, eps, los, his, deltas, splits, betas):
+        """`(lower [B, C], d lower / d betas, the worst row's input functional, scores)`
+        of a batch of leaves (compiled once: every batch dimension is None)."""
+        if self._compiled_bounds is None:
+            def spec(t):
+                return tf.TensorSpec([None, *t.shape[1:]], t.dtype)
+
+            f64 = tf.float64
+            self._compiled_bounds = tf.function(self._bounds, autograph=False, input_signature=[
+                tf.TensorSpec(x.shape, f64), tf.TensorSpec([1], tf.int64),
+                tf.TensorSpec([], f64), *[tf.nest.map_structure(spec, s) for s in
+                                          (tuple(los), tuple(his), tuple(deltas))],
+                tf.TensorSpec([None, self.layout.size], f64),
+                tf.TensorSpec([None, self.rows, self.layout.size], f64)])
+        return self._compiled_bounds(x, pred, eps, tuple(los), tuple(his), tuple(deltas),
+                                     tf.constant(splits, tf.float64),
+                                     tf.constant(betas, tf.float64))
 
     def _boxes(self, x, eps, splits):
         values = capture(self.twin.interpreter, x)
@@ -133,13 +166,19 @@ class _Passes:
 
         los = tuple(full(res.boxes[k].lo) for k in keys)
         his = tuple(full(res.boxes[k].hi) for k in keys)
-        deltas = tuple(None if d is None else full(d) for d in res.deltas)
+        # the rounding bounds that exist (their places are the same in every call)
+        self.delta_slots = tuple(i for i, d in enumerate(res.deltas) if d is not None)
+        self.nodes = len(res.deltas)
+        deltas = tuple(full(res.deltas[i]) for i in self.delta_slots)
         return los, his, deltas, lines.empty
 
     def _bounds(self, x, pred, eps, los, his, deltas, splits, betas):
         lm = logit_margins(self.twin.interpreter, x, pred)
         keys = [self.structure.nodes[i].inputs[0] for i in self.relaxed]
-        boxes = Boxes({k: Box(lo, hi) for k, lo, hi in zip(keys, los, his)}, list(deltas))
+        full = [None] * self.nodes
+        for i, d in zip(self.delta_slots, deltas):
+            full[i] = d
+        boxes = Boxes({k: Box(lo, hi) for k, lo, hi in zip(keys, los, his)}, full)
         out = lm.values.value(self.structure, self.structure.output_key)
         rows = tf.reshape(lm.rows, tf.concat([tf.shape(lm.rows)[:2], tf.shape(out)[1:]], 0))
         with tf.GradientTape() as tape:
@@ -152,6 +191,50 @@ class _Passes:
         worst = tf.argmin(lower, axis=1, output_type=tf.int32)
         g = tf.gather(res.lam_input, worst, axis=1, batch_dims=1)
         return lower, grad, g, res.scores
+
+
+PGD_STEPS = 40  # steps of the attack at a fixed radius from the leaves' optima
+ATTACK_STARTS = 8  # leaves per batch whose optima start the attack
+
+
+def _ball_attack(model, p):
+    """Projected gradient ascent of `max_j f_j - f_y` inside the ball of radius `eps`
+    around `x` from given starts (one `tf.function`): `[n, *in]` last points."""
+    classes = int(model.outputs[0].shape[-1])
+
+    def project(d, eps):
+        flat = tf.reshape(d, [tf.shape(d)[0], -1])
+        if p == np.inf:
+            return tf.clip_by_value(d, -eps, eps)
+        q = 2 if p == 2 else 1
+        n = tf.norm(flat, ord=q, axis=1)
+        scale = tf.minimum(1.0, eps / tf.maximum(n, 1e-30))
+        return d * tf.reshape(scale, [-1] + [1] * (len(d.shape) - 1))
+
+    def run(x, delta, eps, pred):
+        own = tf.one_hot(pred, classes, dtype=x.dtype)
+
+        def body(k, delta):
+            with tf.GradientTape() as tape:
+                tape.watch(delta)
+                out = tf.cast(tf.reshape(model(x + delta, training=False), [-1, classes]),
+                              x.dtype)
+                loss = tf.reduce_sum(tf.reduce_max(out - own * 1e30, 1)
+                                     - tf.reduce_sum(own * out, 1))
+            g = tape.gradient(loss, delta)
+            size = eps * (0.5 * (1 + tf.cos(np.pi * tf.cast(k, x.dtype) / PGD_STEPS)) + 0.02)
+            if p == np.inf:
+                step = tf.sign(g)
+            else:
+                flat = tf.reshape(g, [tf.shape(g)[0], -1])
+                norm = tf.norm(flat, ord=2 if p == 2 else np.inf, axis=1)
+                step = g / tf.reshape(tf.maximum(norm, 1e-30), [-1] + [1] * (len(g.shape) - 1))
+            return k + 1, project(delta + size * step, eps)
+
+        _, delta = tf.while_loop(lambda k, _: k < PGD_STEPS, body, (tf.constant(0), delta))
+        return x + delta
+
+    return tf.function(run, reduce_retracing=True, autograph=False)
 
 
 def _padded(a: np.ndarray, n: int) -> np.ndarray:
@@ -194,7 +277,7 @@ class _Ball:
             n = splits.shape[0]
             los, his, deltas, _ = self.root
             full = [tuple(tf.repeat(t, n, axis=0) for t in part) for part in (los, his)]
-            deltas = tuple(None if d is None else tf.repeat(d, n, axis=0) for d in deltas)
+            deltas = tuple(tf.repeat(d, n, axis=0) for d in deltas)
             return full[0], full[1], deltas, np.zeros(n, bool)
         los, his, deltas, empty = self.passes.boxes(self.xt, self.et, tf.constant(splits))
         if self.root is None:
@@ -230,13 +313,32 @@ class _Ball:
 
     def adversarial(self, g: np.ndarray):
         """The first leaf optimum (the linear bound's minimiser over the ball) that the
-        model classifies as another class, or None."""
-        flat = g.reshape(g.shape[0], -1)
+        model classifies as another class, else the first such point of a projected
+        gradient attack from the optima of up to `ATTACK_STARTS` leaves; or None."""
+        flat = g.reshape(g.shape[0], -1)[:ATTACK_STARTS]
         live = np.any(flat != 0, axis=1)
         if not live.any():
             return None
         u = steepest_directions(flat[live], self.p_norm, -np.ones(int(live.sum())))
         pts = self.x[None] + self.eps * u.reshape(-1, *self.x.shape)
+        found = self._flipped(pts)
+        if found is None:
+            dtype = np.dtype(self.model.inputs[0].dtype)
+            n = len(pts)
+            rows = 1 << max(0, (n - 1).bit_length())
+            start = _padded(pts - self.x[None], rows).astype(dtype)
+            fn = cached(self.model, ("branch_pgd", self.p_norm),
+                        lambda: _ball_attack(self.model, self.p_norm))
+            out = fn(tf.constant(np.repeat(self.x[None], rows, 0).astype(dtype)),
+                     tf.constant(start), tf.constant(self.eps * (1 - 1e-6), dtype),
+                     tf.constant(np.full(rows, self.pred)))
+            found = self._flipped(np.asarray(out, np.float64)[:n])
+        return found
+
+    def _flipped(self, pts: np.ndarray):
+        """The first of `pts` (cast to the model's dtype) whose prediction clearly
+        differs, as float64, or None (a point the cast moved out of the ball is still
+        an adversarial point, at its own distance)."""
         dtype = np.dtype(self.model.inputs[0].dtype)
         pts = pts.astype(dtype)
         flip = clearly_other(model_outputs(self.model, pts), np.full(len(pts), self.pred))
@@ -254,7 +356,8 @@ class _Ball:
         frontier = [(lower, splits, betas, scores, g)]
         while True:
             for _, _, _, _, gs in frontier[-1:]:
-                point = self.adversarial(gs)
+                order = np.argsort(frontier[-1][0].min(axis=1))  # the lowest bounds first
+                point = self.adversarial(gs[order])
                 if point is not None:
                     return BallVerdict("adversarial", point, self.leaves, -np.inf)
             low, sp, be, sc = [np.concatenate([f[i] for f in frontier]) for i in range(4)]
@@ -307,6 +410,19 @@ class BranchRadius(NamedTuple):
     improved_lower: np.ndarray
     improved_upper: np.ndarray
     leaves: np.ndarray
+
+    def write(self, rr, p, at: np.ndarray) -> None:
+        """Writes the moved bounds into rows `at` of a `RobustRadius` for norm `p`, with
+        "branch" as their method."""
+        lower, upper = at[self.improved_lower], at[self.improved_upper]
+        rr.lower[p][lower] = self.lower[self.improved_lower]
+        rr.lower_method[p][lower] = "branch"
+        rr.upper[p][upper] = self.upper[self.improved_upper]
+        rr.adversarial[p][upper] = self.adversarial[self.improved_upper]
+        rr.upper_method[p][upper] = "branch"
+
+
+NEAR = 1.5  # probe just below the upper bound first where it is within this of the lower
 
 
 def _next_probe(lo: float, top: float, first: bool, rtol: float) -> float:
@@ -368,7 +484,8 @@ def _bracket(passes, model, x, pred, lo, hi, gap, rtol, options):
     """One input's probes: `(lower, upper, point or None, leaves)`."""
     deadline = time.monotonic() + options.max_seconds
     ceiling = hi if np.isfinite(hi) else 2.0 * lo
-    point, leaves, first = None, 0, np.isfinite(hi)
+    point, leaves = None, 0
+    first = np.isfinite(hi) and hi < NEAR * lo  # then the attack's point is likely minimal
     while np.isfinite(ceiling) and ceiling > 0:
         if np.isfinite(hi) and hi - lo <= rtol * hi:
             break
