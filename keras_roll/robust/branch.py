@@ -423,14 +423,20 @@ class BranchRadius(NamedTuple):
 
 
 NEAR = 1.5  # probe just below the upper bound first where it is within this of the lower
+CLIMB = 0.05  # the first step above the lower bound in a wider bracket (doubled on success)
 
 
-def _next_probe(lo: float, top: float, first: bool, rtol: float) -> float:
+def _next_probe(lo: float, top: float, first: bool, rtol: float, step: float) -> float:
+    """The next radius to probe: just below `top` first, then a step of `step` (relative)
+    above `lo` while the bracket is wide (each probe near the certified radius is
+    cheap, one near the middle of a wide bracket rarely decides), then midpoints."""
     if first:
         return top * (1.0 - rtol / 2)
     if lo <= 0:
         return top / 2
-    return np.sqrt(lo * top) if top > 1.5 * lo else (lo + top) / 2
+    if top > NEAR * lo:
+        return min(lo * (1.0 + step), np.sqrt(lo * top))
+    return (lo + top) / 2
 
 
 def branch_radius(model, twin, x, pred, p, lower, upper, adversarial, *, gap: float = 0.0,
@@ -484,7 +490,7 @@ def _bracket(passes, model, x, pred, lo, hi, gap, rtol, options):
     """One input's probes: `(lower, upper, point or None, leaves)`."""
     deadline = time.monotonic() + options.max_seconds
     ceiling = hi if np.isfinite(hi) else 2.0 * lo
-    point, leaves = None, 0
+    point, leaves, step = None, 0, CLIMB
     first = np.isfinite(hi) and hi < NEAR * lo  # then the attack's point is likely minimal
     while np.isfinite(ceiling) and ceiling > 0:
         if np.isfinite(hi) and hi - lo <= rtol * hi:
@@ -495,20 +501,20 @@ def _bracket(passes, model, x, pred, lo, hi, gap, rtol, options):
         now = time.monotonic()
         if now >= deadline:
             break
-        eps = _next_probe(lo, top, first, rtol)
+        eps = _next_probe(lo, top, first, rtol, step)
         share = now + (deadline - now) * (0.25 if first else 0.5)
         verdict = verify_ball(passes, model, x, pred, eps, gap, options, share)
         leaves += verdict.leaves
         first = False
         if verdict.status == "certified":
-            lo = eps
+            lo, step = eps, 2 * step
         elif verdict.status == "adversarial":
             pt, dist = _shrink(model, x, verdict.point, pred, passes.p)
             if dist < hi or not np.isfinite(hi):
                 hi, point = dist, pt
             ceiling = min(ceiling, dist)
         else:
-            ceiling = eps
+            ceiling, step = eps, step / 2
     return lo, hi, point, leaves
 
 
