@@ -18,7 +18,7 @@ import keras_roll
 from keras_roll.compile.twin import linearize
 from keras_roll.robust import BranchOptions
 from keras_roll.robust.adversarial import lp_norm, predict_classes
-from keras_roll.robust.branch import _Ball, _Passes, verify_ball
+from keras_roll.robust.branch import _Ball, _Passes, branch_radius, verify_ball
 from tests.test_robust_exact import (
     EXACT_RTOL,
     RTOL,
@@ -169,6 +169,23 @@ def test_balls_beyond_the_radius_hold_real_adversarial_points():
         near = verify_ball(passes, model, x[i], pred, 0.97 * radius, 0.0, BranchOptions(),
                            deadline=np.inf)
         assert near.status == "certified"
+
+
+@pytest.mark.slow
+def test_probes_climb_past_the_radius_without_an_upper_bound():
+    model = _mlp((16, 16), 0.0, 2, 3, 3)
+    stages = affine_stack(model)
+    twin = linearize(model).at_dtype("float64")
+    x = np.random.default_rng(3).normal(size=(2, 2)).astype(np.float32).astype(np.float64)
+    pred = predict_classes(model, x)
+    radii = np.array([brute_force_l2(stages, x[i], pred[i], 10.0) for i in range(len(x))])
+    res = branch_radius(model, twin, x, pred, 2, 0.7 * radii, np.full(2, np.nan),
+                        np.full(x.shape, np.nan), options=BranchOptions(max_seconds=60))
+    assert np.all(res.lower <= radii * (1 + 1e-9)) and np.all(res.lower > 0.7 * radii)
+    assert np.all(res.improved_upper) and np.all(res.upper >= radii * (1 - 2e-3))
+    classes = predict_classes(model, res.adversarial.astype(np.float32))
+    assert np.all(classes != pred) and np.all(classes == res.runner_up)
+    np.testing.assert_allclose(lp_norm(res.adversarial - x, 2), res.upper, rtol=1e-12)
 
 
 @pytest.mark.parametrize("field,value", [("max_seconds", 0), ("batch", 1), ("beta_steps", -1),

@@ -53,7 +53,12 @@ from keras_roll.compile.bounds.splits import (
 from keras_roll.compile.caches import cached
 from keras_roll.compile.structure import structure_of
 from keras_roll.geometry import steepest_directions
-from keras_roll.robust.adversarial import clearly_other, lp_norm, model_outputs
+from keras_roll.robust.adversarial import (
+    clearly_other,
+    lp_norm,
+    model_outputs,
+    predict_classes,
+)
 from keras_roll.robust.attacks import AttackOptions, minimal_norm_attack
 from keras_roll.robust.bounds import arithmetic_of
 
@@ -402,6 +407,7 @@ class BranchRadius(NamedTuple):
         adversarial: the points of `upper` (NaN rows where none).
         improved_lower, improved_upper: where the search moved each bound.
         leaves: leaves bounded per input.
+        runner_up: the class the model gives each point of `upper` (-1 where none).
     """
 
     lower: np.ndarray
@@ -410,6 +416,7 @@ class BranchRadius(NamedTuple):
     improved_lower: np.ndarray
     improved_upper: np.ndarray
     leaves: np.ndarray
+    runner_up: np.ndarray
 
     def write(self, rr, p, at: np.ndarray) -> None:
         """Writes the moved bounds into rows `at` of a `RobustRadius` for norm `p`, with
@@ -419,6 +426,7 @@ class BranchRadius(NamedTuple):
         rr.lower_method[p][lower] = "branch"
         rr.upper[p][upper] = self.upper[self.improved_upper]
         rr.adversarial[p][upper] = self.adversarial[self.improved_upper]
+        rr.runner_up[p][upper] = self.runner_up[self.improved_upper]
         rr.upper_method[p][upper] = "branch"
 
 
@@ -483,7 +491,11 @@ def branch_radius(model, twin, x, pred, p, lower, upper, adversarial, *, gap: fl
         if point is not None:
             adversarial[i] = point
     improved_upper = np.isfinite(upper) & ~(upper >= up0)
-    return BranchRadius(lower, upper, adversarial, lower > lo0, improved_upper, leaves)
+    runner = np.full(len(x), -1, np.int64)
+    if improved_upper.any():
+        dtype = np.dtype(model.inputs[0].dtype)
+        runner[improved_upper] = predict_classes(model, adversarial[improved_upper].astype(dtype))
+    return BranchRadius(lower, upper, adversarial, lower > lo0, improved_upper, leaves, runner)
 
 
 def _bracket(passes, model, x, pred, lo, hi, gap, rtol, options):
