@@ -119,21 +119,28 @@ def test_balls_just_inside_the_milp_radius_are_certified():
         assert predict_classes(model, outside.point[None].astype(np.float32))[0] != pred
 
 
-@pytest.mark.slow
-def test_branch_closes_the_bracket_at_the_milp_radius():
-    model, stages, x = _small()
+def _closes_at_the_milp_radius(model, stages, x, classes, seconds):
+    """`robust_radius(branch=...)` in l_inf against the MILP: sound, and exact everywhere."""
     p = np.inf
     rr = keras_roll.robust_radius(model, x, norms=(p,), verbose=False,
-                                  branch=BranchOptions(max_seconds=60))
+                                  branch=BranchOptions(max_seconds=seconds))
     flat = x.reshape(len(x), -1).astype(np.float64)
     raw, exact = np.array([exact_milp(stages, flat[i], rr.predicted[i], p,
-                                      1.5 * rr.upper[p][i], 3) for i in range(len(x))]).T
+                                      1.5 * rr.upper[p][i], classes)
+                           for i in range(len(x))]).T
     assert np.all(rr.lower[p] <= np.minimum(raw, exact) * (1 + RTOL) + 1e-9)
     assert np.all(rr.exact[p]), (rr.lower[p], rr.upper[p])
     np.testing.assert_allclose(rr.exact_value[p], exact, rtol=EXACT_RTOL)
-    assert np.any(rr.lower_method[p] == "branch"), rr.lower_method[p]
     adv = rr.adversarial[p].astype(np.float32)
     assert np.all(predict_classes(model, adv) != rr.predicted)
+    return rr
+
+
+@pytest.mark.slow
+def test_branch_closes_the_bracket_at_the_milp_radius():
+    model, stages, x = _small()
+    rr = _closes_at_the_milp_radius(model, stages, x, 3, 60)
+    assert np.any(rr.lower_method[np.inf] == "branch"), rr.lower_method[np.inf]
 
 
 @pytest.mark.slow
@@ -141,15 +148,7 @@ def test_branch_closes_on_a_wider_mlp():
     model = _mlp((32, 32), 0.0, 6, 4, 0)
     stages = affine_stack(model)
     x = near_boundary(stages, (6,), 4, seed=7, back=0.3)
-    p = np.inf
-    rr = keras_roll.robust_radius(model, x, norms=(p,), verbose=False,
-                                  branch=BranchOptions(max_seconds=120))
-    flat = x.reshape(len(x), -1).astype(np.float64)
-    raw, exact = np.array([exact_milp(stages, flat[i], rr.predicted[i], p,
-                                      1.5 * rr.upper[p][i], 4) for i in range(len(x))]).T
-    assert np.all(rr.lower[p] <= np.minimum(raw, exact) * (1 + RTOL) + 1e-9)
-    assert np.all(rr.exact[p]), (rr.lower[p], rr.upper[p])
-    np.testing.assert_allclose(rr.exact_value[p], exact, rtol=EXACT_RTOL)
+    _closes_at_the_milp_radius(model, stages, x, 4, 120)
 
 
 def test_balls_beyond_the_radius_hold_real_adversarial_points():
