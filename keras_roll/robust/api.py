@@ -50,6 +50,7 @@ from keras_roll.options import Norms, RunOptions, check_bisect_tol, parse_norms
 from keras_roll.robust.adversarial import predict_classes
 from keras_roll.robust.attacks import AttackOptions, minimal_norm_attack
 from keras_roll.robust.bounds import intermediate_choice, relaxed_margins
+from keras_roll.robust.branch import BranchOptions, branch_radius
 from keras_roll.robust.region import decision_terms, link_gap, region_bounds
 from keras_roll.robust.result import RobustMethod, RobustRadius
 from keras_roll.robust.search import search_certified
@@ -132,6 +133,7 @@ class SearchOptions(NamedTuple):
     attack: AttackOptions = AttackOptions()
     intermediate: IntermediateBounds = IntermediateBounds.AUTO
     pass_seconds: float | None = DEFAULT_MAX_SECONDS
+    branch: BranchOptions | None = None
 
 
 class _Run:
@@ -228,6 +230,8 @@ class _Run:
                     terms = decision_terms(self.twin, x64, pred, guard=False,
                                            memory_budget=self.budget)
                 self._relaxation(x64, pred, idx, todo, p, rr, terms)
+            if self.search.branch is not None and self.bound is not None:
+                self._branch(x64, pred, idx, todo, p, rr, terms)
         return bad
 
     def _region(self, x, x64, pred, idx, rr: RobustRadius):
@@ -307,6 +311,20 @@ class _Run:
         rr.lower_method[p][target] = self.bound.value
 
 
+    def _branch(self, x64, pred, idx, todo, p, rr: RobustRadius, terms):
+        """Branch and bound where the bracket is still open (`keras_roll.robust.branch`)."""
+        sub = np.flatnonzero(todo & ~_bounds_meet(rr.lower[p][idx], rr.upper[p][idx],
+                                                  self.search.exact_rtol))
+        if not sub.size:
+            return
+        at = idx[sub]
+        res = branch_radius(self.model, self.twin, x64[sub], pred[sub], p, rr.lower[p][at],
+                            rr.upper[p][at], rr.adversarial[p][at], gap=self._gap(terms),
+                            rtol=self.search.exact_rtol, guard=self.rigor.guarded,
+                            memory_budget=self.budget, options=self.search.branch)
+        res.write(rr, p, at)
+
+
 def _bounds_meet(lower, upper, rtol) -> np.ndarray:
     """Where `upper - lower <= rtol * upper` (a finite upper bound)."""
     with np.errstate(invalid="ignore"):
@@ -332,6 +350,7 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
                   attack: AttackOptions | None = None,
                   intermediate: IntermediateBounds | str = "auto",
                   pass_seconds: float | None = DEFAULT_MAX_SECONDS,
+                  branch: BranchOptions | None = None,
                   **overrides) -> RobustRadius:
     """Lower and upper bounds on every input's minimal adversarial perturbation.
 
@@ -423,6 +442,12 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
         pass_seconds: the time budget of "auto": CROWN's estimated seconds per bound
             pass and input (a timed chunk of its pull-backs, extrapolated; the search
             runs about 4-6 passes per input and norm); None: no time budget.
+        branch: None (the default), or a `keras_roll.robust.BranchOptions`: after
+            the relaxation and the attack, branch and bound on ReLU splits
+            (beta-CROWN, `keras_roll.robust.branch`) narrows every open bracket
+            within its budget (`max_seconds` per input and norm); where it closes
+            within `exact_rtol` the result is `exact`. Needs the relaxation
+            (`method` "best" or "relaxation").
         **overrides: its fields, replacing those of `options`: `rigor`
             ("float64", the default, "strict" or "float32"), `batch_size`
             (examples per batch; streams of single examples are grouped),
@@ -464,7 +489,8 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     search = SearchOptions(int(max_regions), float(bisect_tol), float(exact_rtol),
                            _attack_options(attack),
                            IntermediateBounds.parse(intermediate, "intermediate"),
-                           None if pass_seconds is None else float(pass_seconds))
+                           None if pass_seconds is None else float(pass_seconds),
+                           BranchOptions.of(branch))
     run = _Run(lin, norms, method, run_options, search, units)
     labels = LabelSpec(classes, model=lin.model.name)
     batches = read_batches(x, lin.input_spec, y=y, labels=labels,

@@ -93,7 +93,8 @@ class RobustRadius:
         runner_up: `{p: [B]}` int64: the class of the adversarial point, else of
             the nearest decision hyperplane of the region (-1 if none).
         lower_method, upper_method: `{p: [B]}` str: which method gave each bound
-            ('region', 'decision', 'relaxation', 'interval', 'walk', 'attack', 'label', or ''
+            ('region', 'decision', 'relaxation', 'interval', 'walk', 'attack', 'branch',
+            'label', or ''
             where none did).
         bound_passes: `{p: [B]}` int64: the bound passes the relaxation's search spent
             on each input (0 where it did not run), between the certified lower bound
