@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from keras_roll.compile.bounds import IntermediateChoice
 from keras_roll.compile.units import INPUT_UNITS, Units
 from keras_roll.geometry import NORM_LABELS, NormDict
 from keras_roll.options import Choice, Rigor, parse_norm
@@ -151,6 +152,8 @@ class RobustRadius:
             their bounds are NaN.
         units: the `keras_roll.compile.units.Units` of the distances (input units,
             or those of a leading Rescaling / Normalization's output: `wrt=`).
+        intermediate: a tuple of the relaxation's `IntermediateChoice`s (CROWN or
+            intervals, and why), one per distinct choice (empty where it did not run).
 
     Example:
 
@@ -179,6 +182,7 @@ class RobustRadius:
     bound_passes: dict | None = None
     attack_steps: dict | None = None
     seconds: dict | None = None
+    intermediate: tuple[IntermediateChoice, ...] = ()
 
     def __post_init__(self):
         _fill_defaults(self)
@@ -233,7 +237,8 @@ class RobustRadius:
         return cls(**fields, predicted=np.concatenate([q.predicted for q in parts]),
                    labels=labels, method=first.method, rigor=first.rigor,
                    exact_rtol=first.exact_rtol, units=first.units,
-                   nonfinite=np.concatenate([q.nonfinite for q in parts]))
+                   nonfinite=np.concatenate([q.nonfinite for q in parts]),
+                   intermediate=_distinct_choices(parts))
 
     @property
     def n(self) -> int:
@@ -320,8 +325,9 @@ class RobustRadius:
                 f"{int(solved.sum())} {inputs} of {self.n}: method '{self.method}', rigor "
                 f"'{self.rigor}'")
         out = [format_table(head, rows, percentiles, count=True, column="Bound")]
-        out += self._undefined_lines(no_upper, zero_lower, int(solved.sum()))
+        out += _undefined_lines(self.method, no_upper, zero_lower, int(solved.sum()))
         out += [self._methods_line(p) for p in self.norms]
+        out += [_choice_line(c) for c in self.intermediate]
         if self.labels is not None:
             wrong = int(np.sum(~solved & ~self.nonfinite))
             line = f"Accuracy {self.certified_accuracy(0.0):.1%}"
@@ -332,19 +338,6 @@ class RobustRadius:
             out.append(f"{int(self.nonfinite.sum())} input(s) with non-finite values: bounds "
                        f"NaN, counted apart from the table.")
         return Summary.emit(out, print_fn)
-
-    def _undefined_lines(self, no_upper: dict, zero_lower: dict, n: int) -> list:
-        """Why rows of the table leave values out, one line per reason and count (its
-        norms named): NaN upper bounds, ratios over a lower bound of 0."""
-        why = ("no adversarial point found within the search budget (max_regions)"
-               if self.method.finds_points else
-               f"method '{self.method}' bounds from below only; 'walk', 'region' or 'best' "
-               f"also find adversarial points")
-        lines = [f"upper ({', '.join(labs)}): NaN (undefined) for {k} of {n}: {why}."
-                 for k, labs in no_upper.items() if k]
-        lines += [f"upper / lower ({', '.join(labs)}): undefined for {k} of {n} whose lower "
-                  f"bound is 0." for k, labs in zero_lower.items() if k]
-        return lines
 
     def _methods_line(self, p) -> str:
         lab = NORM_LABELS[p]
@@ -364,3 +357,28 @@ class RobustRadius:
         return (f"{lab}: exact {exact:.0%}{of}, adversarial found {found:.0%}; lower from "
                 f"[{counts(self.lower_method[p])}], upper from [{counts(self.upper_method[p])}]"
                 f"; mean per input {spent}")
+
+
+def _distinct_choices(parts) -> tuple:
+    """The distinct `IntermediateChoice`s of `parts` (the first of each kind)."""
+    choices = {c.bounds: c for q in reversed(parts) for c in q.intermediate}
+    return tuple(sorted(choices.values(), key=lambda c: c.bounds.value))
+
+
+def _choice_line(choice: IntermediateChoice) -> str:
+    given_up = " Pass intermediate='crown' for CROWN's." if choice.gave_up else ""
+    return f"Intermediate bounds of the relaxation: {choice.reason}{given_up}"
+
+
+def _undefined_lines(method: RobustMethod, no_upper: dict, zero_lower: dict, n: int) -> list:
+    """Why rows of the table leave values out, one line per reason and count (its
+    norms named): NaN upper bounds, ratios over a lower bound of 0."""
+    why = ("no adversarial point found within the search budget (max_regions)"
+           if method.finds_points else
+           f"method '{method}' bounds from below only; 'walk', 'region' or 'best' "
+           f"also find adversarial points")
+    lines = [f"upper ({', '.join(labs)}): NaN (undefined) for {k} of {n}: {why}."
+             for k, labs in no_upper.items() if k]
+    lines += [f"upper / lower ({', '.join(labs)}): undefined for {k} of {n} whose lower "
+              f"bound is 0." for k, labs in zero_lower.items() if k]
+    return lines
