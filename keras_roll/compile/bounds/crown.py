@@ -32,10 +32,12 @@ lower = relaxed_lower_bounds(structure, values, structure.output_key, rows, line
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.bounds.ibp import abs_sum
+from keras_roll.compile.bounds.ibp import RoundingLoss
 from keras_roll.compile.bounds.rules import Box, bound_rule
 from keras_roll.compile.bounds.traversal import Values, pull_back
 from keras_roll.compile.chunking import map_chunks, plan_chunks
@@ -82,7 +84,8 @@ class RelaxedOps:
 
 
 def relaxed_lower_bounds(structure: ProgramStructure, values: Values, key: int,
-                         lam: tf.Tensor, lines: RelaxedOps, deltas: list, eps, p) -> tf.Tensor:
+                         lam: tf.Tensor, lines: RelaxedOps, deltas: list, eps, p,
+                         loss: Callable[[list], RoundingLoss] = RoundingLoss) -> tf.Tensor:
     """`[B, C]` lower bounds of `lam . (value(x') - value(x))` over the ball.
 
     Args:
@@ -92,17 +95,16 @@ def relaxed_lower_bounds(structure: ProgramStructure, values: Values, key: int,
         lines: the relaxation of every op `key` depends on through a nonlinear op.
         deltas: per node, the rounding bound of its output or None (`Boxes.deltas`).
         eps: `[B]` radii; p: the norm of the ball.
+        loss: how the rounding terms of `deltas` are summed (`RoundingLoss`, the worst
+            case, or a subclass).
     """
-
-    def visit(node, index, out_lam):
-        d = deltas[index] if index < len(deltas) else None
-        return None if d is None else -abs_sum(out_lam, d)
-
-    res = pull_back(structure, values, key, lam, relax=lines, visit=visit)
+    rounding = loss(deltas)
+    res = pull_back(structure, values, key, lam, relax=lines, visit=rounding.visit)
     eps = tf.cast(eps, lam.dtype)
     eps = eps[:, None] if eps.shape.rank else eps
     axes = tuple(range(2, res.lam_input.shape.rank))  # [B, C, *input_shape]
-    return res.const - eps * dual_norm(res.lam_input, p, axis=axes)
+    return (res.const - rounding.total(tf.zeros_like(res.const))
+            - eps * dual_norm(res.lam_input, p, axis=axes))
 
 
 def layer_rows_per_chunk(values, index, n, budget, b) -> int:
@@ -115,11 +117,13 @@ def layer_rows_per_chunk(values, index, n, budget, b) -> int:
 
 
 def relaxation_refiner(structure: ProgramStructure, values: Values, lines: RelaxedOps,
-                       eps, p, budget: int, examples: int):
+                       eps, p, budget: int, examples: int,
+                       loss: Callable[[list], RoundingLoss] = RoundingLoss):
     """`interval_pass`'s `refine` for CROWN: the relaxation's bounds of a nonlinear op's
     input (`+-I` rows pulled back, in chunks of at most `budget` bytes for `examples`
     examples, run one at a time in one traced loop: `map_chunks`), intersected with its
-    interval; the op's lines are set from the result.
+    interval; the op's lines are set from the result. `loss` sums the rounding terms
+    (as `relaxed_lower_bounds`).
 
     Example:
 
@@ -145,7 +149,8 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
             sign = tf.where(rows < n, tf.constant(1.0, dtype), tf.constant(-1.0, dtype))
             eye = sign[:, None] * tf.one_hot(rows % n, n, dtype=dtype)
             lam = tf.reshape(eye, [1, k, *shape])
-            low = relaxed_lower_bounds(structure, values, key, lam, lines, deltas, eps, p)
+            low = relaxed_lower_bounds(structure, values, key, lam, lines, deltas, eps, p,
+                                       loss)
             return tf.broadcast_to(low, [tf.shape(low)[0], k])
 
         low = map_chunks(chunk, 2 * n, k, dtype)  # [B, 2n]
