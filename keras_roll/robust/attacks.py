@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import numbers
 import time
+import zlib
 from typing import NamedTuple
 
 import numpy as np
@@ -227,6 +228,20 @@ def _known_starts(model, x, start, pred, p, lo, hi):
     return best, best_norm
 
 
+class _ExampleNoise:
+    """Uniform noise in [-1, 1] drawn from one generator per example, seeded by the
+    seed and the example's own values: an example gets the same noise whatever batch
+    (or replica) it is attacked in."""
+
+    def __init__(self, x: np.ndarray, seed: int):
+        self.rngs = [np.random.default_rng([seed, zlib.crc32(np.ascontiguousarray(row))])
+                     for row in x]
+
+    def __call__(self, idx, shape) -> np.ndarray:
+        return np.stack([self.rngs[i].uniform(-1.0, 1.0, shape[1:]) for i in idx]) \
+            if len(idx) else np.zeros(shape)
+
+
 def _restart_from(r, x, best, best_norm, order, rng, p, lo, hi):
     """`(d0, target)` for restart `r`: run 0 is untargeted from the best known point;
     later runs target the next nearest class from `x`, then from noise near `x`."""
@@ -241,7 +256,7 @@ def _restart_from(r, x, best, best_norm, order, rng, p, lo, hi):
         d0 = np.zeros_like(x)
         if r > order.shape[1]:
             radius = np.where(have, NOISE * best_norm, 0.0)
-            noise = rng.uniform(-1.0, 1.0, x.shape)
+            noise = rng(range(b), x.shape)
             noise /= np.maximum(lp_norm(noise, p), 1e-300).reshape(shape)
             d0 = np.clip(x + noise * radius.reshape(shape), lo, hi) - x
     return d0, target
@@ -396,7 +411,7 @@ def _restarts(runner, best, best_norm) -> np.ndarray:
     every = np.arange(b)
     if not b:
         return np.zeros(0, np.int64)
-    rng = np.random.default_rng(options.seed)
+    rng = _ExampleNoise(x, options.seed)
     order = _class_order(runner.model, x.astype(runner.dtype), runner.pred, runner.p) \
         if options.restarts > 1 else None
     spent = np.zeros(b, np.int64)
@@ -420,11 +435,11 @@ def _probes(runner, best, best_norm, lower) -> np.ndarray:
     x = runner.x
     shape = (-1,) + (1,) * (x.ndim - 1)
 
-    rng = np.random.default_rng(runner.options.seed + 1)
+    rng = _ExampleNoise(x, runner.options.seed + 1)
 
     def probe(idx, eps, steps):
         # from a random point of the sphere of radius eps, toward the best point's class
-        noise = rng.uniform(-1.0, 1.0, x[idx].shape)
+        noise = rng(idx, x[idx].shape)
         d0 = noise * (eps / np.maximum(lp_norm(noise, runner.p), 1e-300)).reshape(shape)
         target = predict_classes(runner.model, best[idx].astype(runner.dtype))
         pts, dist = runner.run(idx, d0, eps, target, steps, True)
