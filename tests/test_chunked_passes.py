@@ -18,7 +18,10 @@ import pytest
 import tensorflow as tf
 
 from keras_roll.compile.bounds import BoundMethod, capture, lower_bounds
+from keras_roll.compile.bounds.crown import RelaxedOps, affine_in_input, relaxation_refiner
+from keras_roll.compile.bounds.ibp import interval_pass
 from keras_roll.compile.chunking import map_chunks
+from keras_roll.compile.rules import Activation
 from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
 from keras_roll.robust.bounds import arithmetic_of
@@ -143,3 +146,69 @@ def test_chunked_relaxation_is_differentiable_like_one_chunk():
                if "kernel" in w.path)
     for g, r in zip(got, ref):
         np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-7)  # float32 weights
+
+
+def _affine_add_cnn():
+    """A CNN whose first ReLU's input is affine in `x` through a residual Add of two
+    linear convolutions (after a Rescaling), followed by a residual ReLU block."""
+    keras.utils.set_random_seed(3)
+    inp = keras.Input((6, 6, 2))
+    a = L.Conv2D(4, 3, padding="same")(L.Rescaling(0.5)(inp))
+    h1 = L.ReLU()(L.Add()([a, L.Conv2D(4, 3, padding="same")(a)]))
+    h2 = L.Conv2D(4, 3, padding="same", activation="relu")(h1)
+    h = L.Flatten()(L.Add()([h1, h2]))
+    return keras.Model(inp, L.Dense(3)(h))
+
+
+def _layer_boxes(twin, structure, x, p, shortcut, guard=True, budget=2**40):
+    """The CROWN pass's boxes of every value (relative to `x`) and the activations' input
+    keys, with or without the affine shortcut."""
+    values = capture(twin.interpreter, tf.convert_to_tensor(x))
+    eps = tf.fill([x.shape[0]], tf.constant(EPS, tf.float64))
+    refine = relaxation_refiner(structure, values, RelaxedOps(values), eps, p, budget,
+                                x.shape[0], affine_shortcut=shortcut)
+    boxes = interval_pass(structure, values, eps, arithmetic_of(twin, guard), refine=refine)
+    keys = [n.inputs[0] for n in structure.nodes if isinstance(n.op, Activation)]
+    return values, boxes.boxes, keys
+
+
+@pytest.mark.parametrize("p", [np.inf, 2, 1])
+def test_affine_shortcut_gives_the_bounds_of_both_signs(p):
+    """The first ReLU's input (affine in `x` through a residual Add) pulls back only `+I`
+    (`hi = -lo`): every box of the pass equals the pass that pulls back `+-I` everywhere,
+    in one chunk and in several; the second ReLU's input is not affine."""
+    twin = linearize(_affine_add_cnn()).at_dtype("float64")
+    structure = structure_of(twin.program)
+    x = np.random.default_rng(2).uniform(0, 1, (B, 6, 6, 2))
+    values, ref, keys = _layer_boxes(twin, structure, x, p, shortcut=False)
+    assert [affine_in_input(structure, values, k) for k in keys] == [(True, True),
+                                                                     (False, False)]
+    for budget in (2**40, 7 * 24 * WIDEST):  # one chunk; chunks of 7 rows
+        _, got, _ = _layer_boxes(twin, structure, x, p, shortcut=True, budget=budget)
+        for key, box in ref.items():
+            np.testing.assert_allclose(got[key].lo, box.lo, rtol=1e-12, atol=1e-14)
+            np.testing.assert_allclose(got[key].hi, box.hi, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("p", [np.inf, 2, 1])
+def test_affine_shortcut_is_the_exact_range_of_the_pre_activation(p):
+    """Without rounding terms, the shortcut's box of the first ReLU's input is
+    `+-eps ||J_j||_q` (q the dual norm), the exact range of an affine map over the lp
+    ball, with `J` the `tf.GradientTape` Jacobian of the Keras pre-activation."""
+    model = _affine_add_cnn()
+    twin = linearize(model).at_dtype("float64")
+    structure = structure_of(twin.program)
+    x = np.random.default_rng(4).uniform(0, 1, (B, 6, 6, 2))
+    _, boxes, keys = _layer_boxes(twin, structure, x, p, shortcut=True, guard=False)
+    relu = next(layer for layer in model.layers if isinstance(layer, L.ReLU))
+    pre = keras.Model(model.inputs, relu.input)
+    t = tf.constant(x, tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(t)
+        z = tf.reshape(pre(t), [B, -1])
+    jac = tape.batch_jacobian(z, t).numpy().reshape(B, z.shape[1], -1).astype(np.float64)
+    q = {np.inf: 1, 2: 2, 1: np.inf}[p]
+    exact = EPS * np.linalg.norm(jac, ord=q, axis=2)
+    box = boxes[keys[0]]
+    np.testing.assert_allclose(np.reshape(box.hi, (B, -1)), exact, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.reshape(box.lo, (B, -1)), -exact, rtol=1e-5, atol=1e-7)
