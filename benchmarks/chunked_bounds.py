@@ -44,7 +44,6 @@ import keras_roll.compile.bounds.methods as methods  # noqa: E402
 import keras_roll.robust.bounds as robust_bounds  # noqa: E402
 from benchmarks.cnn_models import CNNS  # noqa: E402
 from keras_roll.compile.bounds import BoundMethod, capture, crown_cost, lower_bounds  # noqa: E402
-from keras_roll.compile.bounds.ibp import _flat_rows  # noqa: E402
 from keras_roll.compile.chunking import plan_chunks  # noqa: E402
 from keras_roll.compile.structure import structure_of  # noqa: E402
 from keras_roll.compile.twin import linearize  # noqa: E402
@@ -66,7 +65,7 @@ flags.DEFINE_integer("epochs", 0, "Training epochs on 10,000 images first (0: ra
 
 def _old_abs_sum(lam, delta):
     prod = tf.abs(lam) * delta[:, None]
-    return tf.reduce_sum(_flat_rows(prod), -1)
+    return tf.reduce_sum(tf.reshape(prod, tf.concat([tf.shape(prod)[:2], [-1]], 0)), -1)
 
 
 @contextlib.contextmanager

@@ -172,7 +172,7 @@ def _layer_boxes(twin, structure, x, p, shortcut, guard=True, budget=2**40):
     return values, boxes.boxes, keys
 
 
-@pytest.mark.parametrize("p", [np.inf, 2, 1])
+@pytest.mark.parametrize("p", [np.inf, 2])
 def test_affine_shortcut_gives_the_bounds_of_both_signs(p):
     """The first ReLU's input (affine in `x` through a residual Add) pulls back only `+I`
     (`hi = -lo`): every box of the pass equals the pass that pulls back `+-I` everywhere,
@@ -190,7 +190,7 @@ def test_affine_shortcut_gives_the_bounds_of_both_signs(p):
             np.testing.assert_allclose(got[key].hi, box.hi, rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("p", [np.inf, 2, 1])
+@pytest.mark.parametrize("p", [np.inf, 1])
 def test_affine_shortcut_is_the_exact_range_of_the_pre_activation(p):
     """Without rounding terms, the shortcut's box of the first ReLU's input is
     `+-eps ||J_j||_q` (q the dual norm), the exact range of an affine map over the lp
