@@ -306,6 +306,45 @@ def _domain_arrays(domain, x):
     return lo, hi
 
 
+def _known_starts(model, x, start, pred, p, lo, hi):
+    """`(best, best_norm)`: the rows of `start` that are finite, inside the domain and
+    clearly classified as another class than `pred` (NaN / inf elsewhere)."""
+    b = x.shape[0]
+    dtype = np.dtype(model.inputs[0].dtype)
+    best = np.full(x.shape, np.nan)
+    best_norm = np.full(b, np.inf)
+    if start is not None:
+        start = np.asarray(start, np.float64)
+        ok = np.all(np.isfinite(start.reshape(b, -1)), axis=1) & _in_domain(start, lo, hi)
+        if ok.any():
+            idx = np.flatnonzero(ok)
+            flip = clearly_other(model_outputs(model, start[idx].astype(dtype)), pred[idx])
+            idx = idx[flip]
+            best[idx] = start[idx].astype(dtype).astype(np.float64)
+            best_norm[idx] = lp_norm(best[idx] - x[idx], p)
+    return best, best_norm
+
+
+def _restart_from(r, x, best, best_norm, order, rng, p, lo, hi):
+    """`(d0, target)` for restart `r`: run 0 is untargeted from the best known point;
+    later runs target the next nearest class from `x`, then from noise near `x`."""
+    b = x.shape[0]
+    shape = (-1,) + (1,) * (x.ndim - 1)
+    have = np.isfinite(best_norm)
+    target = np.full(b, -1, np.int64)
+    if r == 0:  # untargeted, from the best known point
+        d0 = np.where(have.reshape(shape), np.nan_to_num(best) - x, 0.0)
+    else:  # targeted at the next nearest class, from x (then near x, at random)
+        target = order[:, (r - 1) % order.shape[1]]
+        d0 = np.zeros_like(x)
+        if r > order.shape[1]:
+            radius = np.where(have, NOISE * best_norm, 0.0)
+            noise = rng.uniform(-1.0, 1.0, x.shape)
+            noise /= np.maximum(lp_norm(noise, p), 1e-300).reshape(shape)
+            d0 = np.clip(x + noise * radius.reshape(shape), lo, hi) - x
+    return d0, target
+
+
 def minimal_norm_attack(model, x, p=2, *, pred=None, start=None, domain=None,
                         options: AttackOptions | None = None) -> NormBounds:
     """Adversarial points of small lp norm around every `x` (an FMN-style attack).
@@ -349,18 +388,7 @@ def minimal_norm_attack(model, x, p=2, *, pred=None, start=None, domain=None,
         pred = predict_classes(model, x)
     pred = np.asarray(pred, np.int64)
     dtype = np.dtype(model.inputs[0].dtype)
-    shape = (-1,) + (1,) * (x.ndim - 1)
-    best = np.full(x.shape, np.nan)
-    best_norm = np.full(b, np.inf)
-    if start is not None:
-        start = np.asarray(start, np.float64)
-        ok = np.all(np.isfinite(start.reshape(b, -1)), axis=1) & _in_domain(start, lo, hi)
-        if ok.any():
-            idx = np.flatnonzero(ok)
-            flip = clearly_other(model_outputs(model, start[idx].astype(dtype)), pred[idx])
-            idx = idx[flip]
-            best[idx] = start[idx].astype(dtype).astype(np.float64)
-            best_norm[idx] = lp_norm(best[idx] - x[idx], p)
+    best, best_norm = _known_starts(model, x, start, pred, p, lo, hi)
     rows = 1 << max(0, (b - 1).bit_length())  # padded to a power of two: few traces
     fn = cached(model, ("minimal_norm_attack", p, options.steps, options.step_size,
                         options.gamma, rows), lambda: _compiled(model, p, options, rows))
@@ -374,20 +402,9 @@ def minimal_norm_attack(model, x, p=2, *, pred=None, start=None, domain=None,
         if r and options.max_seconds is not None \
                 and time.monotonic() - began > options.max_seconds:
             break
-        have = np.isfinite(best_norm)
-        target = np.full(b, -1, np.int64)
-        if r == 0:  # untargeted, from the best known point
-            d0 = np.where(have.reshape(shape), np.nan_to_num(best) - x, 0.0)
-        else:  # targeted at the next nearest class, from x (then near x, at random)
-            target = order[:, (r - 1) % order.shape[1]]
-            d0 = np.zeros_like(x)
-            if r > order.shape[1]:
-                radius = np.where(have, NOISE * best_norm, 0.0)
-                noise = rng.uniform(-1.0, 1.0, x.shape)
-                noise /= np.maximum(lp_norm(noise, p), 1e-300).reshape(shape)
-                d0 = np.clip(x + noise * radius.reshape(shape), lo, hi) - x
+        d0, target = _restart_from(r, x, best, best_norm, order, rng, p, lo, hi)
         d0 = d0.astype(dtype).astype(np.float64)
-        eps0 = np.where(have & (r == 0), best_norm, 0.0)
+        eps0 = np.where(np.isfinite(best_norm) & (r == 0), best_norm, 0.0)
         out_d, out_n = fn(xt, tf.constant(_pad_rows(d0, rows).astype(dtype)),
                           tf.constant(_pad_rows(eps0, rows).astype(np.float32)), pred_t,
                           tf.constant(_pad_rows(target, rows)), lo_t, hi_t)
