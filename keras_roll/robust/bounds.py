@@ -81,6 +81,7 @@ _ETA64 = underflow_unit("float64")
 # The root of the linear bound is pulled in by this much, so that the bound is > 0 there
 # in spite of the float64 rounding of the division.
 ROOT_SAFETY = 1.0 - 2.0**-40
+_MIN_ROWS = 128  # functionals per chunk of CROWN's layer bounds that keep the chunks efficient
 
 
 def linear_magnitude(op, bounds, record, mask, values):
@@ -344,13 +345,15 @@ def margin_bounds(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
 
 
 def example_chunk(twin, example_shape, budget: int | None = None) -> int:
-    """Examples per call of `margin_bounds` such that the widest activation's `2 n`
-    functionals fit in the memory budget."""
+    """Examples per call of `margin_bounds` (64 at most) such that a chunk of CROWN's
+    layer bounds holds `_MIN_ROWS` functionals of the widest activation within the
+    memory budget (the layers' `2 n` rows run chunk by chunk; the functionals of an
+    input affine in `x` are pulled back once for the call's examples)."""
     layout = twin.layout(example_shape)
     widest = max([int(np.prod(s)) for _, _, s in layout] + [1])
     largest = max(layout.input_size, widest)
     plan = plan_chunks(64, 2 * widest, 3 * 8 * largest, int(budget or twin.memory_budget),
-                       min_directions=2 * widest)
+                       min_directions=min(2 * widest, _MIN_ROWS))
     return plan.examples_per_chunk
 
 

@@ -41,10 +41,12 @@ from keras_roll.compile.bounds.ibp import RoundingLoss
 from keras_roll.compile.bounds.rules import Box, bound_rule
 from keras_roll.compile.bounds.traversal import Values, pull_back
 from keras_roll.compile.chunking import map_chunks, plan_chunks
+from keras_roll.compile.rules.base import NO_RECORD
 from keras_roll.compile.structure import ProgramStructure
 from keras_roll.geometry import dual_norm
 
-__all__ = ["RelaxedOps", "layer_rows_per_chunk", "relaxation_refiner", "relaxed_lower_bounds"]
+__all__ = ["RelaxedOps", "affine_in_input", "layer_rows_per_chunk", "relaxation_refiner",
+           "relaxed_lower_bounds"]
 
 
 class RelaxedOps:
@@ -107,23 +109,51 @@ def relaxed_lower_bounds(structure: ProgramStructure, values: Values, key: int,
             - eps * dual_norm(res.lam_input, p, axis=axes))
 
 
-def layer_rows_per_chunk(values, index, n, budget, b) -> int:
-    """Functionals per pull-back for the `2 n` bounds of one op's input (`b` examples at
-    most per call), balanced over the `2 n` rows."""
+def layer_rows_per_chunk(values, index, n, budget, b, signs: int = 2) -> int:
+    """Functionals per pull-back for the `signs * n` bounds of one op's input (`b`
+    examples at most per call), balanced over the rows."""
     largest = max([int(np.prod(values.x.shape[1:]))]
                   + [int(np.prod(v.shape[1:])) for v in values.outputs[:index + 1]])
-    plan = plan_chunks(b, 2 * n, 3 * 8 * largest, budget, batch_size=b)
+    plan = plan_chunks(b, signs * n, 3 * 8 * largest, budget, batch_size=b)
     return max(1, plan.per_chunk)
+
+
+def affine_in_input(structure: ProgramStructure, values: Values, key: int) -> tuple[bool, bool]:
+    """`(affine, shared)` of the value `key`: whether it is an affine function of the
+    model input alone (every op it depends on is linear, `BoundRule.linear`), and
+    whether its functionals stay shared by the batch when pulled back (no op on the
+    way has a record or a mask)."""
+    affine = shared = True
+    todo, seen = [key], set()
+    while todo:
+        k = todo.pop()
+        if k == structure.input_key or k in seen:
+            continue
+        seen.add(k)
+        i = structure.producer[k]
+        rule = bound_rule(structure.nodes[i].op)
+        if rule is None or not rule.linear:
+            return False, False
+        shared = shared and values.records[i] is NO_RECORD and values.masks[i] is None
+        todo.extend(structure.nodes[i].inputs)
+    return affine, shared
 
 
 def relaxation_refiner(structure: ProgramStructure, values: Values, lines: RelaxedOps,
                        eps, p, budget: int, examples: int,
-                       loss: Callable[[list], RoundingLoss] = RoundingLoss):
+                       loss: Callable[[list], RoundingLoss] = RoundingLoss,
+                       affine_shortcut: bool = True):
     """`interval_pass`'s `refine` for CROWN: the relaxation's bounds of a nonlinear op's
     input (`+-I` rows pulled back, in chunks of at most `budget` bytes for `examples`
     examples, run one at a time in one traced loop: `map_chunks`), intersected with its
     interval; the op's lines are set from the result. `loss` sums the rounding terms
     (as `relaxed_lower_bounds`).
+
+    An input that is an affine function of the model input alone (`affine_in_input`,
+    the first layer's pre-activation) needs no relaxation: its pull-back is exact, and
+    the bound of `-e_j` is the bound of `e_j` (the same rounding terms and dual norm),
+    so only the `+I` rows are pulled back and `hi = -lo`: the same bounds for half the
+    work (`affine_shortcut=False` pulls back both signs, for comparison).
 
     Example:
 
@@ -138,12 +168,16 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
         n = int(np.prod(shape))
         if n == 0:
             return box
-        k = layer_rows_per_chunk(values, index, n, budget, examples)
+        affine, shared = affine_in_input(structure, values, key)
+        signs = 1 if affine and affine_shortcut else 2
+        # functionals shared by the batch until the input take one example's memory
+        k = layer_rows_per_chunk(values, index, n, budget, 1 if signs == 1 and shared
+                                 else examples, signs)
         dtype = values.x.dtype
 
         def chunk(start):
-            # Rows start .. start + k - 1 of [I; -I] (rows past 2n repeat earlier ones
-            # and are dropped). One copy for the batch: the functionals stay shared
+            # Rows start .. start + k - 1 of [I; -I] (rows past signs * n repeat earlier
+            # ones and are dropped). One copy for the batch: the functionals stay shared
             # until an activation makes them per example (broadcasting does the rest).
             rows = start + tf.range(k)
             sign = tf.where(rows < n, tf.constant(1.0, dtype), tf.constant(-1.0, dtype))
@@ -153,9 +187,9 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
                                        loss)
             return tf.broadcast_to(low, [tf.shape(low)[0], k])
 
-        low = map_chunks(chunk, 2 * n, k, dtype)  # [B, 2n]
+        low = map_chunks(chunk, signs * n, k, dtype)  # [B, signs * n]
         lo = tf.reshape(low[:, :n], [-1, *shape])
-        hi = -tf.reshape(low[:, n:], [-1, *shape])
+        hi = -tf.reshape(low[:, n:] if signs == 2 else low, [-1, *shape])
         tight = Box(tf.maximum(box.lo, lo), tf.minimum(box.hi, hi))
         lines.set(index, node, tight)
         return tight

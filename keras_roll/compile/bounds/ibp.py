@@ -156,9 +156,13 @@ def _flat_rows(t: tf.Tensor) -> tf.Tensor:
 
 
 def abs_sum(lam: tf.Tensor, delta: tf.Tensor) -> tf.Tensor:
-    """`[B, C]`: `sum |Lambda| Delta` over the elements of every row."""
-    prod = tf.abs(lam) * delta[:, None]
-    return tf.reduce_sum(tf.reshape(prod, tf.concat([tf.shape(prod)[:2], [-1]], 0)), -1)
+    """`[B, C]`: `sum |Lambda| Delta` over the elements of every row, as products (one
+    matmul for functionals shared by the batch, `B = 1`; no `[B, C, n]` temporary)."""
+    a = _flat_rows(tf.abs(lam))
+    d = tf.reshape(delta, tf.stack([tf.shape(delta)[0], -1]))
+    if lam.shape[0] == 1:
+        return tf.matmul(d, a[0], transpose_b=True)
+    return tf.linalg.matvec(a, d)
 
 
 class RoundingLoss:
