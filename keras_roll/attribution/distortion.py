@@ -26,11 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from keras_roll.attribution.genetic import genetic_search, survivors
-from keras_roll.attribution.gradients import (
-    LogitGradients,
-    check_count,
-    select_logits,
-)
+from keras_roll.attribution.gradients import LogitGradients, check_count, select_logits
 from keras_roll.attribution.result import join_examples
 from keras_roll.attribution.targets import read_examples
 from keras_roll.compile.chunking import plan_directions
