@@ -16,6 +16,8 @@ bound and the smaller upper bound of those that apply; docs/design.md, section
   search steered by each pass's own bound (`keras_roll.robust.search`);
   `"interval"` is the same search with interval bounds alone
   (`keras_roll.compile.bounds.ibp`), the usual baseline.
+  `"alpha_crown"` is the same search with the relaxation's lower slopes optimized
+  per margin (`keras_roll.compile.bounds.alpha`), never looser than `"relaxation"`.
 
 Example:
 
@@ -36,7 +38,13 @@ from typing import NamedTuple
 import numpy as np
 
 from keras_roll.certification import certify
-from keras_roll.compile.bounds import BoundMethod, BoundPass, IntermediateBounds, check_bounds
+from keras_roll.compile.bounds import (
+    BoundMethod,
+    BoundPass,
+    IntermediateBounds,
+    SlopeOptions,
+    check_bounds,
+)
 from keras_roll.compile.bounds.intermediate import DEFAULT_MAX_SECONDS
 from keras_roll.compile.rules.activations import Link
 from keras_roll.compile.structure import structure_of
@@ -77,13 +85,14 @@ def _check_arguments(max_regions, bisect_tol, exact_rtol, pass_seconds):
                          f"{exact_rtol!r}.")
 
 
-def _attack_options(attack) -> AttackOptions:
-    if attack is None:
-        return AttackOptions()
-    if not isinstance(attack, AttackOptions):
-        raise ValueError(f"attack must be a keras_roll.robust.AttackOptions (e.g. "
-                         f"AttackOptions(steps=200, restarts=5)) or None, got {attack!r}.")
-    return attack.checked()
+def _options(value, kind: type, arg: str, example: str):
+    """`value` checked (`kind.checked`), `kind()` for None; a ValueError for another type."""
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise ValueError(f"{arg} must be a keras_roll.robust.{kind.__name__} (e.g. {example}) "
+                         f"or None, got {value!r}.")
+    return value.checked()
 
 
 def _check_classifier(lin) -> int:
@@ -112,7 +121,8 @@ def _warn_saturating_link(lin, rigor) -> None:
 def _bound_method(twin, method: RobustMethod) -> BoundMethod | None:
     """The bound pass of the lower bounds beyond the region, None where the method runs
     none; 'best' falls back to method 1 (None) if the passes do not cover the model."""
-    if method not in (RobustMethod.BEST, RobustMethod.RELAXATION, RobustMethod.INTERVAL):
+    if method not in (RobustMethod.BEST, RobustMethod.RELAXATION, RobustMethod.INTERVAL,
+                      RobustMethod.ALPHA_CROWN):
         return None
     try:
         check_bounds(structure_of(twin.program), tuple(BoundPass))
@@ -122,7 +132,9 @@ def _bound_method(twin, method: RobustMethod) -> BoundMethod | None:
         warnings.warn(f"robust_radius(method='best') bounds this model without the linear "
                       f"relaxation: {e}", stacklevel=3)
         return None
-    return BoundMethod.INTERVAL if method is RobustMethod.INTERVAL else BoundMethod.RELAXATION
+    return {RobustMethod.INTERVAL: BoundMethod.INTERVAL,
+            RobustMethod.ALPHA_CROWN: BoundMethod.ALPHA_CROWN}.get(method,
+                                                                   BoundMethod.RELAXATION)
 
 
 class SearchOptions(NamedTuple):
@@ -135,6 +147,7 @@ class SearchOptions(NamedTuple):
     intermediate: IntermediateBounds = IntermediateBounds.AUTO
     pass_seconds: float | None = DEFAULT_MAX_SECONDS
     branch: BranchOptions | None = None
+    slopes: SlopeOptions = SlopeOptions()
 
 
 class _Run:
@@ -309,7 +322,8 @@ class _Run:
 
         def values(i, eps):
             bounds = relaxed_margins(self.twin, xs[i], ps[i], eps, p, method=bound,
-                                     guard=self.rigor, memory_budget=self.budget)
+                                     guard=self.rigor, memory_budget=self.budget,
+                                     slopes=self.search.slopes)
             return np.min(bounds.lower, axis=1) - gap, bounds.root(gap)
 
         known = rr.lower[p][idx[sub]]
@@ -329,7 +343,7 @@ class _Run:
         better = lo > known
         target = idx[sub[better]]
         rr.lower[p][target] = lo[better]
-        rr.lower_method[p][target] = BoundSource.parse(self.bound.value)
+        rr.lower_method[p][target] = BoundSource.parse(bound.value)
 
 
     def _branch(self, x64, pred, idx, todo, p, rr: RobustRadius, terms):
@@ -379,7 +393,7 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
                   attack: AttackOptions | None = None,
                   intermediate: IntermediateBounds | str = "auto",
                   pass_seconds: float | None = DEFAULT_MAX_SECONDS,
-                  branch: BranchOptions | None = None,
+                  branch: BranchOptions | None = None, slopes: SlopeOptions | None = None,
                   **overrides) -> RobustRadius:
     """Lower and upper bounds on every input's minimal adversarial perturbation.
 
@@ -406,7 +420,8 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
       (CROWN / DeepPoly), the largest certified radius by a bracketing search; its
       intermediate bounds (on every activation's input) by CROWN at every layer or
       by intervals (CROWN-IBP), as `intermediate=` says; `"interval"` uses interval
-      bounds alone. Dense, convolutions,
+      bounds alone; `"alpha_crown"` optimizes the relaxation's lower slopes per margin
+      (alpha-CROWN, budget `slopes=`), never looser than `"relaxation"`. Dense, convolutions,
       BatchNormalization, average pooling, reshapes, Add / Concatenate and
       ReLU-family activations; other layers raise `UnsupportedModelError` (and
       `"best"` falls back to `"region"`).
@@ -446,7 +461,8 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
             for streams, taken from `(x, y)` elements unless given here.
         norms: any of 1, 2, np.inf (or 'l1', 'l2', 'linf').
         method: "best" (the default, also for None), "region", "walk", "attack",
-            "relaxation" or "interval" (a `keras_roll.robust.RobustMethod`).
+            "relaxation", "alpha_crown" or "interval" (a
+            `keras_roll.robust.RobustMethod`).
         max_regions: regions the walk may cross per input (and per refining line).
         bisect_tol: relative width of the relaxation search's final bracket: the lower
             bound is within `1 + bisect_tol` of the largest radius the pass certifies
@@ -477,6 +493,9 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
             within its budget (`max_seconds` per input and norm); where it closes
             within `exact_rtol` the result is `exact`. Needs the relaxation
             (`method` "best" or "relaxation").
+        slopes: the budget of the `"alpha_crown"` method per bound pass, a
+            `keras_roll.robust.SlopeOptions` (steps, lr, decay, max_seconds);
+            None: its defaults (20 Adam steps).
         **overrides: its fields, replacing those of `options`: `rigor`
             ("float64", the default, "strict" or "float32"), `batch_size`
             (examples per batch; streams of single examples are grouped),
@@ -516,10 +535,13 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     classes = _check_classifier(lin)
     _warn_saturating_link(lin, run_options.rigor)
     search = SearchOptions(int(max_regions), float(bisect_tol), float(exact_rtol),
-                           _attack_options(attack),
+                           _options(attack, AttackOptions, "attack",
+                                    "AttackOptions(steps=200, restarts=5)"),
                            IntermediateBounds.parse(intermediate, "intermediate"),
                            None if pass_seconds is None else float(pass_seconds),
-                           BranchOptions.of(branch))
+                           BranchOptions.of(branch),
+                           _options(slopes, SlopeOptions, "slopes",
+                                    "SlopeOptions(steps=50, lr=0.1)"))
     run = _Run(lin, norms, method, run_options, search, units)
     labels = LabelSpec(classes, model=lin.model.name)
     batches = read_batches(x, lin.input_spec, y=y, labels=labels,

@@ -40,6 +40,11 @@ from keras_roll.compile.bounds import (
     lower_bounds,
     pull_back,
 )
+from keras_roll.compile.bounds.alpha import (
+    SlopeOptions,
+    optimize_lower_slopes,
+    optimized_refiner,
+)
 from keras_roll.compile.bounds.crown import RelaxedOps, relaxation_refiner
 from keras_roll.compile.bounds.ibp import (
     RoundingLoss,
@@ -165,30 +170,40 @@ def _loss_of(arithmetic: Arithmetic):
 
 
 def _relaxed_terms(structure, values, rows, eps, p, arithmetic, budget, examples,
-                   crown: bool = True):
+                   crown: bool = True, slopes=None):
     """The relaxation of `lower_bounds` (CROWN, or CROWN-IBP where not `crown`), keeping
     its final bound's linear form in `eps`: `(lower, offset, slope)` `[B, C]` with
     `lower >= offset - eps * slope`, and the linear form a lower bound of the margins on
     every ball of radius `r <= eps` (the intermediate bounds of the ball of radius `eps`
-    hold on the smaller balls)."""
+    hold on the smaller balls). With `slopes` (a `SlopeOptions`), the final bound's
+    lower slopes are optimized (alpha-CROWN)."""
     lines = RelaxedOps(values)
     loss = _loss_of(arithmetic)
     refine = None
     if crown:
         refine = relaxation_refiner(structure, values, lines, eps, p, budget, examples, loss)
+        if slopes is not None and slopes.intermediate:
+            refine = optimized_refiner(refine, structure, values, lines, eps, p, budget,
+                                       examples, slopes)
     boxes = interval_pass(structure, values, eps, arithmetic, refine=refine)
     if not crown:  # CROWN-IBP: the lines on the intervals
         interval_lines(structure, values, boxes.boxes, lines)
     out = values.value(structure, structure.output_key)
     rows = tf.reshape(rows, tf.concat([tf.shape(rows)[:2], tf.shape(out)[1:]], 0))
-    guard = loss(boxes.deltas)
-    res = pull_back(structure, values, structure.output_key, rows, relax=lines,
-                    visit=guard.visit)
-    offset = res.const - guard.total(tf.zeros_like(res.const))
-    slope = dual_norm(res.lam_input, p, axis=tuple(range(2, res.lam_input.shape.rank)))
-    e = tf.cast(eps, offset.dtype)
+    e = tf.cast(eps, rows.dtype)
     e = e[:, None] if e.shape.rank else e
-    lower = tf.maximum(offset - e * slope, interval_lower_bounds(structure, values, boxes, rows))
+
+    def bound():
+        guard = loss(boxes.deltas)
+        res = pull_back(structure, values, structure.output_key, rows, relax=lines,
+                        visit=guard.visit)
+        offset = res.const - guard.total(tf.zeros_like(res.const))
+        slope = dual_norm(res.lam_input, p, axis=tuple(range(2, res.lam_input.shape.rank)))
+        return offset - e * slope, offset, slope
+
+    low, offset, slope = bound() if slopes is None else optimize_lower_slopes(
+        lines, bound, tf.shape(rows)[1], slopes)
+    lower = tf.maximum(low, interval_lower_bounds(structure, values, boxes, rows))
     return lower, offset, slope
 
 
@@ -201,8 +216,8 @@ def _arithmetic(twin, mode: str) -> Arithmetic:
     return Arithmetic(linear_magnitude, rounding)
 
 
-def _bounds_fn(twin, p, method: BoundMethod, mode: str, budget: int, examples: int, x, pred,
-               eps):
+def _bounds_fn(twin, p, method: BoundMethod, mode: str, budget: int, examples: int, slopes,
+               x, pred, eps):
     """`[B, L-1]` lower bounds of the margins `f_y - f_j` over the ball, and the linear
     form of the relaxation's (offset and slope in `eps`; NaN for interval bounds),
     compiled."""
@@ -216,7 +231,9 @@ def _bounds_fn(twin, p, method: BoundMethod, mode: str, budget: int, examples: i
     check_bounds(lm.structure, method.passes, lm.values.masks)
     low, offset, slope = _relaxed_terms(lm.structure, lm.values, lm.rows, eps, p, arithmetic,
                                         budget, examples,
-                                        crown=method is BoundMethod.RELAXATION)
+                                        crown=method is not BoundMethod.CROWN_IBP,
+                                        slopes=slopes if method is BoundMethod.ALPHA_CROWN
+                                        else None)
     return lm.margins + low, lm.margins + offset, slope
 
 
@@ -283,7 +300,8 @@ class RelaxedMargins(NamedTuple):
 
 def relaxed_margins(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
                     method: BoundMethod | str = BoundMethod.RELAXATION, guard=True,
-                    memory_budget: int | None = None) -> RelaxedMargins:
+                    memory_budget: int | None = None,
+                    slopes: SlopeOptions | None = None) -> RelaxedMargins:
     """The bound pass over the lp balls of radii `eps`, with the linear form of the
     relaxation's bound in the radius (numpy).
 
@@ -294,13 +312,16 @@ def relaxed_margins(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
         eps: `[B]` radii.
         p: the norm of the balls.
         method: the `BoundMethod` (or its value): "relaxation" (CROWN, the default),
-            "crown_ibp" (both with the linear form) or "interval" (interval bounds
-            alone); `intermediate_choice` chooses between the first two.
+            "alpha_crown" (CROWN with optimized slopes), "crown_ibp" (all three with
+            the linear form) or "interval" (interval bounds alone);
+            `intermediate_choice` chooses between CROWN and CROWN-IBP.
         guard: the rounding guard of the model's evaluation: a `Rigor` or its string
             ("float64": the probabilistic bound beside the worst case, for the
             intermediate bounds and the margins), or a bool (True: the worst case,
             False: none).
         memory_budget: bytes of functionals per pull-back.
+        slopes: the optimization budget of method "alpha_crown" (`SlopeOptions`,
+            default `SlopeOptions()`).
 
     Example:
 
@@ -313,7 +334,8 @@ def relaxed_margins(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
     budget = int(memory_budget or twin.memory_budget)
     x = np.asarray(x, np.float64)
     chunk = example_chunk(twin, x.shape[1:], budget)
-    key = (p, BoundMethod(method), guard_mode(guard), budget, chunk)
+    slopes = SlopeOptions() if slopes is None else SlopeOptions(*slopes).checked()
+    key = (p, BoundMethod(method), guard_mode(guard), budget, chunk, slopes)
     fn = cached(twin, ("relaxation", *key), lambda: compile_batched(
         functools.partial(_bounds_fn, twin, *key), twin, "xye"))
     out = []

@@ -42,6 +42,8 @@ class RobustMethod(Choice):
     * `WALK` ("walk"): an upper bound by walking region by region.
     * `RELAXATION` ("relaxation"): a sound lower bound by linear relaxation.
     * `INTERVAL` ("interval"): the same search with interval bounds alone.
+    * `ALPHA_CROWN` ("alpha_crown"): the same search with the relaxation's lower
+      slopes optimized per margin (alpha-CROWN), never looser than "relaxation".
     * `ATTACK` ("attack"): an upper bound by a minimal-norm gradient attack
       (`keras_roll.robust.attacks`).
 
@@ -58,11 +60,13 @@ class RobustMethod(Choice):
     RELAXATION = "relaxation"
     INTERVAL = "interval"
     ATTACK = "attack"
+    ALPHA_CROWN = "alpha_crown"
 
     @property
     def finds_points(self) -> bool:
         """Whether the method looks for adversarial points (upper bounds)."""
-        return self not in (RobustMethod.RELAXATION, RobustMethod.INTERVAL)
+        return self not in (RobustMethod.RELAXATION, RobustMethod.INTERVAL,
+                            RobustMethod.ALPHA_CROWN)
 
 
 class BoundSource(Choice):

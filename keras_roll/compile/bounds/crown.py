@@ -38,51 +38,162 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.bounds.ibp import RoundingLoss
-from keras_roll.compile.bounds.rules import Box, bound_rule
+from keras_roll.compile.bounds.rules import (
+    ActivationBounds,
+    Box,
+    activation_vertices,
+    bound_rule,
+    plain_relu,
+)
 from keras_roll.compile.bounds.traversal import Values, pull_back
 from keras_roll.compile.chunking import map_chunks, plan_chunks
+from keras_roll.compile.rules.activations import Activation
 from keras_roll.compile.rules.base import NO_RECORD
 from keras_roll.compile.structure import ProgramStructure
 from keras_roll.geometry import dual_norm
 
-__all__ = ["RelaxedOps", "affine_in_input", "layer_rows_per_chunk", "relaxation_refiner",
-           "relaxed_lower_bounds"]
+__all__ = ["RelaxedOps", "affine_in_input", "layer_rows_per_chunk", "lower_offset",
+           "relaxation_refiner", "relaxed_lower_bounds"]
+
+_U64 = 2.0**-53  # the unit roundoff of float64 (the lines' safety, as in rules.py)
 
 
 class RelaxedOps:
     """The lines of every relaxed op, relative to the values at `x`, filled in as the
     layers are bounded; its `__call__` is `pull_back`'s `relax`.
 
+    The lower line of a piecewise-linear activation (`Activation`) may be given its
+    slope per unit (`set_lower_slopes`; alpha-CROWN, `keras_roll.compile.bounds.alpha`):
+    on the units whose interval holds a breakpoint (`unstable`), the line of slope
+    `a` has the offset `min (fn(v) - a v)` over the interval's vertices, sound for any
+    `a`; the other units keep the lines of `set`. Slopes in `slope_range` are the
+    useful ones (ReLU `[0, 1]`, LeakyReLU `[slope, 1]`).
+
     Example:
 
     ```python
     lines = RelaxedOps(values)
     lines.set(index, node, box)            # box: the op's input interval, relative
+    mask = lines.unstable(index)           # [B, *shape] bool
+    lines.set_lower_slopes(index, alpha)   # [B, *shape], or [B, C, *shape] per row
     ```
     """
 
     def __init__(self, values: Values):
         self.values = values
         self.lines: dict = {}
+        self.intervals: dict = {}  # index -> (op, lo, hi), absolute, for the slopes
+        self.slopes: dict = {}
 
     def set(self, index: int, node, box: Box) -> None:
         """Relaxes op `index` on the interval `box` of its input (relative to `x`)."""
         z0, h0 = self.values.inputs[index][0], self.values.outputs[index]
-        a_l, b_l, a_u, b_u = bound_rule(node.op).lines(node.op, z0 + box.lo, z0 + box.hi)
+        lo, hi = z0 + box.lo, z0 + box.hi
+        a_l, b_l, a_u, b_u = bound_rule(node.op).lines(node.op, lo, hi)
         # sigma(z) - h0 >= a_L (z - z0) + (a_L z0 + b_L - h0), likewise above.
         self.lines[index] = (a_l, a_l * z0 + b_l - h0, a_u, a_u * z0 + b_u - h0)
+        if isinstance(node.op, Activation) and isinstance(bound_rule(node.op),
+                                                          ActivationBounds):
+            self.intervals[index] = (node.op, lo, hi)
+
+    def optimizable(self) -> list:
+        """The indices of the relaxed ops whose lower slopes `set_lower_slopes` takes."""
+        return sorted(self.intervals)
+
+    def unstable(self, index: int) -> tf.Tensor:
+        """`[B, *shape]`: the units of op `index` whose input interval holds a
+        breakpoint strictly inside (where a lower slope matters)."""
+        op, lo, hi = self._interval(index)
+        out = tf.zeros(tf.shape(lo), tf.bool)
+        for b in op.breakpoints:
+            out = out | ((lo < b) & (hi > b))
+        return out
+
+    def slope_range(self, index: int) -> tuple:
+        """`(smallest, largest)` slope of op `index`'s pieces, `[B, *shape]` each:
+        the range of useful lower slopes (`[0, 1]` for ReLU)."""
+        op, lo, _ = self._interval(index)
+        slopes = tf.stack([tf.cast(s, lo.dtype) + tf.zeros_like(lo) for s in op.slopes])
+        return tf.reduce_min(slopes, 0), tf.reduce_max(slopes, 0)
+
+    def lower_slopes(self, index: int) -> tf.Tensor:
+        """`[B, *shape]`: the lower slopes `set` chose (CROWN's adaptive choice)."""
+        self._interval(index)
+        return self.lines[index][0]
+
+    def set_lower_slopes(self, index: int, alpha: tf.Tensor | None) -> None:
+        """Lower slopes for the unstable units of op `index`: `[B, *shape]` (every
+        functional row), `[B, C, *shape]` (one per row of the pull-back), or None
+        (back to `set`'s lines). Sound for any values."""
+        self._interval(index)
+        if alpha is None:
+            self.slopes.pop(index, None)
+        else:
+            self.slopes[index] = alpha
+
+    def _interval(self, index):
+        if index not in self.intervals:
+            raise ValueError(f"Op {index} has no lower slopes to set: it is not a relaxed "
+                             f"piecewise-linear activation; use one of "
+                             f"RelaxedOps.optimizable() = {self.optimizable()}.")
+        return self.intervals[index]
+
+    def _lower_rows(self, index, alpha, a_l, c_l):
+        """The lower lines `(slope, offset)` of the slopes `alpha`, per row where
+        `alpha` is `[B, C, *shape]` (then `[B, C, *shape]` each, else `[B, *shape]`)."""
+        op, lo, hi = self.intervals[index]
+        z0, h0 = self.values.inputs[index][0], self.values.outputs[index]
+        unstable = self.unstable(index)
+        if alpha.shape.rank == lo.shape.rank + 1:
+            lo, hi, z0, h0 = lo[:, None], hi[:, None], z0[:, None], h0[:, None]
+            unstable, a_l, c_l = unstable[:, None], a_l[:, None], c_l[:, None]
+        alpha = tf.cast(alpha, lo.dtype)
+        offset = lower_offset(op, lo, hi, alpha)
+        return (tf.where(unstable, alpha, a_l),
+                tf.where(unstable, alpha * z0 + offset - h0, c_l))
 
     def __call__(self, node, lam, values, index):
         lines = self.lines.get(index)
         if lines is None:
             return None
         a_l, c_l, a_u, c_u = lines
+        alpha = self.slopes.get(index)
+        per_row = False
+        if alpha is not None:
+            a_l, c_l = self._lower_rows(index, alpha, a_l, c_l)
+            per_row = alpha.shape.rank == lam.shape.rank
+        if not per_row:
+            a_l, c_l = a_l[:, None], c_l[:, None]
         # Lambda+ a_L + Lambda- a_U as one product by the slope each sign picks
         below = lam >= 0
-        new = tf.where(below, a_l[:, None], a_u[:, None]) * lam
-        const = tf.where(below, c_l[:, None], c_u[:, None]) * lam
+        new = tf.where(below, a_l, a_u[:, None]) * lam
+        const = tf.where(below, c_l, c_u[:, None]) * lam
         const = tf.reduce_sum(tf.reshape(const, tf.concat([tf.shape(const)[:2], [-1]], 0)), -1)
         return new, const
+
+
+def lower_offset(op: Activation, lo: tf.Tensor, hi: tf.Tensor, a: tf.Tensor) -> tf.Tensor:
+    """The offset `b` of the lower line `a z + b <= op.fn(z)` on `[lo, hi]`: the minimum
+    of `fn(v) - a v` over the vertices (`activation_vertices`: a piecewise-linear
+    function minus a line takes its minimum at one), less the float64 safety of
+    `relaxation_lines` (so CROWN's own slope gives CROWN's own line). Sound for any `a`.
+
+    Example:
+
+    ```python
+    b = lower_offset(relu_op, lo, hi, alpha)        # -8 u max(|lo|, |hi|) (1 + alpha)
+    ```
+    """
+    if plain_relu(op):
+        verts = [lo, hi, tf.minimum(tf.maximum(tf.zeros_like(lo), lo), hi)]
+        scale = tf.maximum(tf.abs(lo), tf.abs(hi))
+        vals = [tf.cast(op.fn(v), lo.dtype) for v in verts]
+    else:
+        verts = activation_vertices(op, lo, hi)
+        vals = [tf.cast(op.fn(v), lo.dtype) for v in verts]
+        scale = tf.reduce_max(tf.stack([tf.abs(v) for v in vals + verts]), 0)
+    gaps = tf.reduce_min(tf.stack([f - a * v for f, v in zip(vals, verts)]), 0)
+    return gaps - 8.0 * _U64 * scale * (1.0 + tf.abs(a))
 
 
 def relaxed_lower_bounds(structure: ProgramStructure, values: Values, key: int,
