@@ -10,10 +10,11 @@ the many-worker recipe (shards joined by the results' `concat`).
   computed from itself alone, but a replica computes it in a batch of another
   size, where a matmul or convolution kernel may round differently in the last
   bit. Certificates and lower radii (float64) agree to a relative 1e-12 (bitwise
-  in the runs observed); the attack's upper radii (float32 steps) and gradients (float32: the saliency maps, the distortion's
-  l1 of float32 gradients, the exact integral's float32 segments on the CNN)
-  to a relative 1e-5 (observed: a few float32 ulps). Labels, region counts,
-  binding neurons and changed predictions must agree exactly.
+  in the runs observed); the attack's upper radii (float32 steps) and gradients
+  (float32: the saliency maps, the distortion's l1 of float32 gradients, the exact
+  integral's float32 segments on the CNN) to a relative 1e-5 (observed: a few
+  float32 ulps). Labels, region counts, binding neurons and changed predictions
+  must agree exactly.
 * In this process (one device): the executor's slicing, the strategy checks,
   `OneDeviceStrategy` against no strategy, and the recipe: each of the five
   results of interleaved shards `x[w::2]`, joined by `concat`, against one call

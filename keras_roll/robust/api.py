@@ -30,33 +30,34 @@ rr.summary()
 from __future__ import annotations
 
 import copy
-import numbers
 import time
 import warnings
-from typing import NamedTuple
 
 import numpy as np
 
 from keras_roll.certification import certify
 from keras_roll.compile.bounds import (
     BoundMethod,
-    BoundPass,
     IntermediateBounds,
     SlopeOptions,
-    check_bounds,
 )
 from keras_roll.compile.bounds.intermediate import DEFAULT_MAX_SECONDS
-from keras_roll.compile.rules.activations import Link
-from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
 from keras_roll.compile.units import Units, resolve_units
 from keras_roll.distribute import Replicas
-from keras_roll.errors import UnsupportedModelError
 from keras_roll.geometry import dual_norm, to_numpy
 from keras_roll.inputs import LabelSpec, ModelOrTwin, read_batches
 from keras_roll.options import FIELDS as RUN_FIELDS
-from keras_roll.options import Norms, RunOptions, check_bisect_tol, parse_norms
+from keras_roll.options import Norms, RunOptions, parse_norms
 from keras_roll.robust.adversarial import predict_classes
+from keras_roll.robust.arguments import (
+    SearchOptions,
+    bound_method_of,
+    check_arguments,
+    check_classifier,
+    checked_options,
+    warn_saturating_link,
+)
 from keras_roll.robust.attacks import AttackOptions, probe_attack, run_attack
 from keras_roll.robust.bounds import intermediate_choice, relaxed_margins
 from keras_roll.robust.branch import BranchOptions, branch_radius
@@ -69,85 +70,6 @@ from keras_roll.rounding.precision import unit_roundoff
 __all__ = ["METHODS", "SearchOptions", "robust_radius"]
 
 METHODS = tuple(m.value for m in RobustMethod)
-
-
-def _check_arguments(max_regions, bisect_tol, exact_rtol, pass_seconds):
-    check_bisect_tol(bisect_tol)
-    if pass_seconds is not None and not (isinstance(pass_seconds, numbers.Real)
-                                         and pass_seconds > 0):
-        raise ValueError(f"pass_seconds must be a positive number of seconds or None (no time "
-                         f"budget), got {pass_seconds!r}.")
-    if not isinstance(max_regions, numbers.Integral) or isinstance(max_regions, bool) \
-            or max_regions < 1:
-        raise ValueError(f"max_regions must be a positive integer, got {max_regions!r}.")
-    if not (isinstance(exact_rtol, numbers.Real) and 0 <= exact_rtol < 1):
-        raise ValueError(f"exact_rtol must be a relative tolerance in [0, 1), got "
-                         f"{exact_rtol!r}.")
-
-
-def _options(value, kind: type, arg: str, example: str):
-    """`value` checked (`kind.checked`), `kind()` for None; a ValueError for another type."""
-    if value is None:
-        return kind()
-    if not isinstance(value, kind):
-        raise ValueError(f"{arg} must be a keras_roll.robust.{kind.__name__} (e.g. {example}) "
-                         f"or None, got {value!r}.")
-    return value.checked()
-
-
-def _check_classifier(lin) -> int:
-    """The number of classes; refuses models whose output is not `[B, L]`, `L >= 2`."""
-    shape = tuple(lin.model.outputs[0].shape[1:])
-    if len(shape) != 1 or shape[0] is None or shape[0] < 2:
-        raise ValueError(
-            f"robust_radius needs a classifier whose output is [batch, classes] with at least "
-            f"2 classes (the prediction is its argmax); model '{lin.model.name}' outputs "
-            f"shape {shape}. For a single sigmoid unit, output two logits [-z, z].")
-    return int(shape[0])
-
-
-def _warn_saturating_link(lin, rigor) -> None:
-    """Warns where the guard cannot cover the output's rounding: several sigmoids."""
-    if rigor.guarded and lin.output_link is Link.SIGMOID:
-        warnings.warn(
-            f"Model '{lin.model.name}' ends in a sigmoid: its prediction is the argmax of "
-            f"sigmoid outputs, which round to 1.0 (and tie, argmax then keeping the lower "
-            f"class) once a logit exceeds about 17 in float32. The lower bounds guard the "
-            f"logits' rounding, not that saturation. For bounds that hold as Keras "
-            f"evaluates the model, drop the final sigmoid (logits) or use a softmax.",
-            stacklevel=3)
-
-
-def _bound_method(twin, method: RobustMethod) -> BoundMethod | None:
-    """The bound pass of the lower bounds beyond the region, None where the method runs
-    none; 'best' falls back to method 1 (None) if the passes do not cover the model."""
-    if method not in (RobustMethod.BEST, RobustMethod.RELAXATION, RobustMethod.INTERVAL,
-                      RobustMethod.ALPHA_CROWN):
-        return None
-    try:
-        check_bounds(structure_of(twin.program), tuple(BoundPass))
-    except UnsupportedModelError as e:
-        if method is not RobustMethod.BEST:
-            raise
-        warnings.warn(f"robust_radius(method='best') bounds this model without the linear "
-                      f"relaxation: {e}", stacklevel=3)
-        return None
-    return {RobustMethod.INTERVAL: BoundMethod.INTERVAL,
-            RobustMethod.ALPHA_CROWN: BoundMethod.ALPHA_CROWN}.get(method,
-                                                                   BoundMethod.RELAXATION)
-
-
-class SearchOptions(NamedTuple):
-    """The search budgets and tolerances of one call (see `robust_radius`)."""
-
-    max_regions: int
-    bisect_tol: float
-    exact_rtol: float
-    attack: AttackOptions = AttackOptions()
-    intermediate: IntermediateBounds = IntermediateBounds.AUTO
-    pass_seconds: float | None = DEFAULT_MAX_SECONDS
-    branch: BranchOptions | None = None
-    slopes: SlopeOptions = SlopeOptions()
 
 
 class _Run:
@@ -165,7 +87,7 @@ class _Run:
         self.budget = run.budget(lin.memory_budget)
         self.search = search
         self.units = units
-        self.bound = _bound_method(self.twin, method)
+        self.bound = bound_method_of(self.twin, method)
         self.bar, self.shown = None, 0
 
     def empty(self, x: np.ndarray, y) -> RobustRadius:
@@ -529,18 +451,18 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     norms = parse_norms(norms)
     if not norms:
         raise ValueError("norms=() leaves nothing to bound; pass e.g. norms=(2, np.inf).")
-    _check_arguments(max_regions, bisect_tol, exact_rtol, pass_seconds)
+    check_arguments(max_regions, bisect_tol, exact_rtol, pass_seconds)
     lin = linearize(model)
     units = resolve_units(lin.program, wrt)
-    classes = _check_classifier(lin)
-    _warn_saturating_link(lin, run_options.rigor)
+    classes = check_classifier(lin)
+    warn_saturating_link(lin, run_options.rigor)
     search = SearchOptions(int(max_regions), float(bisect_tol), float(exact_rtol),
-                           _options(attack, AttackOptions, "attack",
+                           checked_options(attack, AttackOptions, "attack",
                                     "AttackOptions(steps=200, restarts=5)"),
                            IntermediateBounds.parse(intermediate, "intermediate"),
                            None if pass_seconds is None else float(pass_seconds),
                            BranchOptions.of(branch),
-                           _options(slopes, SlopeOptions, "slopes",
+                           checked_options(slopes, SlopeOptions, "slopes",
                                     "SlopeOptions(steps=50, lr=0.1)"))
     run = _Run(lin, norms, method, run_options, search, units)
     labels = LabelSpec(classes, model=lin.model.name)

@@ -34,7 +34,6 @@ res.lower, res.upper            # [B] each, a bracket at least as narrow
 
 from __future__ import annotations
 
-import numbers
 import time
 from typing import NamedTuple
 
@@ -59,62 +58,11 @@ from keras_roll.robust.adversarial import (
     model_outputs,
     predict_classes,
 )
+from keras_roll.robust.arguments import BranchOptions
 from keras_roll.robust.attacks import AttackOptions, minimal_norm_attack
 from keras_roll.robust.bounds import arithmetic_of
 
 __all__ = ["BallVerdict", "BranchOptions", "BranchRadius", "branch_radius", "verify_ball"]
-
-
-class BranchOptions(NamedTuple):
-    """Budgets of the branch and bound (`branch_radius`, `robust_radius(branch=...)`).
-
-    Attributes:
-        max_seconds: seconds per input and norm (default 30).
-        max_leaves: leaves bounded per radius probed (default 20000).
-        batch: leaves bounded per pass (default 64).
-        beta_steps: gradient steps on the split multipliers per leaf (default 8).
-        beta_rate: Adam's step on the multipliers (default 0.1).
-        refine: recompute every leaf's layer bounds on its subdomain (default True;
-            False keeps the ball's, cut by the splits: cheaper, looser).
-
-    Example:
-
-    ```python
-    rr = keras_roll.robust_radius(model, x, y, branch=BranchOptions(max_seconds=10))
-    ```
-    """
-
-    max_seconds: float = 30.0
-    max_leaves: int = 20000
-    batch: int = 64
-    beta_steps: int = 8
-    beta_rate: float = 0.1
-    refine: bool = True
-
-    @staticmethod
-    def of(value) -> BranchOptions | None:
-        """`value` checked: None, or a `BranchOptions` (else a ValueError)."""
-        if value is None:
-            return None
-        if not isinstance(value, BranchOptions):
-            raise ValueError(f"branch must be a keras_roll.robust.BranchOptions (e.g. "
-                             f"BranchOptions(max_seconds=10)) or None, got {value!r}.")
-        return value.checked()
-
-    def checked(self) -> BranchOptions:
-        """The options, or a ValueError naming the bad one."""
-        for name in ("max_leaves", "batch"):
-            v = getattr(self, name)
-            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 2:
-                raise ValueError(f"BranchOptions.{name} must be an integer >= 2, got {v!r}.")
-        steps = self.beta_steps
-        if not isinstance(steps, numbers.Integral) or isinstance(steps, bool) or steps < 0:
-            raise ValueError(f"BranchOptions.beta_steps must be an integer >= 0, got {steps!r}.")
-        for name in ("max_seconds", "beta_rate"):
-            v = getattr(self, name)
-            if not (isinstance(v, numbers.Real) and v > 0):
-                raise ValueError(f"BranchOptions.{name} must be a positive number, got {v!r}.")
-        return self
 
 
 class _Passes:

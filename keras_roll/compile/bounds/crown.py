@@ -52,8 +52,8 @@ from keras_roll.compile.rules.base import NO_RECORD
 from keras_roll.compile.structure import ProgramStructure
 from keras_roll.geometry import dual_norm
 
-__all__ = ["RelaxedOps", "affine_in_input", "layer_rows_per_chunk", "lower_offset",
-           "relaxation_refiner", "relaxed_lower_bounds"]
+__all__ = ["RelaxedOps", "affine_in_input", "layer_plan", "layer_rows_per_chunk",
+           "lower_offset", "relaxation_refiner", "relaxed_lower_bounds"]
 
 _U64 = 2.0**-53  # the unit roundoff of float64 (the lines' safety, as in rules.py)
 
@@ -250,6 +250,19 @@ def affine_in_input(structure: ProgramStructure, values: Values, key: int) -> tu
     return affine, shared
 
 
+def layer_plan(structure: ProgramStructure, values: Values, index: int, budget: int,
+               examples: int, affine_shortcut: bool = True) -> tuple[int, int, int]:
+    """`(signs, rows per chunk, examples per pull-back)` of CROWN's bounds of op `index`'s
+    input: both signs of `I` pulled back, or only `+I` where the input is affine in the
+    model input (`affine_in_input`); functionals shared by the batch take one example's
+    memory."""
+    n = int(np.prod(values.inputs[index][0].shape[1:]))
+    affine, shared = affine_in_input(structure, values, structure.nodes[index].inputs[0])
+    signs = 1 if affine and affine_shortcut else 2
+    b = 1 if signs == 1 and shared else examples
+    return signs, layer_rows_per_chunk(values, index, n, budget, b, signs), b
+
+
 def relaxation_refiner(structure: ProgramStructure, values: Values, lines: RelaxedOps,
                        eps, p, budget: int, examples: int,
                        loss: Callable[[list], RoundingLoss] = RoundingLoss,
@@ -279,11 +292,7 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
         n = int(np.prod(shape))
         if n == 0:
             return box
-        affine, shared = affine_in_input(structure, values, key)
-        signs = 1 if affine and affine_shortcut else 2
-        # functionals shared by the batch until the input take one example's memory
-        k = layer_rows_per_chunk(values, index, n, budget, 1 if signs == 1 and shared
-                                 else examples, signs)
+        signs, k, _ = layer_plan(structure, values, index, budget, examples, affine_shortcut)
         dtype = values.x.dtype
 
         def chunk(start):

@@ -38,7 +38,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.bounds.crown import RelaxedOps, layer_rows_per_chunk
+from keras_roll.compile.bounds.crown import RelaxedOps, layer_plan
 from keras_roll.compile.bounds.methods import DEFAULT_BUDGET, BoundMethod
 from keras_roll.compile.bounds.rules import Box, bound_rule
 from keras_roll.compile.bounds.traversal import Values, pull_back
@@ -175,11 +175,11 @@ def crown_cost(structure: ProgramStructure, values: Values, rows: int,
         n = int(np.prod(values.inputs[i][0].shape[1:]))
         if n == 0:
             continue
-        k = layer_rows_per_chunk(values, i, n, budget, b)
-        chunks = -(-2 * n // k)
-        elements += chunks * k * b * int(below[i])
+        signs, k, b_i = layer_plan(structure, values, i, budget, b)
+        chunks = -(-signs * n // k)
+        elements += chunks * k * b_i * int(below[i])
         pullbacks += chunks
-        widest = max(widest, 3 * itemsize * k * b * max([input_size, *sizes[:i + 1]]))
+        widest = max(widest, 3 * itemsize * k * b_i * max([input_size, *sizes[:i + 1]]))
     out = b * rows * int(below[-1])
     final = 3 * itemsize * b * rows * max([input_size, *sizes])
     return (BoundCost(elements + out, pullbacks + 1, max(widest, final)),
@@ -230,7 +230,7 @@ def probe_seconds(structure: ProgramStructure, values: Values, budget: int = DEF
     last = relaxed[-1]
     shape = [int(d) for d in values.inputs[last][0].shape[1:]]
     n = int(np.prod(shape))
-    k = layer_rows_per_chunk(values, last, n, budget, b)
+    _, k, _ = layer_plan(structure, values, last, budget, b)
     key = structure.nodes[last].inputs[0]
 
     @tf.function
