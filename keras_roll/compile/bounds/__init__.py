@@ -7,6 +7,8 @@ module per bound method.
                    check_bounds
     ibp.py         interval bound propagation
     crown.py       the linear relaxation's backward pass (CROWN)
+    alpha.py       optimized lower slopes (alpha-CROWN): SlopeOptions,
+                   optimize_lower_slopes
     intermediate.py  IntermediateBounds: CROWN, intervals or an automatic choice for the
                    activations' bounds (choose_intermediate, crown_cost)
     methods.py     BoundMethod and lower_bounds: intervals, CROWN-IBP, CROWN, dispatched
@@ -17,6 +19,7 @@ The passes walk the same `Program` the twin runs (`keras_roll.compile.structure`
 its ops as nodes). docs/design.md, section "Robustness radius".
 """
 
+from keras_roll.compile.bounds.alpha import SlopeOptions, optimize_lower_slopes
 from keras_roll.compile.bounds.intermediate import (
     BoundCost,
     IntermediateBounds,
@@ -52,8 +55,8 @@ from keras_roll.compile.bounds.traversal import Values, capture, pull_back
 __all__ = [
     "METHOD_PASSES", "ActivationBounds", "AffineBounds", "Arithmetic", "BoundCost", "BoundMethod",
     "BoundPass", "BoundRule", "Box", "IntermediateBounds", "IntermediateChoice", "IntervalPasses",
-    "LogitMargins", "MethodPass", "RelaxationLines", "Values", "bound_rule", "capture",
-    "check_bounds", "choose_intermediate", "crown_cost", "logit_margins", "lower_bounds",
-    "margin_rows", "pull_back", "register_bound_rule", "relaxation_lines", "supported_passes",
-    "unregister_bound_rule",
+    "LogitMargins", "MethodPass", "RelaxationLines", "SlopeOptions", "Values", "bound_rule",
+    "capture", "check_bounds", "choose_intermediate", "crown_cost", "logit_margins",
+    "lower_bounds", "margin_rows", "optimize_lower_slopes", "pull_back", "register_bound_rule",
+    "relaxation_lines", "supported_passes", "unregister_bound_rule",
 ]

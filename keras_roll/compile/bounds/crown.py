@@ -32,57 +32,173 @@ lower = relaxed_lower_bounds(structure, values, structure.output_key, rows, line
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.bounds.ibp import abs_sum
-from keras_roll.compile.bounds.rules import Box, bound_rule
+from keras_roll.compile.bounds.ibp import RoundingLoss
+from keras_roll.compile.bounds.rules import (
+    ActivationBounds,
+    Box,
+    activation_vertices,
+    bound_rule,
+    plain_relu,
+)
 from keras_roll.compile.bounds.traversal import Values, pull_back
 from keras_roll.compile.chunking import map_chunks, plan_chunks
+from keras_roll.compile.rules.activations import Activation
+from keras_roll.compile.rules.base import NO_RECORD
 from keras_roll.compile.structure import ProgramStructure
 from keras_roll.geometry import dual_norm
 
-__all__ = ["RelaxedOps", "layer_rows_per_chunk", "relaxation_refiner", "relaxed_lower_bounds"]
+__all__ = ["RelaxedOps", "affine_in_input", "layer_plan", "layer_rows_per_chunk",
+           "lower_offset", "relaxation_refiner", "relaxed_lower_bounds"]
+
+_U64 = 2.0**-53  # the unit roundoff of float64 (the lines' safety, as in rules.py)
 
 
 class RelaxedOps:
     """The lines of every relaxed op, relative to the values at `x`, filled in as the
     layers are bounded; its `__call__` is `pull_back`'s `relax`.
 
+    The lower line of a piecewise-linear activation (`Activation`) may be given its
+    slope per unit (`set_lower_slopes`; alpha-CROWN, `keras_roll.compile.bounds.alpha`):
+    on the units whose interval holds a breakpoint (`unstable`), the line of slope
+    `a` has the offset `min (fn(v) - a v)` over the interval's vertices, sound for any
+    `a`; the other units keep the lines of `set`. Slopes in `slope_range` are the
+    useful ones (ReLU `[0, 1]`, LeakyReLU `[slope, 1]`).
+
     Example:
 
     ```python
     lines = RelaxedOps(values)
     lines.set(index, node, box)            # box: the op's input interval, relative
+    mask = lines.unstable(index)           # [B, *shape] bool
+    lines.set_lower_slopes(index, alpha)   # [B, *shape], or [B, C, *shape] per row
     ```
     """
 
     def __init__(self, values: Values):
         self.values = values
         self.lines: dict = {}
+        self.intervals: dict = {}  # index -> (op, lo, hi), absolute, for the slopes
+        self.slopes: dict = {}
 
     def set(self, index: int, node, box: Box) -> None:
         """Relaxes op `index` on the interval `box` of its input (relative to `x`)."""
         z0, h0 = self.values.inputs[index][0], self.values.outputs[index]
-        a_l, b_l, a_u, b_u = bound_rule(node.op).lines(node.op, z0 + box.lo, z0 + box.hi)
+        lo, hi = z0 + box.lo, z0 + box.hi
+        a_l, b_l, a_u, b_u = bound_rule(node.op).lines(node.op, lo, hi)
         # sigma(z) - h0 >= a_L (z - z0) + (a_L z0 + b_L - h0), likewise above.
         self.lines[index] = (a_l, a_l * z0 + b_l - h0, a_u, a_u * z0 + b_u - h0)
+        if isinstance(node.op, Activation) and isinstance(bound_rule(node.op),
+                                                          ActivationBounds):
+            self.intervals[index] = (node.op, lo, hi)
+
+    def optimizable(self) -> list:
+        """The indices of the relaxed ops whose lower slopes `set_lower_slopes` takes."""
+        return sorted(self.intervals)
+
+    def unstable(self, index: int) -> tf.Tensor:
+        """`[B, *shape]`: the units of op `index` whose input interval holds a
+        breakpoint strictly inside (where a lower slope matters)."""
+        op, lo, hi = self._interval(index)
+        out = tf.zeros(tf.shape(lo), tf.bool)
+        for b in op.breakpoints:
+            out = out | ((lo < b) & (hi > b))
+        return out
+
+    def slope_range(self, index: int) -> tuple:
+        """`(smallest, largest)` slope of op `index`'s pieces, `[B, *shape]` each:
+        the range of useful lower slopes (`[0, 1]` for ReLU)."""
+        op, lo, _ = self._interval(index)
+        slopes = tf.stack([tf.cast(s, lo.dtype) + tf.zeros_like(lo) for s in op.slopes])
+        return tf.reduce_min(slopes, 0), tf.reduce_max(slopes, 0)
+
+    def lower_slopes(self, index: int) -> tf.Tensor:
+        """`[B, *shape]`: the lower slopes `set` chose (CROWN's adaptive choice)."""
+        self._interval(index)
+        return self.lines[index][0]
+
+    def set_lower_slopes(self, index: int, alpha: tf.Tensor | None) -> None:
+        """Lower slopes for the unstable units of op `index`: `[B, *shape]` (every
+        functional row), `[B, C, *shape]` (one per row of the pull-back), or None
+        (back to `set`'s lines). Sound for any values."""
+        self._interval(index)
+        if alpha is None:
+            self.slopes.pop(index, None)
+        else:
+            self.slopes[index] = alpha
+
+    def _interval(self, index):
+        if index not in self.intervals:
+            raise ValueError(f"Op {index} has no lower slopes to set: it is not a relaxed "
+                             f"piecewise-linear activation; use one of "
+                             f"RelaxedOps.optimizable() = {self.optimizable()}.")
+        return self.intervals[index]
+
+    def _lower_rows(self, index, alpha, a_l, c_l):
+        """The lower lines `(slope, offset)` of the slopes `alpha`, per row where
+        `alpha` is `[B, C, *shape]` (then `[B, C, *shape]` each, else `[B, *shape]`)."""
+        op, lo, hi = self.intervals[index]
+        z0, h0 = self.values.inputs[index][0], self.values.outputs[index]
+        unstable = self.unstable(index)
+        if alpha.shape.rank == lo.shape.rank + 1:
+            lo, hi, z0, h0 = lo[:, None], hi[:, None], z0[:, None], h0[:, None]
+            unstable, a_l, c_l = unstable[:, None], a_l[:, None], c_l[:, None]
+        alpha = tf.cast(alpha, lo.dtype)
+        offset = lower_offset(op, lo, hi, alpha)
+        return (tf.where(unstable, alpha, a_l),
+                tf.where(unstable, alpha * z0 + offset - h0, c_l))
 
     def __call__(self, node, lam, values, index):
         lines = self.lines.get(index)
         if lines is None:
             return None
         a_l, c_l, a_u, c_u = lines
+        alpha = self.slopes.get(index)
+        per_row = False
+        if alpha is not None:
+            a_l, c_l = self._lower_rows(index, alpha, a_l, c_l)
+            per_row = alpha.shape.rank == lam.shape.rank
+        if not per_row:
+            a_l, c_l = a_l[:, None], c_l[:, None]
         # Lambda+ a_L + Lambda- a_U as one product by the slope each sign picks
         below = lam >= 0
-        new = tf.where(below, a_l[:, None], a_u[:, None]) * lam
-        const = tf.where(below, c_l[:, None], c_u[:, None]) * lam
+        new = tf.where(below, a_l, a_u[:, None]) * lam
+        const = tf.where(below, c_l, c_u[:, None]) * lam
         const = tf.reduce_sum(tf.reshape(const, tf.concat([tf.shape(const)[:2], [-1]], 0)), -1)
         return new, const
 
 
+def lower_offset(op: Activation, lo: tf.Tensor, hi: tf.Tensor, a: tf.Tensor) -> tf.Tensor:
+    """The offset `b` of the lower line `a z + b <= op.fn(z)` on `[lo, hi]`: the minimum
+    of `fn(v) - a v` over the vertices (`activation_vertices`: a piecewise-linear
+    function minus a line takes its minimum at one), less the float64 safety of
+    `relaxation_lines` (so CROWN's own slope gives CROWN's own line). Sound for any `a`.
+
+    Example:
+
+    ```python
+    b = lower_offset(relu_op, lo, hi, alpha)        # -8 u max(|lo|, |hi|) (1 + alpha)
+    ```
+    """
+    if plain_relu(op):
+        verts = [lo, hi, tf.minimum(tf.maximum(tf.zeros_like(lo), lo), hi)]
+        scale = tf.maximum(tf.abs(lo), tf.abs(hi))
+        vals = [tf.cast(op.fn(v), lo.dtype) for v in verts]
+    else:
+        verts = activation_vertices(op, lo, hi)
+        vals = [tf.cast(op.fn(v), lo.dtype) for v in verts]
+        scale = tf.reduce_max(tf.stack([tf.abs(v) for v in vals + verts]), 0)
+    gaps = tf.reduce_min(tf.stack([f - a * v for f, v in zip(vals, verts)]), 0)
+    return gaps - 8.0 * _U64 * scale * (1.0 + tf.abs(a))
+
+
 def relaxed_lower_bounds(structure: ProgramStructure, values: Values, key: int,
-                         lam: tf.Tensor, lines: RelaxedOps, deltas: list, eps, p) -> tf.Tensor:
+                         lam: tf.Tensor, lines: RelaxedOps, deltas: list, eps, p,
+                         loss: Callable[[list], RoundingLoss] = RoundingLoss) -> tf.Tensor:
     """`[B, C]` lower bounds of `lam . (value(x') - value(x))` over the ball.
 
     Args:
@@ -92,34 +208,76 @@ def relaxed_lower_bounds(structure: ProgramStructure, values: Values, key: int,
         lines: the relaxation of every op `key` depends on through a nonlinear op.
         deltas: per node, the rounding bound of its output or None (`Boxes.deltas`).
         eps: `[B]` radii; p: the norm of the ball.
+        loss: how the rounding terms of `deltas` are summed (`RoundingLoss`, the worst
+            case, or a subclass).
     """
-
-    def visit(node, index, out_lam):
-        d = deltas[index] if index < len(deltas) else None
-        return None if d is None else -abs_sum(out_lam, d)
-
-    res = pull_back(structure, values, key, lam, relax=lines, visit=visit)
+    rounding = loss(deltas)
+    res = pull_back(structure, values, key, lam, relax=lines, visit=rounding.visit)
     eps = tf.cast(eps, lam.dtype)
     eps = eps[:, None] if eps.shape.rank else eps
     axes = tuple(range(2, res.lam_input.shape.rank))  # [B, C, *input_shape]
-    return res.const - eps * dual_norm(res.lam_input, p, axis=axes)
+    return (res.const - rounding.total(tf.zeros_like(res.const))
+            - eps * dual_norm(res.lam_input, p, axis=axes))
 
 
-def layer_rows_per_chunk(values, index, n, budget, b) -> int:
-    """Functionals per pull-back for the `2 n` bounds of one op's input (`b` examples at
-    most per call), balanced over the `2 n` rows."""
+def layer_rows_per_chunk(values, index, n, budget, b, signs: int = 2) -> int:
+    """Functionals per pull-back for the `signs * n` bounds of one op's input (`b`
+    examples at most per call), balanced over the rows."""
     largest = max([int(np.prod(values.x.shape[1:]))]
                   + [int(np.prod(v.shape[1:])) for v in values.outputs[:index + 1]])
-    plan = plan_chunks(b, 2 * n, 3 * 8 * largest, budget, batch_size=b)
+    plan = plan_chunks(b, signs * n, 3 * 8 * largest, budget, batch_size=b)
     return max(1, plan.per_chunk)
 
 
+def affine_in_input(structure: ProgramStructure, values: Values, key: int) -> tuple[bool, bool]:
+    """`(affine, shared)` of the value `key`: whether it is an affine function of the
+    model input alone (every op it depends on is linear, `BoundRule.linear`), and
+    whether its functionals stay shared by the batch when pulled back (no op on the
+    way has a record or a mask)."""
+    affine = shared = True
+    todo, seen = [key], set()
+    while todo:
+        k = todo.pop()
+        if k == structure.input_key or k in seen:
+            continue
+        seen.add(k)
+        i = structure.producer[k]
+        rule = bound_rule(structure.nodes[i].op)
+        if rule is None or not rule.linear:
+            return False, False
+        shared = shared and values.records[i] is NO_RECORD and values.masks[i] is None
+        todo.extend(structure.nodes[i].inputs)
+    return affine, shared
+
+
+def layer_plan(structure: ProgramStructure, values: Values, index: int, budget: int,
+               examples: int, affine_shortcut: bool = True) -> tuple[int, int, int]:
+    """`(signs, rows per chunk, examples per pull-back)` of CROWN's bounds of op `index`'s
+    input: both signs of `I` pulled back, or only `+I` where the input is affine in the
+    model input (`affine_in_input`); functionals shared by the batch take one example's
+    memory."""
+    n = int(np.prod(values.inputs[index][0].shape[1:]))
+    affine, shared = affine_in_input(structure, values, structure.nodes[index].inputs[0])
+    signs = 1 if affine and affine_shortcut else 2
+    b = 1 if signs == 1 and shared else examples
+    return signs, layer_rows_per_chunk(values, index, n, budget, b, signs), b
+
+
 def relaxation_refiner(structure: ProgramStructure, values: Values, lines: RelaxedOps,
-                       eps, p, budget: int, examples: int):
+                       eps, p, budget: int, examples: int,
+                       loss: Callable[[list], RoundingLoss] = RoundingLoss,
+                       affine_shortcut: bool = True):
     """`interval_pass`'s `refine` for CROWN: the relaxation's bounds of a nonlinear op's
     input (`+-I` rows pulled back, in chunks of at most `budget` bytes for `examples`
     examples, run one at a time in one traced loop: `map_chunks`), intersected with its
-    interval; the op's lines are set from the result.
+    interval; the op's lines are set from the result. `loss` sums the rounding terms
+    (as `relaxed_lower_bounds`).
+
+    An input that is an affine function of the model input alone (`affine_in_input`,
+    the first layer's pre-activation) needs no relaxation: its pull-back is exact, and
+    the bound of `-e_j` is the bound of `e_j` (the same rounding terms and dual norm),
+    so only the `+I` rows are pulled back and `hi = -lo`: the same bounds for half the
+    work (`affine_shortcut=False` pulls back both signs, for comparison).
 
     Example:
 
@@ -134,23 +292,24 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
         n = int(np.prod(shape))
         if n == 0:
             return box
-        k = layer_rows_per_chunk(values, index, n, budget, examples)
+        signs, k, _ = layer_plan(structure, values, index, budget, examples, affine_shortcut)
         dtype = values.x.dtype
 
         def chunk(start):
-            # Rows start .. start + k - 1 of [I; -I] (rows past 2n repeat earlier ones
-            # and are dropped). One copy for the batch: the functionals stay shared
+            # Rows start .. start + k - 1 of [I; -I] (rows past signs * n repeat earlier
+            # ones and are dropped). One copy for the batch: the functionals stay shared
             # until an activation makes them per example (broadcasting does the rest).
             rows = start + tf.range(k)
             sign = tf.where(rows < n, tf.constant(1.0, dtype), tf.constant(-1.0, dtype))
             eye = sign[:, None] * tf.one_hot(rows % n, n, dtype=dtype)
             lam = tf.reshape(eye, [1, k, *shape])
-            low = relaxed_lower_bounds(structure, values, key, lam, lines, deltas, eps, p)
+            low = relaxed_lower_bounds(structure, values, key, lam, lines, deltas, eps, p,
+                                       loss)
             return tf.broadcast_to(low, [tf.shape(low)[0], k])
 
-        low = map_chunks(chunk, 2 * n, k, dtype)  # [B, 2n]
+        low = map_chunks(chunk, signs * n, k, dtype)  # [B, signs * n]
         lo = tf.reshape(low[:, :n], [-1, *shape])
-        hi = -tf.reshape(low[:, n:], [-1, *shape])
+        hi = -tf.reshape(low[:, n:] if signs == 2 else low, [-1, *shape])
         tight = Box(tf.maximum(box.lo, lo), tf.minimum(box.hi, hi))
         lines.set(index, node, tight)
         return tight

@@ -7,7 +7,11 @@ output over an lp ball, by intervals, CROWN-IBP or CROWN.
   backward pass of the linear relaxation bounds the functionals (Zhang et al., ICLR
   2020), kept where it beats the intervals;
 * `BoundMethod.RELAXATION`: the relaxation bounds every nonlinear op's input too, layer
-  by layer, intersected with the intervals (CROWN: Zhang et al., NeurIPS 2018).
+  by layer, intersected with the intervals (CROWN: Zhang et al., NeurIPS 2018);
+* `BoundMethod.ALPHA_CROWN`: CROWN's intermediate bounds, and the final bound's lower
+  slopes optimized per functional row (alpha-CROWN: Xu et al., ICLR 2021;
+  `keras_roll.compile.bounds.alpha`), never looser than CROWN's; its budget is a
+  `SlopeOptions` (`lower_bounds(..., slopes=)`).
 
 `lower_bounds` checks the model's ops for the method's `BoundPass`es and runs the
 method's pass from the table `METHOD_PASSES` (`{BoundMethod: MethodPass}`). It is pure
@@ -33,6 +37,11 @@ from typing import Protocol
 
 import tensorflow as tf
 
+from keras_roll.compile.bounds.alpha import (
+    SlopeOptions,
+    optimize_lower_slopes,
+    optimized_refiner,
+)
 from keras_roll.compile.bounds.crown import RelaxedOps, relaxation_refiner, relaxed_lower_bounds
 from keras_roll.compile.bounds.ibp import interval_lower_bounds, interval_pass
 from keras_roll.compile.bounds.rules import Arithmetic, BoundPass, bound_rule, check_bounds
@@ -52,6 +61,7 @@ class BoundMethod(enum.Enum):
     INTERVAL = "interval"
     CROWN_IBP = "crown_ibp"
     RELAXATION = "relaxation"
+    ALPHA_CROWN = "alpha_crown"
 
     @property
     def passes(self) -> tuple:
@@ -125,38 +135,55 @@ class MethodPass(Protocol):
     with `examples` resolved to an int."""
 
     def __call__(self, structure: ProgramStructure, values: Values, rows: tf.Tensor, eps, p,
-                 arithmetic: Arithmetic, budget: int, examples: int) -> tf.Tensor: ...
+                 arithmetic: Arithmetic, budget: int, examples: int,
+                 slopes: SlopeOptions) -> tf.Tensor: ...
 
 
-def _interval(structure, values, rows, eps, p, arithmetic, budget, examples):
+def _interval(structure, values, rows, eps, p, arithmetic, budget, examples, slopes):
     return IntervalPasses(structure, values, eps, p, arithmetic).interval(rows)
 
 
-def _crown_ibp(structure, values, rows, eps, p, arithmetic, budget, examples):
+def _crown_ibp(structure, values, rows, eps, p, arithmetic, budget, examples, slopes):
     return IntervalPasses(structure, values, eps, p, arithmetic).crown_ibp(rows)
 
 
-def _relaxation(structure, values, rows, eps, p, arithmetic, budget, examples):
+def _relaxation(structure, values, rows, eps, p, arithmetic, budget, examples, slopes,
+                optimize=False):
     lines = RelaxedOps(values)
     refine = relaxation_refiner(structure, values, lines, eps, p, budget, examples)
+    if optimize and slopes.intermediate:
+        refine = optimized_refiner(refine, structure, values, lines, eps, p, budget, examples,
+                                   slopes)
     boxes = interval_pass(structure, values, eps, arithmetic, refine=refine)
     rows = _output_rows(structure, values, rows)
-    low = relaxed_lower_bounds(structure, values, structure.output_key, rows, lines,
-                               boxes.deltas, eps, p)
+
+    def bound():
+        return (relaxed_lower_bounds(structure, values, structure.output_key, rows, lines,
+                                     boxes.deltas, eps, p),)
+
+    (low,) = optimize_lower_slopes(lines, bound, tf.shape(rows)[1], slopes) if optimize \
+        else bound()
     return tf.maximum(low, interval_lower_bounds(structure, values, boxes, rows))
+
+
+def _alpha_crown(structure, values, rows, eps, p, arithmetic, budget, examples, slopes):
+    return _relaxation(structure, values, rows, eps, p, arithmetic, budget, examples, slopes,
+                       optimize=True)
 
 
 METHOD_PASSES: Mapping[BoundMethod, MethodPass] = types.MappingProxyType({
     BoundMethod.INTERVAL: _interval,
     BoundMethod.CROWN_IBP: _crown_ibp,
     BoundMethod.RELAXATION: _relaxation,
+    BoundMethod.ALPHA_CROWN: _alpha_crown,
 })
 """The pass of every `BoundMethod` (`lower_bounds` dispatches through it; read-only)."""
 
 
 def lower_bounds(structure: ProgramStructure, values: Values, rows: tf.Tensor, eps, p,
                  method: BoundMethod, arithmetic: Arithmetic, budget: int = DEFAULT_BUDGET,
-                 examples: int | None = None) -> tf.Tensor:
+                 examples: int | None = None,
+                 slopes: SlopeOptions | None = None) -> tf.Tensor:
     """`[B, C]` lower bounds of `rows . (f(x') - f(x))` over the lp ball of radius `eps`.
 
     Args:
@@ -170,6 +197,9 @@ def lower_bounds(structure: ProgramStructure, values: Values, rows: tf.Tensor, e
         budget: bytes of functionals per pull-back of CROWN's layer bounds.
         examples: examples per call, for CROWN's chunks (default the static batch
             size, else 64).
+        slopes: the budget of `BoundMethod.ALPHA_CROWN`'s optimization, a
+            `SlopeOptions` (default `SlopeOptions()`: 20 Adam steps); ignored by the
+            other methods.
 
     Raises:
         UnsupportedModelError: an op the method's passes do not bound, naming it.
@@ -178,9 +208,12 @@ def lower_bounds(structure: ProgramStructure, values: Values, rows: tf.Tensor, e
 
     ```python
     low = lower_bounds(structure, values, rows, eps, 2, BoundMethod.RELAXATION, arithmetic)
+    low = lower_bounds(structure, values, rows, eps, 2, BoundMethod.ALPHA_CROWN, arithmetic,
+                       slopes=SlopeOptions(steps=50))
     ```
     """
     method = BoundMethod(method)
     check_bounds(structure, method.passes, values.masks)
     b = int(examples or values.x.shape[0] or DEFAULT_EXAMPLES)
-    return METHOD_PASSES[method](structure, values, rows, eps, p, arithmetic, budget, b)
+    slopes = SlopeOptions() if slopes is None else SlopeOptions(*slopes).checked()
+    return METHOD_PASSES[method](structure, values, rows, eps, p, arithmetic, budget, b, slopes)
