@@ -42,12 +42,7 @@ from keras_roll.compile.bounds import (
 )
 from keras_roll.compile.twin import linearize
 from keras_roll.compile.units import resolve_units
-from keras_roll.regularizers.base import (
-    RegularizerConfig,
-    TermMean,
-    TermResult,
-    class_indices,
-)
+from keras_roll.regularizers.base import RegularizerConfig, TermMean, TermResult, class_indices
 from keras_roll.regularizers.registry import register_regularizer
 from keras_roll.rounding import rules
 
