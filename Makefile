@@ -51,7 +51,10 @@ $(STAMP): setup.py
 # module-scoped fixture is built once. One worker per core: more workers than cores
 # only add switching (on 2 cores, 3 workers took 10 % longer than 2); each worker
 # imports TensorFlow (about 1 GB), so raise it by hand on larger machines.
-XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile,)
+# --no-loadscope-reorder keeps tests/conftest.py's order (the longest files first):
+# pytest-xdist otherwise hands out the files with the most tests first, which left
+# long files of few tests to run alone at the end.
+XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder,)
 
 test: venv
 	$(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)

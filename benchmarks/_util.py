@@ -1,4 +1,4 @@
-"""Timing helpers shared by the benchmarks."""
+"""Timing helpers and flags shared by the benchmarks."""
 
 from __future__ import annotations
 
@@ -6,6 +6,25 @@ import time
 
 import numpy as np
 import tensorflow as tf
+from absl import flags
+
+
+def define_mnist_flags(num_examples: int, examples_help: str, epochs: int) -> None:
+    """Defines the flags every MNIST benchmark has: `--data` (what
+    `keras_roll.data.mnist_splits` reads), `--num_examples` (the test images measured)
+    and `--epochs` (the training of the measured network), with these defaults.
+
+    Example:
+
+    ```python
+    define_mnist_flags(20, "Test images attacked.", epochs=1)
+    (x, y), val, test = mnist_splits(flags.FLAGS.data, val=5000)
+    ```
+    """
+    flags.DEFINE_string("data", None, "mnist.npz, or a folder with it or the IDX files "
+                        "(default: the Keras cache).")
+    flags.DEFINE_integer("num_examples", num_examples, examples_help)
+    flags.DEFINE_integer("epochs", epochs, "Training epochs.")
 
 
 def median_time(fn, repeats: int, warmup: int = 2) -> float:

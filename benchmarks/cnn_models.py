@@ -5,8 +5,10 @@
   3x3, conv 32 4x4 s2, conv 64 3x3, conv 64 4x4 s2, dense 512, dense 512, dense 10
   (about 48k hidden neurons, 2M weights).
 
-Both take 28x28x1 inputs in 0..255 through a leading `Rescaling(1/255)` (as the
-examples feed MNIST) and use ReLU.
+Both take 28x28x1 inputs in 0..255 through a leading `Rescaling(1/255, name="rescale")`
+(as the examples feed MNIST; `wrt="rescale"` reads radii in [0, 1] pixels) and use
+ReLU. `width` multiplies every hidden layer's channels and units (the memory sweep of
+`benchmarks/cnn.py`).
 
 Example:
 
@@ -26,27 +28,31 @@ __all__ = ["CNNS", "cnn_l", "cnn_s"]
 L = keras.layers
 
 
-def _cnn(name: str, convs, dense, seed: int) -> keras.Model:
+def _cnn(name: str, convs, dense, seed: int, width: float = 1) -> keras.Model:
     keras.utils.set_random_seed(seed)
     inp = keras.Input((28, 28, 1))
-    h = L.Rescaling(1.0 / 255)(inp)
+    h = L.Rescaling(1.0 / 255, name="rescale")(inp)
     for filters, size, stride in convs:
-        h = L.Conv2D(filters, size, strides=stride, activation="relu")(h)
+        h = L.Conv2D(max(1, round(width * filters)), size, strides=stride,
+                     activation="relu")(h)
     h = L.Flatten()(h)
     for units in dense:
-        h = L.Dense(units, activation="relu")(h)
-    return keras.Model(inp, L.Dense(10)(h), name=name)
+        h = L.Dense(max(1, round(width * units)), activation="relu")(h)
+    suffix = "" if width == 1 else f"_x{width:g}"
+    return keras.Model(inp, L.Dense(10)(h), name=name + suffix)
 
 
-def cnn_s(seed: int = 0) -> keras.Model:
-    """CNN-S: conv 16 4x4 s2, conv 32 4x4 s2, dense 100, dense 10 (randomly initialised)."""
-    return _cnn("cnn_s", [(16, 4, 2), (32, 4, 2)], [100], seed)
+def cnn_s(seed: int = 0, width: float = 1) -> keras.Model:
+    """CNN-S: conv 16 4x4 s2, conv 32 4x4 s2, dense 100, dense 10 (randomly initialised;
+    `width` multiplies the hidden channels and units)."""
+    return _cnn("cnn_s", [(16, 4, 2), (32, 4, 2)], [100], seed, width)
 
 
-def cnn_l(seed: int = 0) -> keras.Model:
+def cnn_l(seed: int = 0, width: float = 1) -> keras.Model:
     """CNN-L: conv 32 3x3, conv 32 4x4 s2, conv 64 3x3, conv 64 4x4 s2, dense 512,
-    dense 512, dense 10 (randomly initialised)."""
-    return _cnn("cnn_l", [(32, 3, 1), (32, 4, 2), (64, 3, 1), (64, 4, 2)], [512, 512], seed)
+    dense 512, dense 10 (randomly initialised; `width` as in `cnn_s`)."""
+    return _cnn("cnn_l", [(32, 3, 1), (32, 4, 2), (64, 3, 1), (64, 4, 2)], [512, 512], seed,
+                width)
 
 
 CNNS = {"cnn_s": cnn_s, "cnn_l": cnn_l}

@@ -24,24 +24,19 @@ from __future__ import annotations
 import os
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import app, flags
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from absl import app, flags  # noqa: E402
-
-import keras_roll  # noqa: E402
-from benchmarks._util import interleaved_medians  # noqa: E402
-from keras_roll.data import mnist_splits  # noqa: E402
+import keras_roll
+from benchmarks._util import define_mnist_flags, interleaved_medians
+from keras_roll.data import mnist_splits
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("data", None, "mnist.npz, or a folder with it or the IDX files "
-                    "(default: the Keras cache).")
-flags.DEFINE_integer("num_examples", 200, "Test images timed with method 1.")
+define_mnist_flags(200, "Test images timed with method 1.", epochs=2)
 flags.DEFINE_integer("relax_examples", 20, "Test images bounded by relaxation and intervals.")
 flags.DEFINE_integer("repeats", 3, "Timed repetitions (the median is reported).")
-flags.DEFINE_integer("epochs", 2, "Training epochs.")
 flags.DEFINE_integer("train_size", 20000, "Training images.")
 flags.DEFINE_string("rigor", "float64", "Rounding guard: float64, strict or float32.")
 

@@ -18,8 +18,10 @@ servers) are refused by `keras_roll.options.check_strategy`. Across several
 workers, each worker evaluates its own shard and the results are joined with
 `concat` (docs/guide.md, "Distribution").
 
-Compiled passes are `tf.function`s: the first call on each device traces once
-for that device (the placement is part of the trace), later calls reuse it.
+Compiled passes are `tf.function`s that the replicas share (`keras_roll.compile.caches`
+builds each once, under a lock); a trace serves every device, since placement happens
+when a call runs. TensorFlow does not serialise tracing, so replicas that make the very
+first call of a pass at the same moment may each trace it once.
 
 Example:
 

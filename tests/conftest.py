@@ -11,46 +11,52 @@ loops planned in the graph, training steps) or that run faster compiled carry
 compiled too, and `KERAS_ROLL_TEST_GRAPH=1` (`make test-all`) compiles every
 function, as users run them.
 
-`--cpu-durations=N` reports the N tests that used the most CPU time (their setup,
-call and teardown together).
+`--cpu-durations=N` reports the CPU time and the wall time of every file, and the
+N tests that used the most CPU time (their setup, call and teardown together; 0: all).
 
-Wall-clock durations (`--durations`) depend on whatever else runs on the machine;
-the CPU time of the test process (all its threads) does much less, so it is the
-figure to compare when the machine is shared. Run it without pytest-xdist's `-n`
-(the workers' times do not reach the report).
+Wall-clock durations depend on whatever else runs on the machine; the CPU time
+(all the threads of the test process, and the subprocesses it waited for) does
+much less, so it is the figure to compare when the machine is shared. It works
+under pytest-xdist too (each report carries its CPU time to the controller). A
+test whose wall time is far above its CPU time waits: on a subprocess that is
+still starting, on a lock, on the other worker's cores.
 
-    python -m pytest -q -m "not slow" --cpu-durations=30
+    python -m pytest -q -m "not slow" -n 2 --dist loadfile --cpu-durations=30
 
-**The longest files run first.** pytest-xdist (`make test`, `--dist loadfile`) hands
-whole files to its workers in collection order; a long file handed out last would
-run alone at the end. `LONGEST_FIRST` (the files with the most CPU time, longest
-first) are collected before the others, in alphabetical order.
+**The longest files run first.** pytest-xdist (`make test`, `--dist loadfile
+--no-loadscope-reorder`) hands whole files to its workers in collection order; a
+long file handed out last would run alone at the end. `LONGEST_FIRST` (the files
+with the most CPU time, subprocesses included, longest first) are collected before
+the others. Without `--no-loadscope-reorder`, pytest-xdist would instead hand out
+the files with the most tests first, whatever their length.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import time
 
 import pytest
 
-_CPU = pytest.StashKey[dict]()
+_START = pytest.StashKey[float]()
+_TIMES: dict[str, list[float]] = {}  # nodeid: [CPU seconds, wall seconds]
 
-LONGEST_FIRST = ("test_readme.py", "test_roll.py", "test_roll_exact.py", "test_errors.py",
-                 "test_certified_training.py", "test_rule_conformance.py", "test_options.py",
-                 "test_robust.py", "test_models.py", "test_scornn.py", "test_bounds.py",
-                 "test_twin.py", "test_fast_paths.py", "test_soundness.py", "test_distribute.py",
-                 "test_margins.py", "test_examples.py", "test_caltech256_example.py",
-                 "test_robust_exact.py", "test_distortion.py")
+LONGEST_FIRST = ("test_roll_exact.py", "test_roll.py", "test_errors.py", "test_robust.py",
+                 "test_certified_training.py", "test_chunked_passes.py", "test_examples.py",
+                 "test_soundness.py", "test_models.py", "test_rule_conformance.py",
+                 "test_attacks.py", "test_distribute_eval.py", "test_options.py",
+                 "test_margins.py", "test_fast_paths.py", "test_bounds.py",
+                 "test_robust_guard.py", "test_twin.py", "test_scornn.py",
+                 "test_robust_exact.py", "test_caltech256_example.py", "test_distortion.py",
+                 "test_units.py", "test_robust_search.py", "test_roll_wrt.py",
+                 "test_readme.py", "test_regularizers.py", "test_distribute.py",
+                 "test_docstrings.py")
 
 
 def pytest_addoption(parser):
     parser.addoption("--cpu-durations", type=int, default=None, metavar="N",
                      help="show the N tests that used the most CPU time (0: all).")
-
-
-def pytest_configure(config):
-    config.stash[_CPU] = {}
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -84,29 +90,65 @@ def _function_mode(request):
     tf.config.run_functions_eagerly(previous)
 
 
+def _cpu() -> float:
+    """CPU seconds of this process (all its threads) and of its finished subprocesses."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    start = time.process_time()
+def pytest_runtest_makereport(item, call):
+    """Attach each phase's CPU time to its report (pytest-xdist sends it to the controller)."""
+    outcome = yield
+    start = item.stash.get(_START, None)
+    if start is not None:  # the report shares the item's list: name the phase
+        outcome.get_result().user_properties.append((f"cpu_s_{call.when}", _cpu() - start))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    item.stash[_START] = _cpu()
     yield
-    item.config.stash[_CPU][item.nodeid] = time.process_time() - start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    item.stash[_START] = _cpu()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    item.stash[_START] = _cpu()
+    yield
+
+
+def pytest_runtest_logreport(report):
+    """Sum each test's CPU and wall time over its phases (here or in the xdist controller)."""
+    times = _TIMES.setdefault(report.nodeid, [0.0, 0.0])
+    times[0] += sum(v for k, v in report.user_properties if k == f"cpu_s_{report.when}")
+    times[1] += report.duration
 
 
 def pytest_terminal_summary(terminalreporter, config):
     n = config.getoption("--cpu-durations")
-    times = config.stash[_CPU]
-    if n is None or not times:
+    if n is None or not _TIMES:
         return
-    ranked = sorted(times.items(), key=lambda kv: -kv[1])
-    total = sum(times.values())
-    terminalreporter.section(f"CPU time: {total:.1f} s in {len(times)} tests")
-    per_file: dict[str, float] = {}
-    for nodeid, seconds in times.items():
-        per_file[nodeid.split("::")[0]] = per_file.get(nodeid.split("::")[0], 0.0) + seconds
-    for path, seconds in sorted(per_file.items(), key=lambda kv: -kv[1]):
-        terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
+    cpu = {nodeid: t[0] for nodeid, t in _TIMES.items()}
+    wall = {nodeid: t[1] for nodeid, t in _TIMES.items()}
+    terminalreporter.section(f"CPU time: {sum(cpu.values()):.1f} s in {len(cpu)} tests "
+                             f"(wall {sum(wall.values()):.1f} s)")
+    per_file: dict[str, list[float]] = {}
+    for nodeid in cpu:
+        entry = per_file.setdefault(nodeid.split("::")[0], [0.0, 0.0])
+        entry[0] += cpu[nodeid]
+        entry[1] += wall[nodeid]
+    terminalreporter.write_line("     cpu       wall")
+    for path, (c, w) in sorted(per_file.items(), key=lambda kv: -kv[1][0]):
+        terminalreporter.write_line(f"{c:8.1f} s {w:8.1f} s  {path}")
     terminalreporter.write_line("")
-    for nodeid, seconds in ranked[: n or None]:
-        terminalreporter.write_line(f"{seconds:8.2f} s  {nodeid}")
+    for nodeid in sorted(cpu, key=lambda k: -cpu[k])[: n or None]:
+        terminalreporter.write_line(f"{cpu[nodeid]:8.2f} s {wall[nodeid]:8.2f} s  {nodeid}")
 
 
 @pytest.fixture

@@ -80,3 +80,54 @@ def test_cached_builds_once_per_owner_and_key():
     assert cached(a, "k", make) == 1 and cached(a, "k", make) == 1
     assert cached(a, "other", make) == 2 and cached(b, "k", make) == 3
     assert cached(object(), "k", make) == 4  # no __dict__: built, not kept
+
+
+
+def test_threads_asking_at_once_get_one_make_and_one_trace():
+    """Replica threads (`keras_roll.distribute.Replicas`) that ask for the same compiled
+    function at once share one: one `make()`, so one trace (here `make` traces, as a
+    pass compiled for a fixed signature does), while another key is built meanwhile
+    (a lock per key, not one for the whole owner). Unlocked, each thread builds and
+    traces its own."""
+    import threading
+    import time
+
+    import tensorflow as tf
+
+    class Owner:
+        pass
+
+    owner, traces, start = Owner(), [], threading.Barrier(4)
+
+    def make():
+        def body(x):
+            traces.append(1)  # Python runs only while tracing
+            return 2 * x
+
+        fn = tf.function(body, autograph=False).get_concrete_function(
+            tf.TensorSpec([], tf.float32))
+        time.sleep(0.5)  # a slow build: the other threads ask meanwhile
+        return fn
+
+    got, other = [None] * 3, []
+
+    def worker(i):
+        start.wait()
+        got[i] = cached(owner, "fn", make)
+
+    def other_key():
+        start.wait()
+        time.sleep(0.05)  # while "fn" is being built
+        began = time.monotonic()
+        other.append(cached(owner, "other", lambda: "value"))
+        other.append(time.monotonic() - began)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+    threads.append(threading.Thread(target=other_key))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(traces) == 1, traces
+    assert got[0] is got[1] is got[2] and float(got[0](tf.constant(1.5))) == 3.0
+    assert other[0] == "value" and other[1] < 0.3, other  # did not wait for "fn"

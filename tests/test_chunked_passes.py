@@ -5,8 +5,10 @@ number of chunks, and bounds that hold at sampled points.
 The subject is a small CNN with a residual Add, whose two ReLU layers have 144 units
 each: with `examples` examples per call and `fit` rows of functionals per chunk, the
 budget is `fit * examples * 24 * 144` bytes (`crown.py`'s estimate: three float64
-copies of the widest value per row), which cuts the `2 * 144` rows of each layer into
-`ceil(288 / fit)` chunks."""
+copies of the widest value per row), which cuts the `2 * 144` rows of the second layer
+into `ceil(288 / fit)` chunks. The first layer's input is affine in the model input:
+only its `144` rows of `+I` are pulled back, shared by the batch (one example's memory),
+in `ceil(144 / (fit * examples))` chunks."""
 
 from __future__ import annotations
 
@@ -16,7 +18,10 @@ import pytest
 import tensorflow as tf
 
 from keras_roll.compile.bounds import BoundMethod, capture, lower_bounds
+from keras_roll.compile.bounds.crown import RelaxedOps, affine_in_input, relaxation_refiner
+from keras_roll.compile.bounds.ibp import interval_pass
 from keras_roll.compile.chunking import map_chunks
+from keras_roll.compile.rules import Activation
 from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
 from keras_roll.robust.bounds import arithmetic_of
@@ -99,19 +104,20 @@ def test_chunked_relaxation_equals_one_chunk_and_is_sound(p):
 
 @pytest.mark.graph
 def test_traced_ops_do_not_depend_on_the_number_of_chunks():
-    """Compiled (the chunks in a `tf.while_loop`), a CROWN pass traces as many ops for 2
-    chunks per layer as for 20, and both give the bounds of one chunk."""
+    """Compiled (the chunks in a `tf.while_loop`), a CROWN pass traces as many ops for 5
+    chunks per layer (2 for the first layer) as for 20 (5), and both give the bounds of
+    one chunk."""
     _, twin, structure, x = _setup()
     one = _bounds(twin, structure, x, 2**40).numpy()
     spec = tf.TensorSpec([B, 6, 6, 2], tf.float64)
     counts = {}
-    for chunks in (2, 20):
+    for chunks in (5, 20):
         fn = tf.function(lambda t, b=_budget(chunks): _bounds(twin, structure, t, b))
         concrete = fn.get_concrete_function(spec)
         counts[chunks] = len(concrete.graph.get_operations())
         np.testing.assert_allclose(concrete(tf.constant(x)).numpy(), one, rtol=1e-12,
                                    atol=1e-12)
-    assert counts[2] == counts[20], counts
+    assert counts[5] == counts[20], counts
 
 
 @pytest.mark.slow
@@ -140,3 +146,69 @@ def test_chunked_relaxation_is_differentiable_like_one_chunk():
                if "kernel" in w.path)
     for g, r in zip(got, ref):
         np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-7)  # float32 weights
+
+
+def _affine_add_cnn():
+    """A CNN whose first ReLU's input is affine in `x` through a residual Add of two
+    linear convolutions (after a Rescaling), followed by a residual ReLU block."""
+    keras.utils.set_random_seed(3)
+    inp = keras.Input((6, 6, 2))
+    a = L.Conv2D(4, 3, padding="same")(L.Rescaling(0.5)(inp))
+    h1 = L.ReLU()(L.Add()([a, L.Conv2D(4, 3, padding="same")(a)]))
+    h2 = L.Conv2D(4, 3, padding="same", activation="relu")(h1)
+    h = L.Flatten()(L.Add()([h1, h2]))
+    return keras.Model(inp, L.Dense(3)(h))
+
+
+def _layer_boxes(twin, structure, x, p, shortcut, guard=True, budget=2**40):
+    """The CROWN pass's boxes of every value (relative to `x`) and the activations' input
+    keys, with or without the affine shortcut."""
+    values = capture(twin.interpreter, tf.convert_to_tensor(x))
+    eps = tf.fill([x.shape[0]], tf.constant(EPS, tf.float64))
+    refine = relaxation_refiner(structure, values, RelaxedOps(values), eps, p, budget,
+                                x.shape[0], affine_shortcut=shortcut)
+    boxes = interval_pass(structure, values, eps, arithmetic_of(twin, guard), refine=refine)
+    keys = [n.inputs[0] for n in structure.nodes if isinstance(n.op, Activation)]
+    return values, boxes.boxes, keys
+
+
+@pytest.mark.parametrize("p", [np.inf, 2])
+def test_affine_shortcut_gives_the_bounds_of_both_signs(p):
+    """The first ReLU's input (affine in `x` through a residual Add) pulls back only `+I`
+    (`hi = -lo`): every box of the pass equals the pass that pulls back `+-I` everywhere,
+    in one chunk and in several; the second ReLU's input is not affine."""
+    twin = linearize(_affine_add_cnn()).at_dtype("float64")
+    structure = structure_of(twin.program)
+    x = np.random.default_rng(2).uniform(0, 1, (B, 6, 6, 2))
+    values, ref, keys = _layer_boxes(twin, structure, x, p, shortcut=False)
+    assert [affine_in_input(structure, values, k) for k in keys] == [(True, True),
+                                                                     (False, False)]
+    for budget in (2**40, 7 * 24 * WIDEST):  # one chunk; chunks of 7 rows
+        _, got, _ = _layer_boxes(twin, structure, x, p, shortcut=True, budget=budget)
+        for key, box in ref.items():
+            np.testing.assert_allclose(got[key].lo, box.lo, rtol=1e-12, atol=1e-14)
+            np.testing.assert_allclose(got[key].hi, box.hi, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("p", [np.inf, 1])
+def test_affine_shortcut_is_the_exact_range_of_the_pre_activation(p):
+    """Without rounding terms, the shortcut's box of the first ReLU's input is
+    `+-eps ||J_j||_q` (q the dual norm), the exact range of an affine map over the lp
+    ball, with `J` the `tf.GradientTape` Jacobian of the Keras pre-activation."""
+    model = _affine_add_cnn()
+    twin = linearize(model).at_dtype("float64")
+    structure = structure_of(twin.program)
+    x = np.random.default_rng(4).uniform(0, 1, (B, 6, 6, 2))
+    _, boxes, keys = _layer_boxes(twin, structure, x, p, shortcut=True, guard=False)
+    relu = next(layer for layer in model.layers if isinstance(layer, L.ReLU))
+    pre = keras.Model(model.inputs, relu.input)
+    t = tf.constant(x, tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(t)
+        z = tf.reshape(pre(t), [B, -1])
+    jac = tape.batch_jacobian(z, t).numpy().reshape(B, z.shape[1], -1).astype(np.float64)
+    q = {np.inf: 1, 2: 2, 1: np.inf}[p]
+    exact = EPS * np.linalg.norm(jac, ord=q, axis=2)
+    box = boxes[keys[0]]
+    np.testing.assert_allclose(np.reshape(box.hi, (B, -1)), exact, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.reshape(box.lo, (B, -1)), -exact, rtol=1e-5, atol=1e-7)

@@ -17,24 +17,17 @@ checks the numbers it reports.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "tests", "_roll_distribute.py")
+from tests.scripts import run_script
+
 PROBE_D = 16  # tests/_roll_distribute.py: the probe neuron has weight a + 1 on axis a
 
 
 def _run(out, *flags):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, SCRIPT, str(out), *flags], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_script("_roll_distribute.py", out, *flags, timeout=600)
     return json.loads(out.read_text())
 
 

@@ -67,7 +67,7 @@ def test_best_combines_the_methods(results):
         assert np.all(np.isfinite(best.upper[p]))
         assert np.all(best.lower[p] <= best.upper[p])
         assert set(best.lower_method[p]) <= {"region", "decision", "relaxation", "label"}
-        assert set(best.upper_method[p]) <= {"region", "walk", "attack", "label"}
+        assert set(best.upper_method[p]) <= {"region", "walk", "attack", "search", "label"}
     # every method alone is consistent with the best bounds
     for rr in results.values():
         for p in NORMS:

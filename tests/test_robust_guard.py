@@ -133,3 +133,55 @@ def test_wide_float32_mlp_default_certifies_where_strict_gives_zero():
     assert np.all(default.lower[np.inf] >= strict.lower[np.inf])
     assert np.mean(default.lower[np.inf] > 0) >= 0.5
     assert np.mean(default.exact[np.inf]) >= 0.5
+
+
+def test_default_intermediate_bounds_contain_the_float32_evaluation_and_beat_strict():
+    """The relaxation's layer bounds under the default rigor (CROWN rows with the
+    probabilistic rounding bound, intervals widened by it) contain every hidden
+    pre-activation the float32 Keras model computes at 300 points of the l_inf ball,
+    at a radius (2^-20) where the rounding bound decides (the first layer's extreme
+    corners among them); and they are never
+    wider than the worst case's, narrower somewhere."""
+    import tensorflow as tf
+
+    from keras_roll.compile.bounds import bound_rule, logit_margins
+    from keras_roll.compile.bounds.crown import RelaxedOps, relaxation_refiner
+    from keras_roll.compile.bounds.ibp import interval_pass
+    from keras_roll.robust import bounds as robust_bounds
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((784,))
+    pre1 = keras.layers.Dense(100)(inp)
+    pre2 = keras.layers.Dense(100)(keras.layers.ReLU()(pre1))
+    model = keras.Model(inp, keras.layers.Dense(10)(keras.layers.ReLU()(pre2)))
+    hidden = keras.Model(inp, [pre1, pre2])
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 1024, (3, 784)) / 1024.0  # x +- eps is exact in float32
+    eps = 2.0**-20
+    twin = keras_roll.linearize(model).at_dtype("float64")
+    lm = logit_margins(twin.interpreter, tf.constant(x), tf.zeros([3], tf.int64))
+    boxes = {}
+    for mode in ("float64", "strict"):
+        arithmetic = robust_bounds._arithmetic(twin, mode)
+        lines = RelaxedOps(lm.values)
+        refine = relaxation_refiner(lm.structure, lm.values, lines, tf.fill([3], eps), np.inf,
+                                    2**26, 3, robust_bounds._loss_of(arithmetic))
+        res = interval_pass(lm.structure, lm.values, tf.fill([3], eps), arithmetic, refine)
+        boxes[mode] = [(lm.values.inputs[i][0].numpy(), res.boxes[node.inputs[0]])
+                       for i, node in enumerate(lm.structure.nodes)
+                       if not bound_rule(node.op).linear]
+    assert len(boxes["float64"]) == 2
+    # the corners where the first layer's units reach their extremes, and random ones
+    w1 = np.sign(model.layers[1].get_weights()[0].T[:50])
+    steps = np.concatenate([16 * w1, -16 * w1, rng.choice([-16, 16], (100, 784)),
+                            rng.integers(-16, 17, (100, 784))])[:, None]
+    pts = (x[None] + steps * eps / 16).reshape(-1, 784)  # multiples of 2^-24: exact
+    got = [np.asarray(h, np.float64).reshape(300, 3, -1) for h in hidden(pts.astype(np.float32))]
+    narrower = 0
+    for (z0, box), (_, strict), h in zip(boxes["float64"], boxes["strict"], got):
+        lo, hi = z0 + box.lo.numpy(), z0 + box.hi.numpy()
+        assert np.all((h >= lo[None]) & (h <= hi[None]))
+        width, strict_width = (hi - lo), (strict.hi - strict.lo).numpy()
+        assert np.all(width <= strict_width * (1 + 1e-12))
+        narrower += int(np.sum(width < 0.9 * strict_width))
+    assert narrower > 0

@@ -29,7 +29,7 @@ import tensorflow as tf
 import keras_roll
 import keras_roll.robust.api as robust_api
 from keras_roll.robust.bounds import RelaxedMargins, relaxed_margins
-from keras_roll.robust.search import MAX_STEPS, search_certified
+from keras_roll.robust.search import MAX_STEPS, search_certified, shrink_upper
 from tests.test_robust_exact import _mlp, affine_stack, exact_milp, near_boundary
 
 TOL = 1e-3  # robust_radius's default bisect_tol
@@ -275,3 +275,67 @@ def test_default_relaxation_guard_on_a_wide_float32_mlp():
         assert np.all(got["float64"].lower[p] >= got["strict"].lower[p])
         assert np.mean(got["float64"].lower[p] > got["strict"].lower[p]) >= 0.5
         _assert_no_flip(model, near, got["float64"].lower[p], p)
+
+
+def test_shrink_upper_on_a_known_threshold():
+    """A probe that finds a point at `r` exactly when its radius is at least `r` and its
+    budget at least `need`: the search ends within `tol` of `r`, never below it, with
+    budgets that grow as the bracket narrows and within `max_steps`."""
+    r = np.array([1.0, 2.0, 5.0, 3.0])
+    need = np.array([0, 0, 0, 10**6])  # the last probe never succeeds
+    seen = []
+
+    def probe(idx, eps, steps):
+        seen.append((idx.copy(), steps.copy()))
+        return np.where((eps >= r[idx]) & (steps >= need[idx]), r[idx], np.nan)
+
+    upper = np.array([1.05, 2.5, 5.0 * 1.01, 3.3])
+    res = shrink_upper(probe, np.array([0.0, 1.9, 0.0, 0.0]), upper, steps=10,
+                       max_steps=400, tol=1e-3)
+    assert np.all(res.upper >= r)
+    np.testing.assert_allclose(res.upper[:3], r[:3], rtol=1e-12)  # a hit returns r itself
+    assert res.upper[3] == upper[3]  # nothing found: the upper given
+    assert np.all(res.steps <= 400) and np.all(res.probes >= 1)
+    last = [s[list(i).index(3)] for i, s in seen if 3 in i]
+    assert last == sorted(last) and last[-1] > last[0]  # the failing row's budgets grow
+    assert sum(last) == res.steps[3]
+
+
+def test_upper_never_below_the_milp_and_records_the_methods():
+    """On a 6-32-32-4 MLP: every upper bound of `robust_radius` is at least the exact
+    minimal l_inf perturbation (MILP, scipy HiGHS), every point changes the float32
+    prediction, and the records of the methods and budgets are right and survive
+    `concat`."""
+    from keras_roll.robust import BoundSource, RobustRadius
+
+    model = _mlp((32, 32), 0.0, 6, 4, 7)
+    stages = affine_stack(model)
+    x = near_boundary(stages, (6,), 4, seed=9).astype(np.float32)
+    rr = keras_roll.robust_radius(model, x, norms=(np.inf,), rigor="float32",
+                                  attack=keras_roll.robust.AttackOptions(steps=50),
+                                  verbose=False)
+    upper, lower = rr.upper[np.inf], rr.lower[np.inf]
+    assert np.all(np.isfinite(upper))
+    pts = rr.adversarial[np.inf].astype(np.float32)
+    assert np.all(np.argmax(model.predict(pts, verbose=0), axis=1) != rr.predicted)
+    flat = x.astype(np.float64)
+    exact = np.array([exact_milp(stages, flat[i], rr.predicted[i], np.inf,
+                                 upper[i] * (1 + 1e-6), 4)[1] for i in range(len(x))])
+    assert np.all(np.isfinite(exact))
+    assert np.all(upper >= exact * (1 - 2e-5) - 1e-7), (upper, exact)
+    assert np.all(lower <= exact * (1 + 2e-5) + 1e-7), (lower, exact)
+    for field in (rr.lower_method[np.inf], rr.upper_method[np.inf]):
+        assert all(isinstance(m, BoundSource) for m in field)
+    searched = np.isin(rr.upper_method[np.inf], [BoundSource.ATTACK, BoundSource.SEARCH])
+    assert np.all(rr.attack_steps[np.inf] > 0)  # the attack ran on every input
+    assert np.all(rr.seconds[np.inf] > 0)
+    relaxed = rr.lower_method[np.inf] == BoundSource.RELAXATION
+    assert np.all(rr.bound_passes[np.inf][relaxed] > 0)
+    assert searched.any() or np.all(rr.exact[np.inf])
+    both = RobustRadius.concat([rr, rr])
+    for name in ("lower_method", "upper_method", "attack_steps", "seconds", "bound_passes"):
+        np.testing.assert_array_equal(getattr(both, name)[np.inf],
+                                      np.tile(getattr(rr, name)[np.inf], 2))
+    assert all(isinstance(m, BoundSource) for m in both.upper_method[np.inf])
+    text = str(rr.summary())
+    assert "attack steps" in text and "bound passes" in text

@@ -26,11 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from keras_roll.attribution.genetic import genetic_search, survivors
-from keras_roll.attribution.gradients import (
-    LogitGradients,
-    check_count,
-    select_logits,
-)
+from keras_roll.attribution.gradients import LogitGradients, check_count, select_logits
 from keras_roll.attribution.result import join_examples
 from keras_roll.attribution.targets import read_examples
 from keras_roll.compile.chunking import plan_directions
@@ -237,8 +233,7 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
     """
     mode = DistortionMode.parse(mode, "mode", default=DistortionMode.EXPECTED)
     opts = RunOptions.of(options, uses=(*GRADIENT_FIELDS, "strategy"),
-                         caller="gradient_distortion",
-                         **overrides)
+                         caller="gradient_distortion", **overrides)
     budget = fixed_budget(opts.memory_budget)
     samples = check_count(samples, "samples")
     population = check_count(population, "population")
@@ -280,7 +275,6 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
         return tuple(None if p[0] is None else np.concatenate(p) for p in zip(*parts))
 
     if mode is DistortionMode.EXPECTED:
-        total = b_total * samples
         with opts.progress(total, "gradient distortion", unit="grad") as bar:
             dist, frac = shared(lambda r, *a: _expected(r, *a[:5], samples, a[5]), bar)
         points = changed = None

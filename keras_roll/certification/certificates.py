@@ -32,7 +32,8 @@ from keras_roll.geometry import NORM_LABELS, NormDict
 from keras_roll.options import Method, Rigor, parse_norm
 from keras_roll.summary import Summary, format_table, percentiles_of
 
-__all__ = ["Certificate", "StabilityBounds", "concat_padded", "first_part"]
+__all__ = ["Certificate", "StabilityBounds", "binding_layers_lines", "concat_padded",
+           "first_part"]
 
 INF = math.inf
 PAPER = "Lee et al., ICLR 2019"
@@ -67,6 +68,30 @@ def concat_padded(arrays: list, fill) -> np.ndarray:
         padded[tuple(slice(0, n) for n in a.shape)] = a
         out.append(padded)
     return np.concatenate(out, axis=0)
+
+
+def binding_layers_lines(binding: NormDict, n: int) -> list[str]:
+    """The summary's line on where the balls end: the (at most 3) layers whose neurons
+    bind most often, with their shares of the `n` examples, for l2 (else the first
+    norm); no line when no neuron binds.
+
+    Example:
+
+    ```python
+    binding_layers_lines(NormDict({2: [("dense", 3), None]}), 2)
+    # ['Binding layers (l2): dense (50%)']
+    ```
+    """
+    if not n or not binding:
+        return []
+    p = 2 if 2 in binding else next(iter(binding))
+    layers = [b[0] for b in binding[p] if b is not None]
+    if not layers:
+        return []
+    names, counts = np.unique(layers, return_counts=True)
+    share = ", ".join(f"{names[i]} ({100 * counts[i] / n:.0f}%)"
+                      for i in np.argsort(-counts)[:3])
+    return [f"Binding layers ({NORM_LABELS[p]}): {share}"]
 
 
 @dataclasses.dataclass(repr=False)
@@ -312,15 +337,7 @@ class Certificate:
         if self.nonfinite is not None and self.nonfinite.any():
             out.append(f"{int(self.nonfinite.sum())} example(s) with non-finite neurons or "
                        f"logits: margins NaN.")
-        if self.n and self.margins:
-            p = 2 if 2 in self.margins else next(iter(self.margins))
-            layers = [b[0] for b in self.binding[p] if b is not None]
-            if layers:
-                names, counts = np.unique(layers, return_counts=True)
-                order = np.argsort(-counts)[:3]
-                share = ", ".join(f"{names[i]} ({100 * counts[i] / self.n:.0f}%)"
-                                  for i in order)
-                out.append(f"Binding layers ({NORM_LABELS[p]}): {share}")
+        out += binding_layers_lines(self.binding, self.n)
         return Summary.emit(out, print_fn)
 
 

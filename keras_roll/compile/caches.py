@@ -16,6 +16,7 @@ fn = cached(twin, ("region", guard), lambda: tf.function(...))   # built once pe
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -24,27 +25,64 @@ import tensorflow as tf
 __all__ = ["cached", "compiled_call"]
 
 _ATTRIBUTE = "_keras_roll_cache"
+_NEW_CACHE = threading.Lock()  # held only while an owner's first cache is put on it
+
+
+class _Cache:
+    """One owner's values by key, each built once: a lock per key, so that replica
+    threads asking for the same value wait for one `make()` (one trace), while values
+    for other keys (a `make()` may ask for them) are built meanwhile."""
+
+    __slots__ = ("guard", "locks", "values")
+
+    def __init__(self):
+        self.values: dict = {}
+        self.locks: dict = {}
+        self.guard = threading.Lock()
+
+    def get(self, key: Hashable, make: Callable[[], Any]):
+        try:
+            return self.values[key]
+        except KeyError:
+            pass
+        with self.guard:
+            lock = self.locks.setdefault(key, threading.RLock())
+        with lock:  # an RLock: a make() asking for its own key recurses, as unlocked
+            if key not in self.values:
+                self.values[key] = make()
+            return self.values[key]
 
 
 def cached(owner, key: Hashable, make: Callable[[], Any]):
     """`owner`'s value for `key`: `make()` the first time, the same object after.
+
+    Thread-safe: threads that ask for the same value at once (the replicas of
+    `keras_roll.distribute.Replicas`) get one `make()`, so one compiled function and
+    one trace.
 
     Args:
         owner: a Keras model, a twin, an engine (an object without a `__dict__`
             gets a new value every time).
         key: what the value is for (namespaced by the caller, e.g. `("riemann",)`).
         make: builds the value; it may refer to `owner`.
+
+    Example:
+
+    ```python
+    fn = cached(model, ("call",), lambda: tf.function(model))   # the same fn next time
+    ```
     """
     try:
         cache = vars(owner).get(_ATTRIBUTE)
         if cache is None:
-            cache = {}
-            object.__setattr__(owner, _ATTRIBUTE, cache)  # not a tracked Keras attribute
+            with _NEW_CACHE:
+                cache = vars(owner).get(_ATTRIBUTE)
+                if cache is None:
+                    cache = _Cache()
+                    object.__setattr__(owner, _ATTRIBUTE, cache)  # not tracked by Keras
     except (TypeError, AttributeError):  # no __dict__: nothing to keep it on
         return make()
-    if key not in cache:
-        cache[key] = make()
-    return cache[key]
+    return cache.get(key, make)
 
 
 def compiled_call(model):

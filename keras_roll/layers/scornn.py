@@ -288,6 +288,12 @@ class ScoRNNCell(keras.layers.Layer):
         return {**super().get_config(), **config}
 
 
+def _cell_property(name: str) -> property:
+    """A read-only property that reads the cell's attribute `name`."""
+    return property(lambda self: getattr(self.cell, name),
+                    doc=f"The cell's `{name}` (`ScoRNNCell`).")
+
+
 @keras.saving.register_keras_serializable(package=_PACKAGE)
 class ScoRNN(keras.layers.RNN):
     """The scoRNN layer (Helfrich, Willmott & Ye, ICML 2018) as a Keras RNN.
@@ -356,21 +362,10 @@ class ScoRNN(keras.layers.RNN):
         """The current orthogonal recurrent matrix `W` (`[units, units]` tensor)."""
         return self.cell.recurrent_matrix()
 
-    @property
-    def units(self):
-        return self.cell.units
-
-    @property
-    def activation(self):
-        return self.cell.activation
-
-    @property
-    def num_negative_ones(self):
-        return self.cell.num_negative_ones
-
-    @property
-    def use_bias(self):
-        return self.cell.use_bias
+    units = _cell_property("units")
+    activation = _cell_property("activation")
+    num_negative_ones = _cell_property("num_negative_ones")
+    use_bias = _cell_property("use_bias")
 
     def get_config(self):
         config = self.cell.get_config()

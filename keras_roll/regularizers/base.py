@@ -122,7 +122,19 @@ def in_evaluation() -> bool:
 
 
 class TermMean(keras.metrics.Mean):
-    """A Mean that reads NaN ("not computed") instead of 0 before any update."""
+    """A Mean that reads NaN ("not computed") instead of 0 before any update: every
+    regularizer's logged term (`roll_loss`, `mmr_loss`, ...) and the certified
+    terms' `certified_accuracy` (NaN when `evaluate` did not compute it).
+
+    Example:
+
+    ```python
+    m = TermMean(name="roll_loss")
+    m.result()                      # nan: not computed
+    m.update_state([1.0, 3.0])
+    m.result()                      # 2.0
+    ```
+    """
 
     def result(self):
         count = tf.convert_to_tensor(self.count)

@@ -42,15 +42,11 @@ from keras_roll.compile.bounds import (
 )
 from keras_roll.compile.twin import linearize
 from keras_roll.compile.units import resolve_units
-from keras_roll.regularizers.base import (
-    RegularizerConfig,
-    TermResult,
-    class_indices,
-)
+from keras_roll.regularizers.base import RegularizerConfig, TermMean, TermResult, class_indices
 from keras_roll.regularizers.registry import register_regularizer
 from keras_roll.rounding import rules
 
-__all__ = ["CertifiedMean", "CertifiedTerm", "CrownIBPConfig", "IBPConfig", "WorstCase",
+__all__ = ["CertifiedTerm", "CrownIBPConfig", "IBPConfig", "WorstCase",
            "certified_terms", "check_fraction", "check_radius", "worst_case_logits"]
 
 
@@ -284,17 +280,6 @@ def _own(labels, classes):
     return tf.one_hot(labels, classes, on_value=True, off_value=False, dtype=tf.bool)
 
 
-class CertifiedMean(keras.metrics.Mean):
-    """The certified fraction; NaN ("not computed", e.g. `on_eval=False` in
-    `evaluate`) instead of 0 before any update."""
-
-    def result(self):
-        count = tf.convert_to_tensor(self.count)
-        total = tf.convert_to_tensor(self.total)
-        return tf.where(count > 0, total / tf.maximum(count, 1e-12),
-                        tf.constant(float("nan"), count.dtype))
-
-
 class CertifiedTerm:
     """The IBP / CROWN-IBP term of one model: `term(x, y, training) -> TermResult`.
 
@@ -325,7 +310,7 @@ class CertifiedTerm:
         self.eps = _variable(config.eps, "eps")
         self.kappa = _variable(config.kappa, "kappa")
         self.beta = _variable(config.beta_value, "beta")
-        self.certified = CertifiedMean(name="certified_accuracy")
+        self.certified = TermMean(name="certified_accuracy")
 
     @property
     def metrics(self) -> list:

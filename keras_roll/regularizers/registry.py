@@ -6,18 +6,14 @@ Registering a config class is the only step that makes a regularizer known: no
 table is kept by hand, and the error for an unknown config lists the
 registered ones. docs/design.md, section "Regularizers beside ROLL".
 
+A config class of one's own is registered as `register_regularizer`'s example shows
+(docs/guide.md, "A regularizer of your own", trains one).
+
 Example:
 
 ```python
-@register_regularizer
-@dataclasses.dataclass(frozen=True)
-class LogitNormConfig(RegularizerConfig):
-    lam: float = 0.01
-    on_eval: bool | None = None
-    log_name = "logit_norm_loss"
-
-    def term(self, model):
-        ...
+registration_of(MMRConfig()).name             # "mmr": its layer, its metric "mmr_loss"
+"IBPConfig" in registered_regularizers()      # True: wrap(regularizer=IBPConfig(...))
 ```
 """
 

@@ -13,9 +13,11 @@ differentiable function, for certified training. See docs/design.md, section
 
 from keras_roll.compile.bounds import SlopeOptions
 from keras_roll.robust.api import robust_radius
+from keras_roll.robust.arguments import BranchOptions
 from keras_roll.robust.attacks import AttackOptions, minimal_norm_attack
 from keras_roll.robust.bounds import MarginBounds, interval_bounds
-from keras_roll.robust.result import RobustMethod, RobustRadius
+from keras_roll.robust.result import BoundSource, RobustMethod, RobustRadius
 
-__all__ = ["AttackOptions", "MarginBounds", "RobustMethod", "RobustRadius", "SlopeOptions",
-           "interval_bounds", "minimal_norm_attack", "robust_radius"]
+__all__ = ["AttackOptions", "BoundSource", "BranchOptions", "MarginBounds", "RobustMethod",
+           "RobustRadius", "SlopeOptions", "interval_bounds", "minimal_norm_attack",
+           "robust_radius"]

@@ -30,29 +30,39 @@ rr.summary()
 from __future__ import annotations
 
 import copy
-import numbers
+import time
 import warnings
-from typing import NamedTuple
 
 import numpy as np
 
 from keras_roll.certification import certify
-from keras_roll.compile.bounds import BoundMethod, BoundPass, SlopeOptions, check_bounds
-from keras_roll.compile.rules.activations import Link
-from keras_roll.compile.structure import structure_of
+from keras_roll.compile.bounds import (
+    BoundMethod,
+    IntermediateBounds,
+    SlopeOptions,
+)
+from keras_roll.compile.bounds.intermediate import DEFAULT_MAX_SECONDS
 from keras_roll.compile.twin import linearize
 from keras_roll.compile.units import Units, resolve_units
 from keras_roll.distribute import Replicas
-from keras_roll.errors import UnsupportedModelError
 from keras_roll.geometry import dual_norm, to_numpy
 from keras_roll.inputs import LabelSpec, ModelOrTwin, read_batches
 from keras_roll.options import FIELDS as RUN_FIELDS
-from keras_roll.options import Norms, RunOptions, check_bisect_tol, parse_norms
+from keras_roll.options import Norms, RunOptions, parse_norms
 from keras_roll.robust.adversarial import predict_classes
-from keras_roll.robust.attacks import AttackOptions, minimal_norm_attack
-from keras_roll.robust.bounds import relaxed_margins
+from keras_roll.robust.arguments import (
+    SearchOptions,
+    bound_method_of,
+    check_arguments,
+    check_classifier,
+    checked_options,
+    warn_saturating_link,
+)
+from keras_roll.robust.attacks import AttackOptions, probe_attack, run_attack
+from keras_roll.robust.bounds import intermediate_choice, relaxed_margins
+from keras_roll.robust.branch import BranchOptions, branch_radius
 from keras_roll.robust.region import decision_terms, link_gap, region_bounds
-from keras_roll.robust.result import RobustMethod, RobustRadius
+from keras_roll.robust.result import BoundSource, RobustMethod, RobustRadius
 from keras_roll.robust.search import search_certified
 from keras_roll.robust.walk import walk_bounds
 from keras_roll.rounding.precision import unit_roundoff
@@ -60,78 +70,6 @@ from keras_roll.rounding.precision import unit_roundoff
 __all__ = ["METHODS", "SearchOptions", "robust_radius"]
 
 METHODS = tuple(m.value for m in RobustMethod)
-
-
-def _check_arguments(max_regions, bisect_tol, exact_rtol):
-    check_bisect_tol(bisect_tol)
-    if not isinstance(max_regions, numbers.Integral) or isinstance(max_regions, bool) \
-            or max_regions < 1:
-        raise ValueError(f"max_regions must be a positive integer, got {max_regions!r}.")
-    if not (isinstance(exact_rtol, numbers.Real) and 0 <= exact_rtol < 1):
-        raise ValueError(f"exact_rtol must be a relative tolerance in [0, 1), got "
-                         f"{exact_rtol!r}.")
-
-
-def _options(value, kind: type, arg: str, example: str):
-    """`value` checked (`kind.checked`), `kind()` for None; a ValueError for another type."""
-    if value is None:
-        return kind()
-    if not isinstance(value, kind):
-        raise ValueError(f"{arg} must be a keras_roll.robust.{kind.__name__} (e.g. {example}) "
-                         f"or None, got {value!r}.")
-    return value.checked()
-
-
-def _check_classifier(lin) -> int:
-    """The number of classes; refuses models whose output is not `[B, L]`, `L >= 2`."""
-    shape = tuple(lin.model.outputs[0].shape[1:])
-    if len(shape) != 1 or shape[0] is None or shape[0] < 2:
-        raise ValueError(
-            f"robust_radius needs a classifier whose output is [batch, classes] with at least "
-            f"2 classes (the prediction is its argmax); model '{lin.model.name}' outputs "
-            f"shape {shape}. For a single sigmoid unit, output two logits [-z, z].")
-    return int(shape[0])
-
-
-def _warn_saturating_link(lin, rigor) -> None:
-    """Warns where the guard cannot cover the output's rounding: several sigmoids."""
-    if rigor.guarded and lin.output_link is Link.SIGMOID:
-        warnings.warn(
-            f"Model '{lin.model.name}' ends in a sigmoid: its prediction is the argmax of "
-            f"sigmoid outputs, which round to 1.0 (and tie, argmax then keeping the lower "
-            f"class) once a logit exceeds about 17 in float32. The lower bounds guard the "
-            f"logits' rounding, not that saturation. For bounds that hold as Keras "
-            f"evaluates the model, drop the final sigmoid (logits) or use a softmax.",
-            stacklevel=3)
-
-
-def _bound_method(twin, method: RobustMethod) -> BoundMethod | None:
-    """The bound pass of the lower bounds beyond the region, None where the method runs
-    none; 'best' falls back to method 1 (None) if the passes do not cover the model."""
-    if method not in (RobustMethod.BEST, RobustMethod.RELAXATION, RobustMethod.INTERVAL,
-                      RobustMethod.ALPHA_CROWN):
-        return None
-    try:
-        check_bounds(structure_of(twin.program), tuple(BoundPass))
-    except UnsupportedModelError as e:
-        if method is not RobustMethod.BEST:
-            raise
-        warnings.warn(f"robust_radius(method='best') bounds this model without the linear "
-                      f"relaxation: {e}", stacklevel=3)
-        return None
-    return {RobustMethod.INTERVAL: BoundMethod.INTERVAL,
-            RobustMethod.ALPHA_CROWN: BoundMethod.ALPHA_CROWN}.get(method,
-                                                                   BoundMethod.RELAXATION)
-
-
-class SearchOptions(NamedTuple):
-    """The search budgets and tolerances of one call (see `robust_radius`)."""
-
-    max_regions: int
-    bisect_tol: float
-    exact_rtol: float
-    attack: AttackOptions = AttackOptions()
-    slopes: SlopeOptions = SlopeOptions()
 
 
 class _Run:
@@ -149,7 +87,7 @@ class _Run:
         self.budget = run.budget(lin.memory_budget)
         self.search = search
         self.units = units
-        self.bound = _bound_method(self.twin, method)
+        self.bound = bound_method_of(self.twin, method)
         self.bar, self.shown = None, 0
 
     def empty(self, x: np.ndarray, y) -> RobustRadius:
@@ -165,9 +103,11 @@ class _Run:
             exact=per_norm(lambda: np.zeros(b, bool)),
             exact_value=per_norm(lambda: np.full(b, np.nan)),
             runner_up=per_norm(lambda: np.full(b, -1, np.int64)),
-            lower_method=per_norm(lambda: np.full(b, "", object)),
-            upper_method=per_norm(lambda: np.full(b, "", object)),
+            lower_method=per_norm(lambda: np.full(b, BoundSource.NONE, object)),
+            upper_method=per_norm(lambda: np.full(b, BoundSource.NONE, object)),
             bound_passes=per_norm(lambda: np.zeros(b, np.int64)),
+            attack_steps=per_norm(lambda: np.zeros(b, np.int64)),
+            seconds=per_norm(lambda: np.zeros(b)),
             predicted=np.full(b, -1, np.int64), labels=None if y is None else np.asarray(y),
             method=self.method, rigor=self.rigor, exact_rtol=self.search.exact_rtol,
             nonfinite=~np.all(np.isfinite(x.reshape(b, -1)), axis=1), units=self.units)
@@ -186,7 +126,7 @@ class _Run:
             for p in self.norms:
                 rr.upper[p][wrong], rr.adversarial[p][wrong] = 0.0, x[wrong]
                 rr.exact_value[p][wrong] = 0.0
-                rr.lower_method[p][wrong] = rr.upper_method[p][wrong] = "label"
+                rr.lower_method[p][wrong] = rr.upper_method[p][wrong] = BoundSource.LABEL
                 rr.runner_up[p][wrong] = pred[wrong]
             idx = idx[pred[idx] == y[idx]]
         if idx.size:
@@ -220,14 +160,18 @@ class _Run:
                                         self.search.exact_rtol) \
                 & ~np.isfinite(rr.exact_value[p][idx])
             if self.method in (RobustMethod.BEST, RobustMethod.WALK):
-                self._walk(x64, pred, idx, todo, p, rr)
+                _timed(self._walk, x64, pred, idx, todo, p, rr)
             if self.method in (RobustMethod.BEST, RobustMethod.ATTACK):
-                self._attack(x64, pred, idx, todo, p, rr)
+                _timed(self._attack, x64, pred, idx, todo, p, rr)
             if self.bound is not None:
                 if terms is None:
                     terms = decision_terms(self.twin, x64, pred, guard=False,
                                            memory_budget=self.budget)
-                self._relaxation(x64, pred, idx, todo, p, rr, terms)
+                _timed(self._relaxation, x64, pred, idx, todo, p, rr, terms)
+            if self.search.branch is not None and self.bound is not None:
+                _timed(self._branch, x64, pred, idx, todo, p, rr, terms)
+            if self.method is RobustMethod.BEST:
+                _timed(self._search, x64, pred, idx, todo, p, rr)
         return bad
 
     def _region(self, x, x64, pred, idx, rr: RobustRadius):
@@ -243,9 +187,10 @@ class _Run:
             margin = np.nan_to_num(cert.margins[p], nan=0.0)
             nb = region_bounds(self.model, x64, pred, terms, margin, p, slack, gap)
             rr.lower[p][idx] = nb.lower
-            rr.lower_method[p][idx] = np.where(nb.lower < margin, "decision", "region")
+            rr.lower_method[p][idx] = np.where(nb.lower < margin, BoundSource.DECISION,
+                                               BoundSource.REGION)
             rr.exact_value[p][idx] = nb.exact_value
-            _take_upper(rr, p, idx, nb, "region")
+            _take_upper(rr, p, idx, nb, BoundSource.REGION)
         return np.asarray(cert.nonfinite, bool), terms
 
     def _gap(self, terms) -> float:
@@ -259,26 +204,46 @@ class _Run:
             return
         nb = walk_bounds(self.model, self.twin, x64[sub], pred[sub], p,
                          self.search.max_regions, self.budget)
-        _take_upper(rr, p, idx[sub], nb, "walk")
+        _take_upper(rr, p, idx[sub], nb, BoundSource.WALK)
 
     def _attack(self, x64, pred, idx, todo, p, rr: RobustRadius):
         sub = np.flatnonzero(todo)
         if not sub.size:
             return
-        nb = minimal_norm_attack(self.model, x64[sub], p, pred=pred[sub],
-                                 start=rr.adversarial[p][idx[sub]], options=self.search.attack)
-        _take_upper(rr, p, idx[sub], nb, "attack")
+        nb, steps = run_attack(self.model, x64[sub], p, pred=pred[sub],
+                               lower=rr.lower[p][idx[sub]], start=rr.adversarial[p][idx[sub]],
+                               options=self.search.attack,
+                               probes=self.method is not RobustMethod.BEST)  # "best": later
+        rr.attack_steps[p][idx[sub]] += steps
+        _take_upper(rr, p, idx[sub], nb, BoundSource.ATTACK)
+
+    def _search(self, x64, pred, idx, todo, p, rr: RobustRadius):
+        """The attack's probes at fixed radii between the certified radius and the
+        upper bound (`keras_roll.robust.search.shrink_upper`)."""
+        open_ = ~_bounds_meet(rr.lower[p][idx], rr.upper[p][idx], self.search.exact_rtol)
+        sub = np.flatnonzero(todo & open_ & np.isfinite(rr.upper[p][idx]))
+        if not sub.size or not self.search.attack.probe_steps:
+            return
+        nb, steps = probe_attack(self.model, x64[sub], p, pred[sub], rr.adversarial[p][idx[sub]],
+                                 rr.lower[p][idx[sub]], self.search.attack)
+        rr.attack_steps[p][idx[sub]] += steps
+        _take_upper(rr, p, idx[sub], nb, BoundSource.SEARCH)
 
     def _relaxation(self, x64, pred, idx, todo, p, rr: RobustRadius, terms):
         sub = np.flatnonzero(todo)
         if not sub.size:
             return
         xs, ps = x64[sub], pred[sub]
+        bound = self.bound
+        if bound is BoundMethod.RELAXATION:  # CROWN or CROWN-IBP: the call's choice
+            choice = intermediate_choice(self.twin, xs, self.search.intermediate, self.budget,
+                                         self.search.pass_seconds)
+            bound, rr.intermediate = choice.method, (choice,)
 
         gap = self._gap(terms)  # certified where every margin exceeds it
 
         def values(i, eps):
-            bounds = relaxed_margins(self.twin, xs[i], ps[i], eps, p, method=self.bound,
+            bounds = relaxed_margins(self.twin, xs[i], ps[i], eps, p, method=bound,
                                      guard=self.rigor, memory_budget=self.budget,
                                      slopes=self.search.slopes)
             return np.min(bounds.lower, axis=1) - gap, bounds.root(gap)
@@ -300,7 +265,29 @@ class _Run:
         better = lo > known
         target = idx[sub[better]]
         rr.lower[p][target] = lo[better]
-        rr.lower_method[p][target] = self.bound.value
+        rr.lower_method[p][target] = BoundSource.parse(bound.value)
+
+
+    def _branch(self, x64, pred, idx, todo, p, rr: RobustRadius, terms):
+        """Branch and bound where the bracket is still open (`keras_roll.robust.branch`)."""
+        sub = np.flatnonzero(todo & ~_bounds_meet(rr.lower[p][idx], rr.upper[p][idx],
+                                                  self.search.exact_rtol))
+        if not sub.size:
+            return
+        at = idx[sub]
+        res = branch_radius(self.model, self.twin, x64[sub], pred[sub], p, rr.lower[p][at],
+                            rr.upper[p][at], rr.adversarial[p][at], gap=self._gap(terms),
+                            rtol=self.search.exact_rtol, guard=self.rigor.guarded,
+                            memory_budget=self.budget, options=self.search.branch)
+        res.write(rr, p, at)
+
+
+def _timed(method, x64, pred, idx, todo, p, rr: RobustRadius, *rest) -> None:
+    """Runs `method` and shares its wall time among the inputs it ran on (`todo`)."""
+    began = time.perf_counter()
+    method(x64, pred, idx, todo, p, rr, *rest)
+    rows = idx[todo]
+    rr.seconds[p][rows] += (time.perf_counter() - began) / max(1, rows.size)
 
 
 def _bounds_meet(lower, upper, rtol) -> np.ndarray:
@@ -325,7 +312,10 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
                   method: RobustMethod | str | None = "best", *, max_regions: int = 100,
                   bisect_tol: float = 1e-3, exact_rtol: float = 1e-3,
                   options: RunOptions | None = None, wrt: str | None = None,
-                  attack: AttackOptions | None = None, slopes: SlopeOptions | None = None,
+                  attack: AttackOptions | None = None,
+                  intermediate: IntermediateBounds | str = "auto",
+                  pass_seconds: float | None = DEFAULT_MAX_SECONDS,
+                  branch: BranchOptions | None = None, slopes: SlopeOptions | None = None,
                   **overrides) -> RobustRadius:
     """Lower and upper bounds on every input's minimal adversarial perturbation.
 
@@ -349,10 +339,11 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
       it shrinks the perturbation while the point stays adversarial; every point is
       checked in the Keras model.
     * `"relaxation"`: a sound lower bound beyond the region by linear relaxation
-      (CROWN / DeepPoly), the largest certified radius by a bracketing search;
-      `"interval"` uses interval bounds alone; `"alpha_crown"` optimizes the
-      relaxation's lower slopes per margin (alpha-CROWN, budget `slopes=`), never
-      looser than `"relaxation"`. Dense, convolutions,
+      (CROWN / DeepPoly), the largest certified radius by a bracketing search; its
+      intermediate bounds (on every activation's input) by CROWN at every layer or
+      by intervals (CROWN-IBP), as `intermediate=` says; `"interval"` uses interval
+      bounds alone; `"alpha_crown"` optimizes the relaxation's lower slopes per margin
+      (alpha-CROWN, budget `slopes=`), never looser than `"relaxation"`. Dense, convolutions,
       BatchNormalization, average pooling, reshapes, Add / Concatenate and
       ReLU-family activations; other layers raise `UnsupportedModelError` (and
       `"best"` falls back to `"region"`).
@@ -365,7 +356,8 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     margins `LAMBDA = 8` standard deviations of their rounding in the same model of
     rounding (each margin of each point fails with probability below 2.5e-14), or
     the worst-case bound where that allows more; the relaxation's passes bound the
-    margins' rounding the same way (their intermediate bounds keep the worst case).
+    rounding of the margins and of every intermediate bound the same way (each bound
+    of each point fails with probability below 2.5e-14).
     Under "strict" every term is worst case (sound whatever the
     rounding errors). "float32" bounds exact arithmetic on the weights (no guard).
 
@@ -407,6 +399,22 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
         attack: the budgets of the `"attack"` method, a
             `keras_roll.robust.AttackOptions` (steps, restarts, max_seconds, seed);
             None: its defaults.
+        intermediate: where the relaxation's bounds on every activation's input come
+            from: "crown" (CROWN at every layer, the tightest), "intervals" (CROWN-IBP:
+            one pass, looser) or "auto" (the default: CROWN where its chunks fit the
+            memory budget and its estimated time per pass and input fits
+            `pass_seconds`, else intervals, with a warning that says what was given
+            up); a `keras_roll.compile.bounds.IntermediateBounds`. The choice and its
+            reason are recorded (`RobustRadius.intermediate`) and summarized.
+        pass_seconds: the time budget of "auto": CROWN's estimated seconds per bound
+            pass and input (a timed chunk of its pull-backs, extrapolated; the search
+            runs about 4-6 passes per input and norm); None: no time budget.
+        branch: None (the default), or a `keras_roll.robust.BranchOptions`: after
+            the relaxation and the attack, branch and bound on ReLU splits
+            (beta-CROWN, `keras_roll.robust.branch`) narrows every open bracket
+            within its budget (`max_seconds` per input and norm); where it closes
+            within `exact_rtol` the result is `exact`. Needs the relaxation
+            (`method` "best" or "relaxation").
         slopes: the budget of the `"alpha_crown"` method per bound pass, a
             `keras_roll.robust.SlopeOptions` (steps, lr, decay, max_seconds);
             None: its defaults (20 Adam steps).
@@ -443,15 +451,18 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
     norms = parse_norms(norms)
     if not norms:
         raise ValueError("norms=() leaves nothing to bound; pass e.g. norms=(2, np.inf).")
-    _check_arguments(max_regions, bisect_tol, exact_rtol)
+    check_arguments(max_regions, bisect_tol, exact_rtol, pass_seconds)
     lin = linearize(model)
     units = resolve_units(lin.program, wrt)
-    classes = _check_classifier(lin)
-    _warn_saturating_link(lin, run_options.rigor)
+    classes = check_classifier(lin)
+    warn_saturating_link(lin, run_options.rigor)
     search = SearchOptions(int(max_regions), float(bisect_tol), float(exact_rtol),
-                           _options(attack, AttackOptions, "attack",
+                           checked_options(attack, AttackOptions, "attack",
                                     "AttackOptions(steps=200, restarts=5)"),
-                           _options(slopes, SlopeOptions, "slopes",
+                           IntermediateBounds.parse(intermediate, "intermediate"),
+                           None if pass_seconds is None else float(pass_seconds),
+                           BranchOptions.of(branch),
+                           checked_options(slopes, SlopeOptions, "slopes",
                                     "SlopeOptions(steps=50, lr=0.1)"))
     run = _Run(lin, norms, method, run_options, search, units)
     labels = LabelSpec(classes, model=lin.model.name)
@@ -470,4 +481,9 @@ def robust_radius(model: ModelOrTwin, x, y=None, norms: Norms = (2, np.inf),
         warnings.warn(f"{int(rr.nonfinite.sum())} of {rr.n} inputs have non-finite values "
                       f"(NaN / inf), or non-finite neurons or logits: their bounds are NaN "
                       f"(see .nonfinite).", stacklevel=2)
+    for choice in rr.intermediate:
+        if choice.gave_up:
+            warnings.warn(f"robust_radius took {choice.reason} Pass intermediate='crown' for "
+                          f"CROWN's bounds, or a larger pass_seconds / memory_budget.",
+                          stacklevel=2)
     return rr

@@ -9,20 +9,21 @@ while staying adversarial finds closer points on networks with many small region
 NeurIPS 2021):
 
 * a perturbation `delta` and a norm constraint `eps`; each step descends the
-  margin `f_pred - max_{j != pred} f_j` (plus the gap `FLIP_GAP` asks of a clear
-  flip: `keras_roll.robust.adversarial.clearly_other`) along its normalized
-  gradient, projects `delta` onto the lp ball of radius `eps` and the input domain;
-* `eps` shrinks by `1 - gamma` while the point is adversarial, grows by
-  `1 + gamma` once it is not (after a first adversarial point), and before the
-  first one is the linear estimate of the distance to the boundary
-  (`||delta|| + margin / ||grad||_q`); `gamma` and the step size decay along a
-  cosine;
-* it starts from a known adversarial point (the walk's) where there is one, so it
-  only shrinks its norm, else from `x`;
-* the best adversarial point is moved along the segment from `x` to it to the
-  first point the Keras model still classifies otherwise (bisection), and every
-  point returned is checked in the Keras model in its own dtype (`clearly_other`,
-  else `adversarial.confirm`'s pushes) and inside the domain.
+  margin along its normalized gradient and projects onto the lp ball of radius
+  `eps` and the input domain; `eps` adapts as in FMN
+  (`keras_roll.robust.attack_loop`); for l_inf every other run steps along the
+  gradient over its l2 norm (as foolbox's FMN) instead of its sign: the two find
+  different local minima;
+* the first run starts from a known adversarial point (the walk's) where there is
+  one, so it only shrinks its norm, the others target the other classes from `x`;
+* every point found is moved to the first clear flip by the norm's own projection
+  onto smaller balls (bisection: scaled for l2, clipped for l_inf,
+  soft-thresholded for l1) and checked in the Keras model in its own dtype
+  (`clearly_other`, else `adversarial.confirm`'s pushes) and inside the domain;
+* finally, probes at fixed radii (projected gradient descent from random points of
+  the sphere) bisect between the certified radius (where known) and the best
+  distance, with budgets that grow as the bracket narrows
+  (`keras_roll.robust.search.shrink_upper`).
 
 The steps run in one `tf.function` per batch shape (batches are padded to a power
 of two rows), on `tf.GradientTape` gradients of the Keras model in its dtype.
@@ -37,9 +38,9 @@ nb.upper, nb.adversarial        # NaN where no adversarial point was found
 
 from __future__ import annotations
 
-import math
 import numbers
 import time
+import zlib
 from typing import NamedTuple
 
 import numpy as np
@@ -47,19 +48,21 @@ import tensorflow as tf
 
 from keras_roll.compile.caches import cached
 from keras_roll.robust.adversarial import (
-    FLIP_GAP,
     clearly_other,
     confirm,
     lp_norm,
     model_outputs,
     predict_classes,
 )
+from keras_roll.robust.attack_loop import compiled_loop, dual_norms
 from keras_roll.robust.region import NormBounds
+from keras_roll.robust.search import shrink_upper
 
-__all__ = ["AttackOptions", "minimal_norm_attack"]
+__all__ = ["AttackOptions", "minimal_norm_attack", "probe_attack", "run_attack"]
 
 BISECTIONS = 24  # halvings of the segment from x to the best point (2^-24: float32's ulp)
 NOISE = 0.5  # restarts start within this share of the best radius around x
+PROBE_STEP = 0.3  # the probes' first step, as a share of AttackOptions.step_size
 
 
 class AttackOptions(NamedTuple):
@@ -78,6 +81,11 @@ class AttackOptions(NamedTuple):
         step_size: the first step's length as a share of `eps` (decays along a cosine
             to 1/100 of it).
         gamma: the first relative change of `eps` per step (decays to `gamma / 50`).
+        probe_steps: the first probe's steps in the final search at fixed radii
+            (`keras_roll.robust.search.shrink_upper`: projected gradient descent at
+            radii bisected between the certified radius and the best point's
+            distance, with budgets that grow as the bracket narrows); 0: no probes.
+        probe_budget: the steps all probes of one input may spend together.
 
     Example:
 
@@ -92,12 +100,14 @@ class AttackOptions(NamedTuple):
     seed: int = 0
     step_size: float = 1.0
     gamma: float = 0.05
+    probe_steps: int = 50
+    probe_budget: int = 1000
 
     def checked(self) -> AttackOptions:
         """The options, or a ValueError naming the bad one."""
-        for name in ("steps", "restarts", "seed"):
+        for name in ("steps", "restarts", "seed", "probe_steps", "probe_budget"):
             v = getattr(self, name)
-            low = 0 if name == "seed" else 1
+            low = 1 if name in ("steps", "restarts") else 0
             if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < low:
                 raise ValueError(f"AttackOptions.{name} must be an integer >= {low}, got "
                                  f"{v!r}.")
@@ -119,112 +129,6 @@ def _norm_of(p):
     return float(p)
 
 
-def _flat_norm(v, p):
-    v = tf.reshape(v, [tf.shape(v)[0], -1])
-    if p == 2:
-        return tf.sqrt(tf.reduce_sum(v * v, axis=1))
-    if p == 1:
-        return tf.reduce_sum(tf.abs(v), axis=1)
-    return tf.reduce_max(tf.abs(v), axis=1)
-
-
-def _project(v, eps, p):
-    """`v` projected onto the lp ball of radius `eps` (rows; Duchi et al. 2008 for l1)."""
-    shape = tf.shape(v)
-    flat = tf.reshape(v, [shape[0], -1])
-    e = eps[:, None]
-    if p == np.inf:
-        out = tf.clip_by_value(flat, -e, e)
-    elif p == 2:
-        n = tf.sqrt(tf.reduce_sum(flat * flat, axis=1, keepdims=True))
-        out = flat * tf.minimum(1.0, e / tf.maximum(n, 1e-30))
-    else:
-        a = tf.abs(flat)
-        mu = tf.sort(a, axis=1, direction="DESCENDING")
-        cs = tf.cumsum(mu, axis=1)
-        k = tf.cast(tf.range(1, tf.shape(flat)[1] + 1), flat.dtype)[None]
-        rho = tf.reduce_sum(tf.cast(mu - (cs - e) / k > 0, tf.int32), axis=1)
-        rho = tf.maximum(rho, 1)
-        theta = (tf.gather(cs, rho - 1, batch_dims=1) - eps) / tf.cast(rho, flat.dtype)
-        shrunk = tf.sign(flat) * tf.nn.relu(a - tf.maximum(theta, 0.0)[:, None])
-        inside = tf.reduce_sum(a, axis=1, keepdims=True) <= e
-        out = tf.where(inside, flat, shrunk)
-    return tf.reshape(out, shape)
-
-
-def _dual(g, p):
-    return _flat_norm(g, {1.0: np.inf, 2.0: 2.0, np.inf: 1.0}[p])
-
-
-def _direction(g, p):
-    """The step direction: the sign for l_inf, the gradient over its largest entry for
-    l1 (the projection then keeps the largest entries), over its l2 norm for l2."""
-    if p == np.inf:
-        return tf.sign(g)
-    n = _flat_norm(g, np.inf if p == 1 else 2)
-    return g / tf.reshape(tf.maximum(n, 1e-30), [-1] + [1] * (len(g.shape) - 1))
-
-
-def _margins(out, pred, target, classes):
-    """`(loss, flipped)`: `f_pred - f_other + FLIP_GAP max |f|` with `f_other` the
-    target's output (the largest other output where the target is -1), and whether
-    the largest other output wins by the gap (`clearly_other`)."""
-    own = tf.one_hot(pred, classes, dtype=out.dtype)
-    f_pred = tf.reduce_sum(own * out, axis=1)
-    other = tf.reduce_max(out - own * 1e30, axis=1)
-    f_target = tf.reduce_sum(tf.one_hot(tf.maximum(target, 0), classes, dtype=out.dtype) * out,
-                             axis=1)
-    gap = FLIP_GAP * tf.reduce_max(tf.abs(out), axis=1)
-    loss = f_pred - tf.where(target >= 0, f_target, other) + gap
-    return loss, f_pred - other + gap < 0
-
-
-def _attack_fn(model, p, steps, step_size, gamma):
-    """The FMN loop for one norm and budget (one `tf.function`, traced per batch shape)."""
-    classes = int(model.outputs[0].shape[-1])
-    inf = float("inf")
-
-    def loss_and_grad(x, delta, pred, target):
-        with tf.GradientTape() as tape:
-            tape.watch(delta)
-            out = tf.reshape(model(x + delta, training=False), [tf.shape(x)[0], classes])
-            loss, flipped = _margins(tf.cast(out, tf.float32), pred, target, classes)
-        return loss, flipped, tf.cast(tape.gradient(loss, delta), x.dtype)
-
-    def run(x, delta, eps, pred, target, lo, hi):
-        shape = [-1] + [1] * (len(x.shape) - 1)
-
-        def body(k, delta, eps, best, best_norm):
-            loss, adv, g = loss_and_grad(x, delta, pred, target)
-            norm = tf.cast(_flat_norm(delta, p), tf.float32)
-            better = adv & (norm < best_norm)
-            best = tf.where(tf.reshape(better, shape), delta, best)
-            best_norm = tf.where(better, norm, best_norm)
-            c = 0.5 * (1.0 + tf.cos(math.pi * tf.cast(k, tf.float32) / steps))
-            gam = gamma / 50 + (gamma - gamma / 50) * c
-            alpha = step_size / 100 + (step_size - step_size / 100) * c
-            gq = tf.cast(_dual(g, p), tf.float32)
-            estimate = tf.where(gq > 0, norm + tf.maximum(loss, 0.0) / tf.maximum(gq, 1e-30),
-                                norm)
-            found = best_norm < inf
-            eps = tf.where(adv, tf.minimum(eps * (1 - gam), best_norm),
-                           tf.where(found, eps * (1 + gam), estimate * (1 + gam)))
-            step = tf.cast(tf.reshape(alpha * eps, shape), x.dtype) * _direction(g, p)
-            delta = _project(delta - step, tf.cast(eps, x.dtype), p)
-            delta = tf.clip_by_value(x + delta, lo, hi) - x
-            return k + 1, delta, eps, best, best_norm
-
-        start = (tf.constant(0), delta, eps, delta, tf.fill(tf.shape(eps), inf))
-        _, delta, _, best, best_norm = tf.while_loop(lambda k, *_: k < steps, body, start)
-        _, adv, _ = loss_and_grad(x, delta, pred, target)
-        norm = tf.cast(_flat_norm(delta, p), tf.float32)
-        better = adv & (norm < best_norm)
-        return (tf.where(tf.reshape(better, shape), delta, best),
-                tf.where(better, norm, best_norm))
-
-    return tf.function(run, autograph=False)
-
-
 def _class_order(model, x, pred, p):
     """`[B, L-1]` the other classes, nearest first by the linear estimate of the
     distance to their decision hyperplane at `x` (`margin / ||gradient||_q`)."""
@@ -238,26 +142,12 @@ def _class_order(model, x, pred, p):
             out = tf.cast(out, tf.float32)
             m = tf.gather(out, pred, batch_dims=1) - out[:, j]
         g = tape.gradient(m, xt)
-        gq = _dual(tf.cast(g, tf.float32), float(p)).numpy()
+        gq = dual_norms(tf.cast(g, tf.float32), p).numpy()
         with np.errstate(divide="ignore", invalid="ignore"):
             dist[:, j] = np.where(gq > 0, np.maximum(m.numpy(), 0.0) / gq, np.inf)
     dist[np.arange(x.shape[0]), pred] = np.nan
     order = np.argsort(np.where(np.isnan(dist), np.inf, dist), axis=1, kind="stable")
     return np.stack([o[o != y] for o, y in zip(order, pred)])
-
-
-def _compiled(model, p, options, rows):
-    """The loop as a graph for `rows` inputs. A `ConcreteFunction` runs as a graph even
-    under `tf.config.run_functions_eagerly`: hundreds of steps of small ops, run
-    eagerly, cost about a hundred times the compiled loop."""
-    dtype = model.inputs[0].dtype
-    shape = tuple(model.inputs[0].shape[1:])
-    inputs = tf.TensorSpec([rows, *shape], dtype)
-    rows_of = {"f": tf.TensorSpec([rows], tf.float32), "i": tf.TensorSpec([rows], tf.int64)}
-    box = tf.TensorSpec(shape, dtype)
-    return _attack_fn(model, p, options.steps, options.step_size, options.gamma) \
-        .get_concrete_function(inputs, inputs, rows_of["f"], rows_of["i"], rows_of["i"], box,
-                               box)
 
 
 def _in_domain(points, lo, hi):
@@ -266,18 +156,31 @@ def _in_domain(points, lo, hi):
     return np.all(ok.reshape(b, -1), axis=1)
 
 
-def _bisect(model, x, delta, pred):
-    """The smallest `t` in `(0, 1]` found by bisection with `x + t delta` clearly
-    adversarial (`t = 1` is); returns the points (model dtype)."""
+def _shrunk(delta, t, p):
+    """`delta` moved into the lp ball of radius `t` times its norm (`t` in [0, 1]), by
+    the norm's own projection: scaled (l2), clipped (l_inf: the coordinates below the
+    bound keep their values), soft-thresholded (l1: the small ones drop first)."""
+    shape = (-1,) + (1,) * (delta.ndim - 1)
+    t = t.reshape(shape)
+    if p == 2:
+        return t * delta
+    top = np.max(np.abs(delta).reshape(delta.shape[0], -1), axis=1).reshape(shape)
+    if p == np.inf:
+        return np.clip(delta, -t * top, t * top)
+    return np.sign(delta) * np.maximum(np.abs(delta) - (1.0 - t) * top, 0.0)
+
+
+def _bisect(model, x, delta, pred, p):
+    """The smallest `t` in `(0, 1]` found by bisection with `x + _shrunk(delta, t)`
+    clearly adversarial (`t = 1` is); returns the points (model dtype)."""
     dtype = np.dtype(model.inputs[0].dtype)
-    shape = (-1,) + (1,) * (x.ndim - 1)
     lo, hi = np.zeros(x.shape[0]), np.ones(x.shape[0])
     for _ in range(BISECTIONS):
         mid = 0.5 * (lo + hi)
-        pts = (x + mid.reshape(shape) * delta).astype(dtype)
+        pts = (x + _shrunk(delta, mid, p)).astype(dtype)
         flip = clearly_other(model_outputs(model, pts), pred)
         hi, lo = np.where(flip, mid, hi), np.where(flip, lo, mid)
-    return (x + hi.reshape(shape) * delta).astype(dtype)
+    return (x + _shrunk(delta, hi, p)).astype(dtype)
 
 
 def _pad_rows(a, n):
@@ -325,6 +228,20 @@ def _known_starts(model, x, start, pred, p, lo, hi):
     return best, best_norm
 
 
+class _ExampleNoise:
+    """Uniform noise in [-1, 1] drawn from one generator per example, seeded by the
+    seed and the example's own values: an example gets the same noise whatever batch
+    (or replica) it is attacked in."""
+
+    def __init__(self, x: np.ndarray, seed: int):
+        self.rngs = [np.random.default_rng([seed, zlib.crc32(np.ascontiguousarray(row))])
+                     for row in x]
+
+    def __call__(self, idx, shape) -> np.ndarray:
+        return np.stack([self.rngs[i].uniform(-1.0, 1.0, shape[1:]) for i in idx]) \
+            if len(idx) else np.zeros(shape)
+
+
 def _restart_from(r, x, best, best_norm, order, rng, p, lo, hi):
     """`(d0, target)` for restart `r`: run 0 is untargeted from the best known point;
     later runs target the next nearest class from `x`, then from noise near `x`."""
@@ -339,14 +256,14 @@ def _restart_from(r, x, best, best_norm, order, rng, p, lo, hi):
         d0 = np.zeros_like(x)
         if r > order.shape[1]:
             radius = np.where(have, NOISE * best_norm, 0.0)
-            noise = rng.uniform(-1.0, 1.0, x.shape)
+            noise = rng(range(b), x.shape)
             noise /= np.maximum(lp_norm(noise, p), 1e-300).reshape(shape)
             d0 = np.clip(x + noise * radius.reshape(shape), lo, hi) - x
     return d0, target
 
 
 def minimal_norm_attack(model, x, p=2, *, pred=None, start=None, domain=None,
-                        options: AttackOptions | None = None) -> NormBounds:
+                        options: AttackOptions | None = None, lower=None) -> NormBounds:
     """Adversarial points of small lp norm around every `x` (an FMN-style attack).
 
     Args:
@@ -358,7 +275,10 @@ def minimal_norm_attack(model, x, p=2, *, pred=None, start=None, domain=None,
             or None: start from `x`); the attack then only shrinks their distance.
         domain: None (no bounds), or `(low, high)`: numbers or arrays broadcastable to
             the input shape, in the model's input units; every point stays inside.
-        options: an `AttackOptions` (default: 100 steps, 3 runs).
+        options: an `AttackOptions` (default: 100 steps, 3 runs, then probes at fixed
+            radii).
+        lower: `[B]` radii known to hold no adversarial point (certified), which
+            bound the probes' brackets from below (default: none).
 
     Returns:
         `NormBounds`: `upper` the lp distance (float64, input units) of the best
@@ -377,53 +297,161 @@ def minimal_norm_attack(model, x, p=2, *, pred=None, start=None, domain=None,
     assert (predict_classes(model, nb.adversarial) != predict_classes(model, x_test[:20])).all()
     ```
     """
+    return run_attack(model, x, p, pred=pred, start=start, domain=domain, options=options,
+                      lower=lower)[0]
+
+
+class _Runner:
+    """The compiled loop on rows of one batch: `run` returns checked points."""
+
+    def __init__(self, model, x, pred, p, lo, hi, options):
+        self.model, self.x, self.pred, self.p = model, x, pred, p
+        self.lo, self.hi, self.options = lo, hi, options
+        self.dtype = np.dtype(model.inputs[0].dtype)
+        self.box = tf.constant(lo.astype(self.dtype)), tf.constant(hi.astype(self.dtype))
+
+    def run(self, idx, d0, eps0, target, steps, fixed, smooth=False):
+        """`(points, distances)` of rows `idx` (NaN where none) from `x + d0`."""
+        rows = 1 << max(0, (idx.size - 1).bit_length())  # padded to a power of two
+        fn = cached(self.model, ("minimal_norm_attack", self.p, rows),
+                    lambda: compiled_loop(self.model, self.p, rows))
+
+        def pad(a, dtype):
+            return tf.constant(_pad_rows(np.asarray(a), rows).astype(dtype))
+
+        x = self.x[idx]
+        d0 = d0.astype(self.dtype).astype(np.float64)
+        out_d, out_n = fn(pad(x, self.dtype), pad(d0, self.dtype), pad(eps0, np.float32),
+                          pad(self.pred[idx], np.int64), pad(target, np.int64), *self.box,
+                          pad(np.broadcast_to(steps, idx.shape), np.int32),
+                          tf.constant(self.options.step_size * (PROBE_STEP if fixed else 1.0)),
+                          tf.constant(float(self.options.gamma)),
+                          pad(np.broadcast_to(fixed, idx.shape), bool), tf.constant(smooth))
+        out_d = np.asarray(out_d, np.float64)[:idx.size]
+        found = np.flatnonzero(np.isfinite(np.asarray(out_n)[:idx.size]))
+        pts = np.full(x.shape, np.nan)
+        dist = np.full(idx.size, np.nan)
+        if found.size:
+            pts[found] = _checked(self.model, x[found], out_d[found], self.pred[idx[found]],
+                                  self.p, self.lo, self.hi)
+            dist[found] = lp_norm(pts[found] - x[found], self.p)
+        return pts, dist
+
+
+def run_attack(model, x, p=2, *, pred=None, start=None, domain=None,
+               options: AttackOptions | None = None, lower=None, probes: bool = True):
+    """`minimal_norm_attack`'s `NormBounds` and `[B]` int64 the steps spent per input
+    (`probes=False`: without the probes, which `probe_attack` runs alone).
+
+    Example:
+
+    ```python
+    nb, steps = run_attack(model, x, np.inf, lower=certified)
+    ```
+    """
+    runner, best, best_norm = _setup(model, x, p, pred, start, domain, options)
+    spent = _restarts(runner, best, best_norm)
+    if probes and runner.options.probe_steps:
+        spent += _probes(runner, best, best_norm, lower)
+    return _bounds(runner, best, best_norm), spent
+
+
+def probe_attack(model, x, p, pred, start, lower, options: AttackOptions | None = None,
+                 domain=None):
+    """The probes alone (`AttackOptions.probe_steps`, `probe_budget`): projected gradient
+    descent at radii bisected between `lower [B]` (certified radii) and the distances of
+    the adversarial points `start [B, *input_shape]`, by
+    `keras_roll.robust.search.shrink_upper`; returns `(NormBounds, [B] steps spent)`
+    (`start` where no probe found a closer point).
+
+    Example:
+
+    ```python
+    nb, steps = probe_attack(model, x, 2, pred, rr.adversarial[2], rr.lower[2])
+    ```
+    """
+    runner, best, best_norm = _setup(model, x, p, pred, start, domain, options)
+    spent = _probes(runner, best, best_norm, lower)
+    return _bounds(runner, best, best_norm), spent
+
+
+def _setup(model, x, p, pred, start, domain, options):
+    """`(runner, best, best_norm)`: the checked arguments and the known points."""
     p = _norm_of(p)
     options = (options or AttackOptions()).checked()
     x = np.asarray(x, np.float64)
-    b = x.shape[0]
-    if b == 0:
-        return NormBounds(np.zeros(0), np.zeros(0), x.copy(), np.zeros(0, np.int64))
     lo, hi = _domain_arrays(domain, x)
     if pred is None:
-        pred = predict_classes(model, x)
+        pred = predict_classes(model, x) if x.shape[0] else np.zeros(0, np.int64)
     pred = np.asarray(pred, np.int64)
-    dtype = np.dtype(model.inputs[0].dtype)
     best, best_norm = _known_starts(model, x, start, pred, p, lo, hi)
-    rows = 1 << max(0, (b - 1).bit_length())  # padded to a power of two: few traces
-    fn = cached(model, ("minimal_norm_attack", p, options.steps, options.step_size,
-                        options.gamma, rows), lambda: _compiled(model, p, options, rows))
-    xt = tf.constant(_pad_rows(x, rows).astype(dtype))
-    lo_t, hi_t = tf.constant(lo.astype(dtype)), tf.constant(hi.astype(dtype))
-    pred_t = tf.constant(_pad_rows(pred, rows))
-    rng = np.random.default_rng(options.seed)
-    order = _class_order(model, x.astype(dtype), pred, p) if options.restarts > 1 else None
+    return _Runner(model, x, pred, p, lo, hi, options), best, best_norm
+
+
+def _bounds(runner, best, best_norm) -> NormBounds:
+    b = best_norm.shape[0]
+    ok = np.isfinite(best_norm)
+    runner_up = np.full(b, -1, np.int64)
+    if ok.any():
+        runner_up[ok] = predict_classes(runner.model, best[ok].astype(runner.dtype))
+    best[~ok] = np.nan
+    return NormBounds(np.zeros(b), np.where(ok, best_norm, np.nan), best, runner_up)
+
+
+def _keep(best, best_norm, idx, pts, dist):
+    """Keeps the points of rows `idx` that are closer than the best (in place)."""
+    better = np.isfinite(dist) & (dist < best_norm[idx])
+    best[idx[better]], best_norm[idx[better]] = pts[better], dist[better]
+
+
+def _restarts(runner, best, best_norm) -> np.ndarray:
+    """The FMN runs (in place); returns the steps spent per input."""
+    x, options = runner.x, runner.options
+    b = x.shape[0]
+    every = np.arange(b)
+    if not b:
+        return np.zeros(0, np.int64)
+    rng = _ExampleNoise(x, options.seed)
+    order = _class_order(runner.model, x.astype(runner.dtype), runner.pred, runner.p) \
+        if options.restarts > 1 else None
+    spent = np.zeros(b, np.int64)
     began = time.monotonic()
     for r in range(options.restarts):
         if r and options.max_seconds is not None \
                 and time.monotonic() - began > options.max_seconds:
             break
-        d0, target = _restart_from(r, x, best, best_norm, order, rng, p, lo, hi)
-        d0 = d0.astype(dtype).astype(np.float64)
+        d0, target = _restart_from(r, x, best, best_norm, order, rng, runner.p, runner.lo,
+                                   runner.hi)
         eps0 = np.where(np.isfinite(best_norm) & (r == 0), best_norm, 0.0)
-        out_d, out_n = fn(xt, tf.constant(_pad_rows(d0, rows).astype(dtype)),
-                          tf.constant(_pad_rows(eps0, rows).astype(np.float32)), pred_t,
-                          tf.constant(_pad_rows(target, rows)), lo_t, hi_t)
-        out_d, out_n = np.asarray(out_d, np.float64)[:b], np.asarray(out_n, np.float64)[:b]
-        found = np.isfinite(out_n)
-        if not found.any():
-            continue
-        idx = np.flatnonzero(found)
-        pts = _checked(model, x[idx], out_d[idx], pred[idx], p, lo, hi)
-        dist = lp_norm(np.nan_to_num(pts) - x[idx], p)
-        better = np.isfinite(pts.reshape(idx.size, -1)[:, 0]) & (dist < best_norm[idx])
-        best[idx[better]], best_norm[idx[better]] = pts[better], dist[better]
-    ok = np.isfinite(best_norm)
-    upper = np.where(ok, best_norm, np.nan)
-    runner = np.full(b, -1, np.int64)
-    if ok.any():
-        runner[ok] = predict_classes(model, best[ok].astype(dtype))
-    best[~ok] = np.nan
-    return NormBounds(np.zeros(b), upper, best, runner)
+        smooth = r % 2 == 1  # l_inf: every other run steps along the smooth direction
+        pts, dist = runner.run(every, d0, eps0, target, options.steps, False, smooth)
+        spent += options.steps
+        _keep(best, best_norm, every, pts, dist)
+    return spent
+
+
+def _probes(runner, best, best_norm, lower) -> np.ndarray:
+    """The search at fixed radii below the best points (in place); returns the steps."""
+    x = runner.x
+    shape = (-1,) + (1,) * (x.ndim - 1)
+
+    rng = _ExampleNoise(x, runner.options.seed + 1)
+
+    def probe(idx, eps, steps):
+        # from a random point of the sphere of radius eps, toward the best point's class
+        noise = rng(idx, x[idx].shape)
+        d0 = noise * (eps / np.maximum(lp_norm(noise, runner.p), 1e-300)).reshape(shape)
+        target = predict_classes(runner.model, best[idx].astype(runner.dtype))
+        pts, dist = runner.run(idx, d0, eps, target, steps, True)
+        _keep(best, best_norm, idx, pts, dist)
+        return dist
+
+    options = runner.options
+    lower = np.zeros(x.shape[0]) if lower is None else np.nan_to_num(
+        np.asarray(lower, np.float64))
+    res = shrink_upper(probe, lower, best_norm, steps=options.probe_steps,
+                       max_steps=options.probe_budget)
+    return res.steps
 
 
 def _checked(model, x, delta, pred, p, lo, hi):
@@ -442,7 +470,7 @@ def _checked(model, x, delta, pred, p, lo, hi):
     idx = np.flatnonzero(flip)
     if idx.size:
         seg = pts[idx].astype(np.float64) - x[idx]
-        final = _bisect(model, x[idx], seg, pred[idx])
+        final = _bisect(model, x[idx], seg, pred[idx], p)
         keep = clearly_other(model_outputs(model, final), pred[idx]) \
             & _in_domain(final.astype(np.float64), lo, hi)
         out[idx[keep]] = final[keep]

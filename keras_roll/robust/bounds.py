@@ -4,7 +4,10 @@ the same passes as a differentiable function for certified training.
 
 The compiler's passes ask their caller for an op's `|A|` and, under a rounding guard,
 for the bound `Delta_l` of its rounding (`Arithmetic`); both come from the rounding
-rules of `keras_roll.rounding` (`keras_roll.robust.float_error`). `margin_bounds` runs
+rules of `keras_roll.rounding` (`keras_roll.robust.float_error`); under rigor "float64"
+the intervals, CROWN's layer bounds and the margins take the smaller of that worst case
+and the probabilistic bound of the margins of method 1 (`_ProbableLoss`).
+`intermediate_choice` resolves `robust_radius(intermediate=...)`. `margin_bounds` runs
 the passes compiled, in chunks within the memory budget, on numpy batches (the
 searches of `robust_radius`); `interval_bounds` runs them in the caller's graph on
 tensors, so that `tape.gradient` of its bounds reaches the model's weights (IBP,
@@ -32,6 +35,7 @@ import tensorflow as tf
 from keras_roll.compile.bounds import (
     Arithmetic,
     BoundMethod,
+    check_bounds,
     logit_margins,
     lower_bounds,
     pull_back,
@@ -42,7 +46,19 @@ from keras_roll.compile.bounds.alpha import (
     optimized_refiner,
 )
 from keras_roll.compile.bounds.crown import RelaxedOps, relaxation_refiner
-from keras_roll.compile.bounds.ibp import abs_sum, interval_lower_bounds, interval_pass
+from keras_roll.compile.bounds.ibp import (
+    RoundingLoss,
+    abs_sum,
+    interval_lower_bounds,
+    interval_pass,
+)
+from keras_roll.compile.bounds.intermediate import (
+    DEFAULT_MAX_SECONDS,
+    IntermediateBounds,
+    IntermediateChoice,
+    choose_intermediate,
+    interval_lines,
+)
 from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.structure import structure_of
@@ -63,13 +79,14 @@ from keras_roll.rounding.precision import (
 )
 
 __all__ = ["MarginBounds", "RelaxedMargins", "arithmetic_of", "example_chunk",
-           "interval_bounds", "margin_bounds", "relaxed_margins"]
+           "intermediate_choice", "interval_bounds", "margin_bounds", "relaxed_margins"]
 
 _U64 = unit_roundoff("float64")
 _ETA64 = underflow_unit("float64")
 # The root of the linear bound is pulled in by this much, so that the bound is > 0 there
 # in spite of the float64 rounding of the division.
 ROOT_SAFETY = 1.0 - 2.0**-40
+_MIN_ROWS = 128  # functionals per chunk of CROWN's layer bounds that keep the chunks efficient
 
 
 def linear_magnitude(op, bounds, record, mask, values):
@@ -89,10 +106,12 @@ def arithmetic_of(twin, guard: bool) -> Arithmetic:
 
 
 class _NoiseRounding(OpRounding):
-    """`OpRounding` (the worst case, which widens the intervals) that also keeps, per op
-    output, the probabilistic scale of the model's rounding on the same magnitudes and
-    the float64 twin's rigorous share, for the probabilistic bound of the margins
-    (rigor "float64", `_MarginGuard`)."""
+    """`OpRounding` under rigor "float64": per op output, the worst case `Delta` and the
+    probabilistic scale `e` of the model's rounding on the same magnitudes (Higham &
+    Mary's model) with the float64 twin's rigorous share `w` (kept in `noise` for
+    `_ProbableLoss`). The bound it returns, which widens the intervals, is the smaller of
+    `Delta` and `LAMBDA` standard deviations plus `w`: each element's rounding stays
+    within it except with probability below 2.5e-14, as every margin's."""
 
     def __init__(self, precision):
         super().__init__(precision)
@@ -100,74 +119,82 @@ class _NoiseRounding(OpRounding):
 
     def __call__(self, node, magnitudes, record, mask, affine=True, values=None):
         delta = super().__call__(node, magnitudes, record, mask, affine, values)
-        if delta is not None and affine:
-            n = self.roundings(node, magnitudes)
-            s = self.shift(node)
-            m = rules.magnitude(node.op, [b + s for b in magnitudes], record, True, mask,
-                                values)
-            dtype = self.precision.dtype_of(node.op)
-            c = self.precision.noise_unit(node.op, n, rules.matmul_like(node.op))
-            e = c * m + math.sqrt(n) * underflow_unit(dtype)
-            w = gamma(n, _U64) * m + n * _ETA64
-            self.noise[node.output] = (e, w)
-        return delta
+        if delta is None or not affine:
+            return delta
+        n = self.roundings(node, magnitudes)
+        s = self.shift(node)
+        m = rules.magnitude(node.op, [b + s for b in magnitudes], record, True, mask, values)
+        dtype = self.precision.dtype_of(node.op)
+        c = self.precision.noise_unit(node.op, n, rules.matmul_like(node.op))
+        e = c * m + math.sqrt(n) * underflow_unit(dtype)
+        w = gamma(n, _U64) * m + n * _ETA64
+        self.noise[node.output] = (e, w)
+        return tf.minimum(delta, (LAMBDA * PROBABILISTIC_SAFETY * e + w) * BOUND_SAFETY)
 
 
-class _MarginGuard:
-    """The rounding terms of the margins' final pull-back, op by op: the worst case
-    `sum |Lambda| Delta`, and under rigor "float64" also `LAMBDA` standard deviations of
+class _ProbableLoss(RoundingLoss):
+    """The rounding terms of a pull-back under rigor "float64", op by op: the worst case
+    `sum |Lambda| Delta` (of the elements' bounds), and `LAMBDA` standard deviations of
     the model's rounding in Higham & Mary's model plus the twin's rigorous error (as
-    method 1's logit margins, `keras_roll.robust.region`); a margin is safe where either
-    holds, so the smaller is subtracted."""
+    method 1's logit margins, `keras_roll.robust.region`); a bound is safe where either
+    holds, so the smaller is subtracted. Used for the margins' final pull-back and for
+    CROWN's bounds of every unit (`relaxation_refiner`'s `loss`)."""
 
-    def __init__(self, deltas, rounding):
-        self.deltas, self.rounding = deltas, rounding
-        self.strict, self.noise, self.twin = [], [], []
+    def __init__(self, deltas, rounding: _NoiseRounding):
+        super().__init__(deltas)
+        self.rounding = rounding
+        self.noise, self.twin = [], []
 
     def visit(self, node, index, lam):
-        d = self.deltas[index] if index < len(self.deltas) else None
-        if d is None:
+        if self.delta(index) is None:
             return None
-        self.strict.append(abs_sum(lam, d))
-        if isinstance(self.rounding, _NoiseRounding):
-            e, w = self.rounding.noise[node.output]
-            self.noise.append(abs_sum(tf.square(lam), tf.square(e)))
-            self.twin.append(abs_sum(lam, w))
+        super().visit(node, index, lam)
+        e, w = self.rounding.noise[node.output]
+        self.noise.append(abs_sum(tf.square(lam), tf.square(e)))
+        self.twin.append(abs_sum(lam, w))
         return None
 
     def total(self, zero):
-        """`[B, C]`: what the margins lose to rounding (0 without a guard)."""
         if not self.strict:
             return zero
-        strict = tf.add_n(self.strict)
-        if not self.noise:
-            return strict
         noise = (LAMBDA * PROBABILISTIC_SAFETY * tf.sqrt(tf.add_n(self.noise))
                  + tf.add_n(self.twin)) * BOUND_SAFETY
-        return tf.minimum(strict, noise)
+        return tf.minimum(tf.add_n(self.strict), noise)
+
+
+def _loss_of(arithmetic: Arithmetic):
+    """The `RoundingLoss` factory of an arithmetic's rounding (`relaxed_lower_bounds`)."""
+    if isinstance(arithmetic.rounding, _NoiseRounding):
+        return functools.partial(_ProbableLoss, rounding=arithmetic.rounding)
+    return RoundingLoss
 
 
 def _relaxed_terms(structure, values, rows, eps, p, arithmetic, budget, examples,
-                   slopes=None):
-    """The relaxation of `lower_bounds`, keeping its final bound's linear form in `eps`:
-    `(lower, offset, slope)` `[B, C]` with `lower >= offset - eps * slope`, and the
-    linear form a lower bound of the margins on every ball of radius `r <= eps` (the
-    intermediate bounds of the ball of radius `eps` hold on the smaller balls). With
-    `slopes` (a `SlopeOptions`), the final bound's lower slopes are optimized
-    (alpha-CROWN)."""
+                   crown: bool = True, slopes=None):
+    """The relaxation of `lower_bounds` (CROWN, or CROWN-IBP where not `crown`), keeping
+    its final bound's linear form in `eps`: `(lower, offset, slope)` `[B, C]` with
+    `lower >= offset - eps * slope`, and the linear form a lower bound of the margins on
+    every ball of radius `r <= eps` (the intermediate bounds of the ball of radius `eps`
+    hold on the smaller balls). With `slopes` (a `SlopeOptions`), the final bound's
+    lower slopes are optimized (alpha-CROWN)."""
     lines = RelaxedOps(values)
-    refine = relaxation_refiner(structure, values, lines, eps, p, budget, examples)
-    if slopes is not None and slopes.intermediate:
-        refine = optimized_refiner(refine, structure, values, lines, eps, p, budget, examples,
-                                   slopes)
+    loss = _loss_of(arithmetic)
+    refine = None
+    if crown:
+        refine = relaxation_refiner(structure, values, lines, eps, p, budget, examples, loss)
+        if slopes is not None and slopes.intermediate:
+            refine = optimized_refiner(refine, structure, values, lines, eps, p, budget,
+                                       examples, slopes)
     boxes = interval_pass(structure, values, eps, arithmetic, refine=refine)
+    if not crown:  # CROWN-IBP: the lines on the intervals
+        interval_lines(structure, values, boxes.boxes, lines)
     out = values.value(structure, structure.output_key)
     rows = tf.reshape(rows, tf.concat([tf.shape(rows)[:2], tf.shape(out)[1:]], 0))
     e = tf.cast(eps, rows.dtype)
     e = e[:, None] if e.shape.rank else e
 
     def bound():
-        guard = _MarginGuard(boxes.deltas, arithmetic.rounding)
+        guard = loss(boxes.deltas)
         res = pull_back(structure, values, structure.output_key, rows, relax=lines,
                         visit=guard.visit)
         offset = res.const - guard.total(tf.zeros_like(res.const))
@@ -192,19 +219,57 @@ def _arithmetic(twin, mode: str) -> Arithmetic:
 def _bounds_fn(twin, p, method: BoundMethod, mode: str, budget: int, examples: int, slopes,
                x, pred, eps):
     """`[B, L-1]` lower bounds of the margins `f_y - f_j` over the ball, and the linear
-    form of the relaxation's (offset and slope in `eps`; NaN for the other methods),
+    form of the relaxation's (offset and slope in `eps`; NaN for interval bounds),
     compiled."""
     lm = logit_margins(twin.interpreter, x, pred)
     arithmetic = _arithmetic(twin, mode)
-    if method not in (BoundMethod.RELAXATION, BoundMethod.ALPHA_CROWN):
+    if method is BoundMethod.INTERVAL:
         low = lower_bounds(lm.structure, lm.values, lm.rows, eps, p, method, arithmetic,
                            budget, examples)
         nan = tf.fill(tf.shape(low), tf.constant(np.nan, low.dtype))
         return lm.margins + low, nan, nan
+    check_bounds(lm.structure, method.passes, lm.values.masks)
     low, offset, slope = _relaxed_terms(lm.structure, lm.values, lm.rows, eps, p, arithmetic,
                                         budget, examples,
-                                        slopes if method is BoundMethod.ALPHA_CROWN else None)
+                                        crown=method is not BoundMethod.CROWN_IBP,
+                                        slopes=slopes if method is BoundMethod.ALPHA_CROWN
+                                        else None)
     return lm.margins + low, lm.margins + offset, slope
+
+
+def intermediate_choice(twin, x: np.ndarray, choice: IntermediateBounds | str,
+                        memory_budget: int | None = None,
+                        max_seconds: float | None = DEFAULT_MAX_SECONDS) -> IntermediateChoice:
+    """`choose_intermediate` for the passes of `relaxed_margins` on inputs shaped like `x`:
+    the margins' rows, the examples per call and the budget they run with; kept on the
+    twin per input shape, budget and choice, so that AUTO's probe runs once.
+
+    Args:
+        twin: a float64 `Linearized`.
+        x: `[B, *input_shape]` inputs (the first one is captured for the shapes).
+        choice: an `IntermediateBounds` or its value.
+        memory_budget: bytes of functionals per pull-back (default the twin's).
+        max_seconds: the time AUTO allows one CROWN pass per input, or None.
+
+    Example:
+
+    ```python
+    choice = intermediate_choice(twin, x, "auto")
+    rm = relaxed_margins(twin, x, pred, eps, np.inf, method=choice.method)
+    ```
+    """
+    budget = int(memory_budget or twin.memory_budget)
+    shape = tuple(np.shape(x)[1:])
+    chunk = example_chunk(twin, shape, budget)
+    choice = IntermediateBounds.parse(choice, "intermediate")
+
+    def make():
+        lm = logit_margins(twin.interpreter, tf.constant(np.asarray(x[:1], np.float64)),
+                           tf.zeros([1], tf.int64))
+        return choose_intermediate(choice, lm.structure, lm.values, int(lm.rows.shape[1]),
+                                   budget, chunk, max_seconds=max_seconds)
+
+    return cached(twin, ("intermediate", shape, budget, choice, max_seconds), make)
 
 
 class RelaxedMargins(NamedTuple):
@@ -246,12 +311,14 @@ def relaxed_margins(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
         pred: `[B]` the classes the margins are measured from.
         eps: `[B]` radii.
         p: the norm of the balls.
-        method: the `BoundMethod` (or its value): "relaxation" (CROWN, the default,
-            with the linear form), "alpha_crown" (CROWN with optimized slopes, with the
-            linear form), "crown_ibp" or "interval" (interval bounds alone).
+        method: the `BoundMethod` (or its value): "relaxation" (CROWN, the default),
+            "alpha_crown" (CROWN with optimized slopes), "crown_ibp" (all three with
+            the linear form) or "interval" (interval bounds alone);
+            `intermediate_choice` chooses between CROWN and CROWN-IBP.
         guard: the rounding guard of the model's evaluation: a `Rigor` or its string
-            ("float64": the margins' probabilistic bound beside the worst case), or a
-            bool (True: the worst case, False: none).
+            ("float64": the probabilistic bound beside the worst case, for the
+            intermediate bounds and the margins), or a bool (True: the worst case,
+            False: none).
         memory_budget: bytes of functionals per pull-back.
         slopes: the optimization budget of method "alpha_crown" (`SlopeOptions`,
             default `SlopeOptions()`).
@@ -300,13 +367,15 @@ def margin_bounds(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
 
 
 def example_chunk(twin, example_shape, budget: int | None = None) -> int:
-    """Examples per call of `margin_bounds` such that the widest activation's `2 n`
-    functionals fit in the memory budget."""
+    """Examples per call of `margin_bounds` (64 at most) such that a chunk of CROWN's
+    layer bounds holds `_MIN_ROWS` functionals of the widest activation within the
+    memory budget (the layers' `2 n` rows run chunk by chunk; the functionals of an
+    input affine in `x` are pulled back once for the call's examples)."""
     layout = twin.layout(example_shape)
     widest = max([int(np.prod(s)) for _, _, s in layout] + [1])
     largest = max(layout.input_size, widest)
     plan = plan_chunks(64, 2 * widest, 3 * 8 * largest, int(budget or twin.memory_budget),
-                       min_directions=2 * widest)
+                       min_directions=min(2 * widest, _MIN_ROWS))
     return plan.examples_per_chunk
 
 

@@ -20,15 +20,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from keras_roll.compile.bounds import IntermediateChoice
 from keras_roll.compile.units import INPUT_UNITS, Units
 from keras_roll.geometry import NORM_LABELS, NormDict
 from keras_roll.options import Choice, Rigor, parse_norm
 from keras_roll.summary import Summary, format_table, percentiles_of
 
-__all__ = ["RobustMethod", "RobustRadius"]
+__all__ = ["BoundSource", "RobustMethod", "RobustRadius"]
 
 PER_NORM = ("lower", "upper", "adversarial", "exact", "exact_value", "runner_up",
-            "lower_method", "upper_method", "bound_passes")
+            "lower_method", "upper_method", "bound_passes", "attack_steps", "seconds")
 
 
 class RobustMethod(Choice):
@@ -68,6 +69,55 @@ class RobustMethod(Choice):
                             RobustMethod.ALPHA_CROWN)
 
 
+class BoundSource(Choice):
+    """Which method gave a bound of `RobustRadius` (`lower_method`, `upper_method`).
+
+    `NONE` (""): none did; `LABEL`: a misclassified input (0); `REGION`,
+    `DECISION`: method 1 (the region margin, the nearest decision hyperplane);
+    `INTERVAL`, `CROWN_IBP`, `RELAXATION`, `ALPHA_CROWN`: a bound pass's certified
+    radius; `BRANCH`: branch and bound; `WALK`: the region walk's point; `ATTACK`:
+    the minimal-norm attack's point; `SEARCH`: a point of the radius search's probes
+    at fixed radii between the certified radius and the upper bound
+    (`keras_roll.robust.search.shrink_upper`).
+
+    Example:
+
+    ```python
+    rr.upper_method[np.inf] == BoundSource.ATTACK      # [B] bool
+    ```
+    """
+
+    NONE = ""
+    LABEL = "label"
+    REGION = "region"
+    DECISION = "decision"
+    INTERVAL = "interval"
+    CROWN_IBP = "crown_ibp"
+    RELAXATION = "relaxation"
+    ALPHA_CROWN = "alpha_crown"
+    BRANCH = "branch"
+    WALK = "walk"
+    ATTACK = "attack"
+    SEARCH = "search"
+
+    @classmethod
+    def array(cls, values, name: str) -> np.ndarray:
+        """`values` as an object array of members (strings are parsed)."""
+        out = np.empty(np.shape(values), object)
+        out[...] = [cls.parse(v, name) for v in np.asarray(values, object).ravel()]
+        return out
+
+
+def _fill_defaults(rr) -> None:
+    """The fields a `RobustRadius` was built without: zero budgets, `exact_value`."""
+    for name, dtype in zip(PER_NORM[-3:], (np.int64, np.int64, np.float64)):
+        if getattr(rr, name) is None:
+            setattr(rr, name, {p: np.zeros(len(v), dtype) for p, v in rr.lower.items()})
+    if rr.exact_value is None:
+        rr.exact_value = {p: np.where(np.asarray(rr.exact[p], bool), rr.upper[p], np.nan)
+                          for p in rr.upper}
+
+
 @dataclasses.dataclass(repr=False)
 class RobustRadius:
     """Bounds on the minimal adversarial perturbation of every input, per norm.
@@ -95,12 +145,9 @@ class RobustRadius:
             (method 1's distance in exact arithmetic, else `upper`); NaN elsewhere.
         runner_up: `{p: [B]}` int64: the class of the adversarial point, else of
             the nearest decision hyperplane of the region (-1 if none).
-        lower_method, upper_method: `{p: [B]}` str: which method gave each bound
-            ('region', 'decision', 'relaxation', 'interval', 'walk', 'attack', 'label', or ''
-            where none did).
-        bound_passes: `{p: [B]}` int64: the bound passes the relaxation's search spent
-            on each input (0 where it did not run), between the certified lower bound
-            it starts from and the attacked upper bound that caps it.
+        lower_method, upper_method: `{p: [B]}` `BoundSource` members (object arrays).
+        bound_passes, attack_steps, seconds: `{p: [B]}` per input, the relaxation's bound
+            passes, the attack's gradient steps, the methods' wall time (shared evenly).
         predicted: `[B]` int64, the class the model predicts (-1 for `nonfinite`).
         labels: `[B]` int64 or None, the labels given.
         method: the `RobustMethod` of the call; rigor: the rounding guard (a
@@ -109,6 +156,8 @@ class RobustRadius:
             their bounds are NaN.
         units: the `keras_roll.compile.units.Units` of the distances (input units,
             or those of a leading Rescaling / Normalization's output: `wrt=`).
+        intermediate: a tuple of the relaxation's `IntermediateChoice`s (CROWN or
+            intervals, and why), one per distinct choice (empty where it did not run).
 
     Example:
 
@@ -135,18 +184,19 @@ class RobustRadius:
     exact_value: dict | None = None
     units: Units = INPUT_UNITS
     bound_passes: dict | None = None
+    attack_steps: dict | None = None
+    seconds: dict | None = None
+    intermediate: tuple[IntermediateChoice, ...] = ()
 
     def __post_init__(self):
-        if self.bound_passes is None:
-            self.bound_passes = {p: np.zeros(np.shape(v)[0], np.int64)
-                                 for p, v in self.lower.items()}
-        if self.exact_value is None:
-            self.exact_value = {p: np.where(np.asarray(self.exact[p], bool), self.upper[p],
-                                            np.nan) for p in self.upper}
+        _fill_defaults(self)
         for name in PER_NORM:
             value = getattr(self, name)
             if not isinstance(value, NormDict):
-                setattr(self, name, NormDict({parse_norm(k): v for k, v in value.items()}))
+                value = NormDict({parse_norm(k): v for k, v in value.items()})
+                setattr(self, name, value)
+            if name.endswith("_method"):
+                value.update({p: BoundSource.array(v, name) for p, v in value.items()})
         self.method = RobustMethod.parse(self.method, "method")
         self.rigor = Rigor.parse(self.rigor)
         if self.nonfinite is None:
@@ -191,7 +241,8 @@ class RobustRadius:
         return cls(**fields, predicted=np.concatenate([q.predicted for q in parts]),
                    labels=labels, method=first.method, rigor=first.rigor,
                    exact_rtol=first.exact_rtol, units=first.units,
-                   nonfinite=np.concatenate([q.nonfinite for q in parts]))
+                   nonfinite=np.concatenate([q.nonfinite for q in parts]),
+                   intermediate=_distinct_choices(parts))
 
     @property
     def n(self) -> int:
@@ -278,8 +329,9 @@ class RobustRadius:
                 f"{int(solved.sum())} {inputs} of {self.n}: method '{self.method}', rigor "
                 f"'{self.rigor}'")
         out = [format_table(head, rows, percentiles, count=True, column="Bound")]
-        out += self._undefined_lines(no_upper, zero_lower, int(solved.sum()))
+        out += _undefined_lines(self.method, no_upper, zero_lower, int(solved.sum()))
         out += [self._methods_line(p) for p in self.norms]
+        out += [_choice_line(c) for c in self.intermediate]
         if self.labels is not None:
             wrong = int(np.sum(~solved & ~self.nonfinite))
             line = f"Accuracy {self.certified_accuracy(0.0):.1%}"
@@ -290,19 +342,6 @@ class RobustRadius:
             out.append(f"{int(self.nonfinite.sum())} input(s) with non-finite values: bounds "
                        f"NaN, counted apart from the table.")
         return Summary.emit(out, print_fn)
-
-    def _undefined_lines(self, no_upper: dict, zero_lower: dict, n: int) -> list:
-        """Why rows of the table leave values out, one line per reason and count (its
-        norms named): NaN upper bounds, ratios over a lower bound of 0."""
-        why = ("no adversarial point found within the search budget (max_regions)"
-               if self.method.finds_points else
-               f"method '{self.method}' bounds from below only; 'walk', 'region' or 'best' "
-               f"also find adversarial points")
-        lines = [f"upper ({', '.join(labs)}): NaN (undefined) for {k} of {n}: {why}."
-                 for k, labs in no_upper.items() if k]
-        lines += [f"upper / lower ({', '.join(labs)}): undefined for {k} of {n} whose lower "
-                  f"bound is 0." for k, labs in zero_lower.items() if k]
-        return lines
 
     def _methods_line(self, p) -> str:
         lab = NORM_LABELS[p]
@@ -317,5 +356,33 @@ class RobustRadius:
             return ", ".join(f"{n or 'none'} {c}" for n, c in zip(names, num))
 
         of = " of the correctly classified" if self.labels is not None else ""
+        spent = ", ".join(f"{np.mean(getattr(self, f)[p][solved]):.4g} {f.replace('_', ' ')}"
+                          for f in PER_NORM[-3:])
         return (f"{lab}: exact {exact:.0%}{of}, adversarial found {found:.0%}; lower from "
-                f"[{counts(self.lower_method[p])}], upper from [{counts(self.upper_method[p])}]")
+                f"[{counts(self.lower_method[p])}], upper from [{counts(self.upper_method[p])}]"
+                f"; mean per input {spent}")
+
+
+def _distinct_choices(parts) -> tuple:
+    """The distinct `IntermediateChoice`s of `parts` (the first of each kind)."""
+    choices = {c.bounds: c for q in reversed(parts) for c in q.intermediate}
+    return tuple(sorted(choices.values(), key=lambda c: c.bounds.value))
+
+
+def _choice_line(choice: IntermediateChoice) -> str:
+    given_up = " Pass intermediate='crown' for CROWN's." if choice.gave_up else ""
+    return f"Intermediate bounds of the relaxation: {choice.reason}{given_up}"
+
+
+def _undefined_lines(method: RobustMethod, no_upper: dict, zero_lower: dict, n: int) -> list:
+    """Why rows of the table leave values out, one line per reason and count (its
+    norms named): NaN upper bounds, ratios over a lower bound of 0."""
+    why = ("no adversarial point found within the search budget (max_regions)"
+           if method.finds_points else
+           f"method '{method}' bounds from below only; 'walk', 'region' or 'best' "
+           f"also find adversarial points")
+    lines = [f"upper ({', '.join(labs)}): NaN (undefined) for {k} of {n}: {why}."
+             for k, labs in no_upper.items() if k]
+    lines += [f"upper / lower ({', '.join(labs)}): undefined for {k} of {n} whose lower "
+              f"bound is 0." for k, labs in zero_lower.items() if k]
+    return lines

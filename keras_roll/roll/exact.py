@@ -48,8 +48,8 @@ from keras_roll.roll.active_factor import (
 from keras_roll.roll.entry import padding_mask
 from keras_roll.roll.factored import factored_entry, gram_factor
 
-__all__ = ["ActiveFactorAxes", "ExactAxes", "FactoredAxes", "PackedAxes", "exact_estimator",
-           "factor_rows", "sum_squares_per_unit"]
+__all__ = ["ActiveFactorAxes", "ExactAxes", "ExactDirections", "FactoredAxes", "PackedAxes",
+           "exact_estimator", "factor_rows", "sum_squares_per_unit"]
 
 
 def _sum_squares_over_directions(jvp, start):
@@ -77,29 +77,49 @@ def factor_rows(factor, start, k, total) -> tf.Tensor:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class ExactAxes(Record):
+class ExactDirections(Record):
+    """What the exact estimators share: no scaling of the sums of squares, and the
+    dtypes they are computed in (keyword arguments, after each estimator's own fields).
+
+    Attributes:
+        dtype: the twin's dtype (squares are summed in it).
+        tangent_dtype: None, or the dtype of the tangent pass (16-bit under mixed
+            precision).
+
+    Example:
+
+    ```python
+    est = ExactAxes(tf.constant([784]), 784, dtype="float32")
+    assert est.scale("float32") is None and est.tangent_dtype is None
+    ```
+    """
+
+    dtype: str | None = dataclasses.field(default=None, kw_only=True)
+    tangent_dtype: str | None = dataclasses.field(default=None, kw_only=True)
+
+    shared = False  # True: one set of directions for the whole batch
+
+    def scale(self, dtype):
+        """The factor of the sum of squares (None: exact, no scaling)."""
+        return None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ExactAxes(ExactDirections):
     """Every input axis, one-hot and shared by the batch (Eq. 9, exact).
 
     Attributes:
         example_shape: `[rank]` int32 per-example input shape.
         total: D, the number of axes (an int, or a tensor for dynamic shapes).
         entry: the program step the tangents enter at (`tangent_entry`).
-        tangent_dtype: None, or the dtype of the tangent pass (16-bit under mixed
-            precision); squares are summed in `dtype`.
-        dtype: the twin's dtype (squares are summed in it).
+        dtype, tangent_dtype: as `ExactDirections`.
     """
 
     example_shape: tf.Tensor
     total: int | tf.Tensor
     entry: int = 0
-    tangent_dtype: str | None = None
-    dtype: str | None = None
 
     shared = True
-
-    def scale(self, dtype):
-        """The factor of the sum of squares (None: exact, no scaling)."""
-        return None
 
     def sum_squares(self, lin, trace, start, k):
         dtype = self.dtype
@@ -116,7 +136,7 @@ class ExactAxes(Record):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class FactoredAxes(Record):
+class FactoredAxes(ExactDirections):
     """Exact ROLL along the rows of a Gram factor, from a first Dense layer's output
     (`keras_roll.roll.factored`: the same loss as `ExactAxes` in `H1 < D` directions).
 
@@ -125,21 +145,14 @@ class FactoredAxes(Record):
             twin's dtype; differentiable with respect to the kernel.
         total: H1, the number of directions.
         step: the Dense layer's step; tangents enter after its first op.
-        dtype: the twin's dtype (squares are summed in it).
-        tangent_dtype: None, or the dtype of the tangent pass.
+        dtype, tangent_dtype: as `ExactDirections`.
     """
 
     factor: tf.Tensor
     total: int
     step: int
-    dtype: str
-    tangent_dtype: str | None = None
 
     shared = True
-
-    def scale(self, dtype):
-        """The factor of the sum of squares (None: exact, no scaling)."""
-        return None
 
     def sum_squares(self, lin, trace, start, k):
         v = factor_rows(self.factor, start, k, self.total)
@@ -149,7 +162,7 @@ class FactoredAxes(Record):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class ActiveFactorAxes(Record):
+class ActiveFactorAxes(ExactDirections):
     """Exact ROLL from the output of the ReLU after a first Dense layer (`H1 < D` units):
     along per-example factors of the Gram matrix of its active units when the batch's
     largest number of active units `K` is at most `COMPACT_FRACTION * H1`
@@ -171,8 +184,7 @@ class ActiveFactorAxes(Record):
         total: K when compact, else H1 (a scalar int32 tensor).
         step: the ReLU's step; the tangents enter after its op `op`.
         op: the ReLU's op in that step.
-        dtype: the twin's dtype (squares are summed in it).
-        tangent_dtype: None, or the dtype of the tangent pass.
+        dtype, tangent_dtype: as `ExactDirections`.
     """
 
     factor: tf.Tensor
@@ -184,10 +196,6 @@ class ActiveFactorAxes(Record):
     total: tf.Tensor
     step: int
     op: int
-    dtype: str
-    tangent_dtype: str | None = None
-
-    shared = False
 
     @classmethod
     def from_slope(cls, kernel, slope, step, op, dtype, tangent_dtype=None):
@@ -211,11 +219,7 @@ class ActiveFactorAxes(Record):
         norms = tf.reduce_sum(tf.square(tf.cast(kernel, tf.float64)), axis=0)
         total = tf.where(compact, tf.shape(lower)[1], units)
         return cls(lower, rows, r, tf.cast(slope, dtype), compact, tf.cast(norms, dtype), total,
-                   step, op, dtype, tangent_dtype)
-
-    def scale(self, dtype):
-        """The factor of the sum of squares (None: exact, no scaling)."""
-        return None
+                   step, op, dtype=dtype, tangent_dtype=tangent_dtype)
 
     def sum_squares(self, lin, trace, start, k):
         def compact():
@@ -240,7 +244,7 @@ class ActiveFactorAxes(Record):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class PackedAxes(Record):
+class PackedAxes(ExactDirections):
     """Exact ROLL along the valid axes only: one row per (example, unpadded input axis).
 
     Direction `r` is the one-hot axis `axis[r]` of example `example[r]`; a chunk
@@ -259,8 +263,7 @@ class PackedAxes(Record):
         example_shape: `[rank]` int32 per-example input shape.
         depth: D, the flat input size (int or tensor).
         entry: the program step the tangents enter at (`tangent_entry`).
-        dtype: the twin's dtype (squares are summed in it).
-        tangent_dtype: None, or the dtype of the tangent pass.
+        dtype, tangent_dtype: as `ExactDirections`.
     """
 
     example: tf.Tensor
@@ -270,10 +273,7 @@ class PackedAxes(Record):
     example_shape: tf.Tensor
     depth: int | tf.Tensor
     entry: int
-    dtype: str
-    tangent_dtype: str | None = None
 
-    shared = False
     packed = True  # one example per direction: chunks are planned per row
 
     @classmethod
@@ -287,11 +287,7 @@ class PackedAxes(Record):
         example = tf.concat([rows[:, 0], [0]], 0)
         axis = tf.concat([rows[:, 1], [-1]], 0)
         return cls(tf.stop_gradient(example), tf.stop_gradient(axis), tf.shape(rows)[0],
-                   batch, example_shape, depth, entry, dtype, tangent_dtype)
-
-    def scale(self, dtype):
-        """The factor of the sum of squares (None: exact, no scaling)."""
-        return None
+                   batch, example_shape, depth, entry, dtype=dtype, tangent_dtype=tangent_dtype)
 
     def sum_squares(self, lin, trace, start, k):
         rows = tf.minimum(start + tf.range(k), self.total)  # past the end: the spare row
@@ -331,11 +327,11 @@ def exact_estimator(lin, config, entry: int, example_shape, d, tangent_dtype=Non
                                                after[1], lin.dtype, tangent_dtype)
         if factored is not None:
             factor = gram_factor(factored.kernel(lin.dtype))
-            return FactoredAxes(factor, factored.units, factored.index, lin.dtype,
-                                tangent_dtype)
+            return FactoredAxes(factor, factored.units, factored.index, dtype=lin.dtype,
+                                tangent_dtype=tangent_dtype)
     if config.skip_padded_steps:
         keep = None if trace is None else padding_mask(lin.program, trace, entry)
         if keep is not None:
             return PackedAxes.from_mask(keep, example_shape, d, entry, lin.dtype,
                                         tangent_dtype)
-    return ExactAxes(example_shape, d, entry, tangent_dtype, lin.dtype)
+    return ExactAxes(example_shape, d, entry, dtype=lin.dtype, tangent_dtype=tangent_dtype)

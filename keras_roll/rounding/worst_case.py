@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import weakref
-from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -62,6 +61,7 @@ from keras_roll.rounding.precision import (
 
 __all__ = [
     "Bound",
+    "ErrorBounds",
     "ErrorGrowth",
     "RoundingBound",
     "RoundingTransform",
@@ -71,22 +71,24 @@ __all__ = [
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Bound(Record):
-    """Magnitude bounds of one tensor of the model, and its relative error bounds.
+class ErrorBounds(Record):
+    """Magnitude and rounding error bounds of values of the model, float64 each.
+
+    At any `x'` with `||x' - x||_inf <= r` (on the activation pattern of `x`), the
+    model's own evaluation of a value differs from its exact one by at most
+    `(1 + g_eval)(g_eval (at_x + r per_radius) + abs_eval)`, and the float64 twin's
+    by the same with `g_exact`, `abs_exact`.
 
     Attributes:
-        value: `[B, *shape]` its value at `x` (float64).
-        at_x: `[B, *shape]` bound on `|value(x)|`.
-        per_radius: `[B, *shape]` bound on `|value(x') - value(x)| / ||x' - x||_inf`
-            (the magnitudes of the linear part, from an all-ones input).
+        at_x: bound on `|value(x)|`.
+        per_radius: bound on `|value(x') - value(x)| / ||x' - x||_inf` (the
+            magnitudes of the linear part, from an all-ones input).
         g_eval: relative error bound of the model's own evaluation.
         g_exact: relative error bound of the float64 twin.
-        abs_eval: `[B, *shape]` absolute (underflow) error bound of the model's
-            evaluation.
+        abs_eval: absolute (underflow) error bound of the model's evaluation.
         abs_exact: the same for the float64 twin.
     """
 
-    value: tf.Tensor
     at_x: tf.Tensor
     per_radius: tf.Tensor
     g_eval: tf.Tensor
@@ -95,34 +97,47 @@ class Bound(Record):
     abs_exact: tf.Tensor
 
 
-class RoundingBound(NamedTuple):
-    """Per-neuron rounding error bounds of a batch, `[B, N]` float64 each.
-
-    At any `x'` with `||x' - x||_inf <= r` (on the activation pattern of `x`),
-    the model's own evaluation of neuron `j` differs from its exact value by at
-    most `(1 + g_eval_j) (g_eval_j (at_x_j + r per_radius_j) + abs_eval_j)`,
-    and the float64 twin's by the same with `g_exact`, `abs_exact`;
-    `g_exact_j per_radius_j` also bounds the l1 norm of the error of the
-    twin's float64 gradient of neuron `j`.
+@dataclasses.dataclass(frozen=True, eq=False)
+class Bound(ErrorBounds):
+    """The `ErrorBounds` of one tensor of the model (`[B, *shape]`; `g_eval`,
+    `g_exact` may be scalars), and its value.
 
     Attributes:
-        at_x: `[B, N]` bound on `|z_j(x)|`.
-        per_radius: `[B, N]` growth of that bound per unit of `||x' - x||_inf`.
-        g_eval: `[B, N]` relative error of the model's evaluation.
-        g_exact: `[B, N]` relative error of the float64 twin.
-        abs_eval: `[B, N]` absolute (underflow) error of the model's evaluation.
-        abs_exact: `[B, N]` absolute (underflow) error of the float64 twin.
-        overflow: `[B]` bool: some intermediate value of the model may exceed
-            the largest finite number of its compute dtype at `x`.
+        value: `[B, *shape]` its value at `x` (float64), a keyword argument.
+
+    Example:
+
+    ```python
+    zero = tf.constant(0.0, tf.float64)
+    start = Bound(tf.abs(x), tf.ones_like(x), zero, zero, tf.zeros_like(x),
+                  tf.zeros_like(x), value=x)
+    ```
     """
 
-    at_x: tf.Tensor
-    per_radius: tf.Tensor
-    g_eval: tf.Tensor
-    g_exact: tf.Tensor
-    abs_eval: tf.Tensor
-    abs_exact: tf.Tensor
-    overflow: tf.Tensor
+    value: tf.Tensor = dataclasses.field(kw_only=True)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RoundingBound(ErrorBounds):
+    """Per-neuron rounding error bounds of a batch: `ErrorBounds`, `[B, N]` each.
+
+    `g_exact_j per_radius_j` also bounds the l1 norm of the error of the twin's
+    float64 gradient of neuron `j`.
+
+    Attributes:
+        overflow: `[B]` bool: some intermediate value of the model may exceed
+            the largest finite number of its compute dtype at `x` (a keyword
+            argument).
+
+    Example:
+
+    ```python
+    rb = rounding_bound(twin, twin.forward(x).trace)
+    err = (rb.g_eval + rb.g_exact) * rb.at_x + rb.abs_eval + rb.abs_exact
+    ```
+    """
+
+    overflow: tf.Tensor = dataclasses.field(kw_only=True)
 
 
 # --------------------------------------------------------------------------- error growth
@@ -255,8 +270,8 @@ class RoundingTransform(Transform):
                                  tf.broadcast_to(tf.cast(gn_eval, tf.float64), shape),
                                  tf.broadcast_to(tf.cast(gn_exact, tf.float64), shape),
                                  an_eval, an_exact))
-        return Bound(value, at_x, per_r, tf.cast(g_eval, tf.float64),
-                     tf.cast(g_exact, tf.float64), a_eval, a_exact)
+        return Bound(at_x, per_r, tf.cast(g_eval, tf.float64), tf.cast(g_exact, tf.float64),
+                     a_eval, a_exact, value=value)
 
 
 def _max_g(values):
@@ -270,15 +285,15 @@ def _bound_pass(interpreter, trace: Trace, precision: EvaluationPrecision) -> Ro
     x = tf.cast(trace.input, tf.float64)
     batch = tf.shape(x)[0]
     zero = tf.constant(0.0, tf.float64)
-    start = Bound(x, tf.abs(x), tf.ones_like(x), zero, zero, tf.zeros_like(x),
-                  tf.zeros_like(x))
+    start = Bound(tf.abs(x), tf.ones_like(x), zero, zero, tf.zeros_like(x), tf.zeros_like(x),
+                  value=x)
     transform = RoundingTransform(precision, batch)
     propagate(interpreter.program, transform, start, trace)
     if not transform.neurons:
         empty = tf.zeros(tf.stack([batch, 0]), tf.float64)
-        return RoundingBound(empty, empty, empty, empty, empty, empty, transform.overflow)
+        return RoundingBound(empty, empty, empty, empty, empty, empty, overflow=transform.overflow)
     parts = [tf.concat(list(p), axis=1) for p in zip(*transform.neurons)]
-    return RoundingBound(*parts, transform.overflow)
+    return RoundingBound(*parts, overflow=transform.overflow)
 
 
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -44,7 +44,7 @@ import tensorflow as tf
 from keras_roll.compile.bounds.crown import RelaxedOps, relaxed_lower_bounds
 from keras_roll.compile.bounds.rules import Box
 from keras_roll.compile.bounds.traversal import Values
-from keras_roll.compile.chunking import map_chunks
+from keras_roll.compile.chunking import map_chunks, plan_chunks
 from keras_roll.compile.structure import ProgramStructure
 
 __all__ = ["MAX_LAYER_CHUNKS", "SlopeOptions", "optimize_lower_slopes", "optimized_refiner"]
@@ -224,11 +224,10 @@ def optimized_refiner(refine: Callable, structure: ProgramStructure, values: Val
         shape = [int(d) for d in values.inputs[index][0].shape[1:]]
         n = int(np.prod(shape))
         b = int(values.x.shape[0] or examples)
-        per_row = 8 * 4 * b * (sum(int(np.prod(lines.lower_slopes(i).shape[1:]))
-                                   for i in before)
-                               + max(int(np.prod(v.shape[1:]))
-                                     for v in [values.x, *values.outputs[:index + 1]]))
-        k = max(1, min(2 * n, budget // max(per_row, 1)))
+        per_row = 8 * 4 * (sum(int(np.prod(lines.lower_slopes(i).shape[1:])) for i in before)
+                           + max(int(np.prod(v.shape[1:]))
+                                 for v in [values.x, *values.outputs[:index + 1]]))
+        k = max(1, plan_chunks(b, 2 * n, per_row, budget, batch_size=b).per_chunk)
         if not before or n == 0 or -(-2 * n // k) > MAX_LAYER_CHUNKS:
             return tight
         dtype = values.x.dtype

@@ -32,10 +32,12 @@ lower = relaxed_lower_bounds(structure, values, structure.output_key, rows, line
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.bounds.ibp import abs_sum
+from keras_roll.compile.bounds.ibp import RoundingLoss
 from keras_roll.compile.bounds.rules import (
     ActivationBounds,
     Box,
@@ -46,11 +48,12 @@ from keras_roll.compile.bounds.rules import (
 from keras_roll.compile.bounds.traversal import Values, pull_back
 from keras_roll.compile.chunking import map_chunks, plan_chunks
 from keras_roll.compile.rules.activations import Activation
+from keras_roll.compile.rules.base import NO_RECORD
 from keras_roll.compile.structure import ProgramStructure
 from keras_roll.geometry import dual_norm
 
-__all__ = ["RelaxedOps", "layer_rows_per_chunk", "lower_offset", "relaxation_refiner",
-           "relaxed_lower_bounds"]
+__all__ = ["RelaxedOps", "affine_in_input", "layer_plan", "layer_rows_per_chunk",
+           "lower_offset", "relaxation_refiner", "relaxed_lower_bounds"]
 
 _U64 = 2.0**-53  # the unit roundoff of float64 (the lines' safety, as in rules.py)
 
@@ -194,7 +197,8 @@ def lower_offset(op: Activation, lo: tf.Tensor, hi: tf.Tensor, a: tf.Tensor) -> 
 
 
 def relaxed_lower_bounds(structure: ProgramStructure, values: Values, key: int,
-                         lam: tf.Tensor, lines: RelaxedOps, deltas: list, eps, p) -> tf.Tensor:
+                         lam: tf.Tensor, lines: RelaxedOps, deltas: list, eps, p,
+                         loss: Callable[[list], RoundingLoss] = RoundingLoss) -> tf.Tensor:
     """`[B, C]` lower bounds of `lam . (value(x') - value(x))` over the ball.
 
     Args:
@@ -204,34 +208,76 @@ def relaxed_lower_bounds(structure: ProgramStructure, values: Values, key: int,
         lines: the relaxation of every op `key` depends on through a nonlinear op.
         deltas: per node, the rounding bound of its output or None (`Boxes.deltas`).
         eps: `[B]` radii; p: the norm of the ball.
+        loss: how the rounding terms of `deltas` are summed (`RoundingLoss`, the worst
+            case, or a subclass).
     """
-
-    def visit(node, index, out_lam):
-        d = deltas[index] if index < len(deltas) else None
-        return None if d is None else -abs_sum(out_lam, d)
-
-    res = pull_back(structure, values, key, lam, relax=lines, visit=visit)
+    rounding = loss(deltas)
+    res = pull_back(structure, values, key, lam, relax=lines, visit=rounding.visit)
     eps = tf.cast(eps, lam.dtype)
     eps = eps[:, None] if eps.shape.rank else eps
     axes = tuple(range(2, res.lam_input.shape.rank))  # [B, C, *input_shape]
-    return res.const - eps * dual_norm(res.lam_input, p, axis=axes)
+    return (res.const - rounding.total(tf.zeros_like(res.const))
+            - eps * dual_norm(res.lam_input, p, axis=axes))
 
 
-def layer_rows_per_chunk(values, index, n, budget, b) -> int:
-    """Functionals per pull-back for the `2 n` bounds of one op's input (`b` examples at
-    most per call), balanced over the `2 n` rows."""
+def layer_rows_per_chunk(values, index, n, budget, b, signs: int = 2) -> int:
+    """Functionals per pull-back for the `signs * n` bounds of one op's input (`b`
+    examples at most per call), balanced over the rows."""
     largest = max([int(np.prod(values.x.shape[1:]))]
                   + [int(np.prod(v.shape[1:])) for v in values.outputs[:index + 1]])
-    plan = plan_chunks(b, 2 * n, 3 * 8 * largest, budget, batch_size=b)
+    plan = plan_chunks(b, signs * n, 3 * 8 * largest, budget, batch_size=b)
     return max(1, plan.per_chunk)
 
 
+def affine_in_input(structure: ProgramStructure, values: Values, key: int) -> tuple[bool, bool]:
+    """`(affine, shared)` of the value `key`: whether it is an affine function of the
+    model input alone (every op it depends on is linear, `BoundRule.linear`), and
+    whether its functionals stay shared by the batch when pulled back (no op on the
+    way has a record or a mask)."""
+    affine = shared = True
+    todo, seen = [key], set()
+    while todo:
+        k = todo.pop()
+        if k == structure.input_key or k in seen:
+            continue
+        seen.add(k)
+        i = structure.producer[k]
+        rule = bound_rule(structure.nodes[i].op)
+        if rule is None or not rule.linear:
+            return False, False
+        shared = shared and values.records[i] is NO_RECORD and values.masks[i] is None
+        todo.extend(structure.nodes[i].inputs)
+    return affine, shared
+
+
+def layer_plan(structure: ProgramStructure, values: Values, index: int, budget: int,
+               examples: int, affine_shortcut: bool = True) -> tuple[int, int, int]:
+    """`(signs, rows per chunk, examples per pull-back)` of CROWN's bounds of op `index`'s
+    input: both signs of `I` pulled back, or only `+I` where the input is affine in the
+    model input (`affine_in_input`); functionals shared by the batch take one example's
+    memory."""
+    n = int(np.prod(values.inputs[index][0].shape[1:]))
+    affine, shared = affine_in_input(structure, values, structure.nodes[index].inputs[0])
+    signs = 1 if affine and affine_shortcut else 2
+    b = 1 if signs == 1 and shared else examples
+    return signs, layer_rows_per_chunk(values, index, n, budget, b, signs), b
+
+
 def relaxation_refiner(structure: ProgramStructure, values: Values, lines: RelaxedOps,
-                       eps, p, budget: int, examples: int):
+                       eps, p, budget: int, examples: int,
+                       loss: Callable[[list], RoundingLoss] = RoundingLoss,
+                       affine_shortcut: bool = True):
     """`interval_pass`'s `refine` for CROWN: the relaxation's bounds of a nonlinear op's
     input (`+-I` rows pulled back, in chunks of at most `budget` bytes for `examples`
     examples, run one at a time in one traced loop: `map_chunks`), intersected with its
-    interval; the op's lines are set from the result.
+    interval; the op's lines are set from the result. `loss` sums the rounding terms
+    (as `relaxed_lower_bounds`).
+
+    An input that is an affine function of the model input alone (`affine_in_input`,
+    the first layer's pre-activation) needs no relaxation: its pull-back is exact, and
+    the bound of `-e_j` is the bound of `e_j` (the same rounding terms and dual norm),
+    so only the `+I` rows are pulled back and `hi = -lo`: the same bounds for half the
+    work (`affine_shortcut=False` pulls back both signs, for comparison).
 
     Example:
 
@@ -246,23 +292,24 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
         n = int(np.prod(shape))
         if n == 0:
             return box
-        k = layer_rows_per_chunk(values, index, n, budget, examples)
+        signs, k, _ = layer_plan(structure, values, index, budget, examples, affine_shortcut)
         dtype = values.x.dtype
 
         def chunk(start):
-            # Rows start .. start + k - 1 of [I; -I] (rows past 2n repeat earlier ones
-            # and are dropped). One copy for the batch: the functionals stay shared
+            # Rows start .. start + k - 1 of [I; -I] (rows past signs * n repeat earlier
+            # ones and are dropped). One copy for the batch: the functionals stay shared
             # until an activation makes them per example (broadcasting does the rest).
             rows = start + tf.range(k)
             sign = tf.where(rows < n, tf.constant(1.0, dtype), tf.constant(-1.0, dtype))
             eye = sign[:, None] * tf.one_hot(rows % n, n, dtype=dtype)
             lam = tf.reshape(eye, [1, k, *shape])
-            low = relaxed_lower_bounds(structure, values, key, lam, lines, deltas, eps, p)
+            low = relaxed_lower_bounds(structure, values, key, lam, lines, deltas, eps, p,
+                                       loss)
             return tf.broadcast_to(low, [tf.shape(low)[0], k])
 
-        low = map_chunks(chunk, 2 * n, k, dtype)  # [B, 2n]
+        low = map_chunks(chunk, signs * n, k, dtype)  # [B, signs * n]
         lo = tf.reshape(low[:, :n], [-1, *shape])
-        hi = -tf.reshape(low[:, n:], [-1, *shape])
+        hi = -tf.reshape(low[:, n:] if signs == 2 else low, [-1, *shape])
         tight = Box(tf.maximum(box.lo, lo), tf.minimum(box.hi, hi))
         lines.set(index, node, tight)
         return tight

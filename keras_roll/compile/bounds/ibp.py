@@ -39,7 +39,8 @@ from keras_roll.compile.bounds.rules import (
 from keras_roll.compile.bounds.traversal import Values, linear_transpose
 from keras_roll.compile.structure import ProgramStructure
 
-__all__ = ["Boxes", "abs_sum", "box_lower", "interval_lower_bounds", "interval_pass"]
+__all__ = ["Boxes", "RoundingLoss", "abs_sum", "box_lower", "interval_lower_bounds",
+           "interval_pass"]
 
 
 class Boxes(NamedTuple):
@@ -155,6 +156,44 @@ def _flat_rows(t: tf.Tensor) -> tf.Tensor:
 
 
 def abs_sum(lam: tf.Tensor, delta: tf.Tensor) -> tf.Tensor:
-    """`[B, C]`: `sum |Lambda| Delta` over the elements of every row."""
-    prod = tf.abs(lam) * delta[:, None]
-    return tf.reduce_sum(tf.reshape(prod, tf.concat([tf.shape(prod)[:2], [-1]], 0)), -1)
+    """`[B, C]`: `sum |Lambda| Delta` over the elements of every row, as products (one
+    matmul for functionals shared by the batch, `B = 1`; no `[B, C, n]` temporary)."""
+    a = _flat_rows(tf.abs(lam))
+    d = tf.reshape(delta, tf.stack([tf.shape(delta)[0], -1]))
+    if lam.shape[0] == 1:
+        return tf.matmul(d, a[0], transpose_b=True)
+    return tf.linalg.matvec(a, d)
+
+
+class RoundingLoss:
+    """What functionals pulled back through the ops lose to the ops' rounding: the worst
+    case `sum_l |Lambda_l| Delta_l` over the `deltas` of `interval_pass` (`Boxes.deltas`).
+    `visit` is `pull_back`'s `visit`, `total` the loss once the pull-back is done. A
+    caller with a tighter model of rounding subclasses it (the default rigor of
+    `keras_roll.robust` does: `keras_roll.robust.bounds`).
+
+    Example:
+
+    ```python
+    loss = RoundingLoss(boxes.deltas)
+    res = pull_back(structure, values, key, lam, relax=lines, visit=loss.visit)
+    lower = res.const - loss.total(tf.zeros_like(res.const))
+    ```
+    """
+
+    def __init__(self, deltas: list):
+        self.deltas = deltas
+        self.strict: list = []
+
+    def delta(self, index: int):
+        """Op `index`'s rounding bound, or None (no rounding, or not bounded yet)."""
+        return self.deltas[index] if index < len(self.deltas) else None
+
+    def visit(self, node, index: int, lam: tf.Tensor) -> None:
+        d = self.delta(index)
+        if d is not None:
+            self.strict.append(abs_sum(lam, d))
+
+    def total(self, zero: tf.Tensor) -> tf.Tensor:
+        """`[B, C]`: what the functionals lose (`zero` where nothing rounds)."""
+        return tf.add_n(self.strict) if self.strict else zero

@@ -65,10 +65,10 @@ class BoundMethod(enum.Enum):
 
     @property
     def passes(self) -> tuple:
-        """The `BoundPass`es the method runs."""
-        if self is BoundMethod.INTERVAL:
-            return (BoundPass.INTERVAL,)
-        return (BoundPass.INTERVAL, BoundPass.RELAXATION)
+        """The `BoundPass`es the method runs: the intervals alone, or with the relaxation
+        (every method but `INTERVAL`)."""
+        relaxed = self is not BoundMethod.INTERVAL
+        return (BoundPass.INTERVAL, BoundPass.RELAXATION) if relaxed else (BoundPass.INTERVAL,)
 
 
 def _output_rows(structure: ProgramStructure, values: Values, rows: tf.Tensor) -> tf.Tensor:

@@ -7,7 +7,9 @@ argument has one validator here, which also serves the functions that take a
 single one of them (`linearize(memory_budget=...)`, for example). `Rigor` is the
 rounding guard of certificates as an enum; the strings "float64", "strict" and
 "float32" are accepted wherever a public function takes a rigor. docs/design.md,
-section "Options and results", says which function takes what.
+section "Options and results", says which function takes what. The modes (`Choice`,
+`Rigor`, `Method`) live in `keras_roll.options.choices`, the progress bar in
+`keras_roll.options.progress`; both are re-exported here.
 
 Example:
 
@@ -22,15 +24,15 @@ cert = keras_roll.certify(model, x, rigor="float32") # keyword arguments still w
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import numbers
-import sys
 from collections.abc import Sequence
-from typing import Literal
 
 import tensorflow as tf
 from tqdm.auto import tqdm
+
+from keras_roll.options.choices import AUTO, Choice, Method, Rigor
+from keras_roll.options.progress import Verbose, check_verbose, progress_bar
 
 __all__ = ["AUTO", "Choice", "FIELDS", "GRADIENT_FIELDS", "Method", "Norm", "Norms",
            "ONE_DEVICE_FIELDS", "Rigor", "RunOptions", "Seed", "Verbose", "check_batch_size",
@@ -38,8 +40,6 @@ __all__ = ["AUTO", "Choice", "FIELDS", "GRADIENT_FIELDS", "Method", "Norm", "Nor
            "fixed_budget", "parse_norm", "parse_norms", "progress_bar"]
 
 INF = math.inf
-AUTO = "auto"
-"""`memory_budget="auto"`: the chunk size is chosen for the twin (today its own budget)."""
 
 Norm = int | float | str
 """1, 2, `np.inf` (or "l1", "l2", "linf", "inf")."""
@@ -47,137 +47,8 @@ Norm = int | float | str
 Norms = Norm | Sequence[Norm] | None
 """One norm or several."""
 
-Verbose = bool | int | Literal["auto"]
-"""Progress bar: "auto" (only for runs over a second), True or False (or 0, 1, 2)."""
-
 Seed = int | tf.Tensor | Sequence[int] | None
 """None (fresh randomness), an int, or a `[2]` int tensor for stateless sampling."""
-
-
-class Choice(str, enum.Enum):
-    """A mode of a public function: a `str` enum whose members equal their strings.
-
-    The public functions accept a member or its string and parse it once at the
-    boundary (`parse`); inside the library members are compared with `is`.
-    docs/design.md, section "Options and results".
-
-    Example:
-
-    ```python
-    class Color(Choice):
-        RED = "red"
-
-    Color.parse("red") is Color.RED           # True
-    Color.parse("blue")         # ValueError: Unknown color='blue': color must be one of 'red' ...
-    ```
-    """
-
-    def __str__(self) -> str:
-        return self.value
-
-    @classmethod
-    def hints(cls) -> dict[str, str]:
-        """What each string means, for the error message of `parse` (default: nothing)."""
-        return {}
-
-    @classmethod
-    def parse(cls, value, name: str | None = None, default=None):
-        """The member named by `value` (a member or its string).
-
-        Args:
-            value: the member, its string, or None (then `default`, if given).
-            name: the argument's name in the error message (default: the class
-                name in lower case).
-            default: the member None stands for; None: None is refused.
-
-        Raises:
-            ValueError: anything else; the message echoes the value and lists the
-                valid strings (with what each does, where `hints` says).
-        """
-        if value is None and default is not None:
-            return cls(default)
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, str):
-            for member in cls:
-                if member.value == value:
-                    return member
-        name = name or cls.__name__.lower()
-        hints = cls.hints()
-        choices = ", ".join(repr(m.value) + (f" ({hints[m.value]})" if m.value in hints else "")
-                            for m in cls)
-        raise ValueError(f"Unknown {name}={value!r}: {name} must be one of {choices} (or a "
-                         f"{cls.__name__}).")
-
-
-class Rigor(Choice):
-    """The rounding guard of a certificate (docs/design.md, "The rounding bound").
-
-    * `FLOAT64` ("float64", the default): neurons and gradients in float64 from
-      the model's weights, radii shrunk by a probabilistic bound on the rounding
-      of the model's own evaluation (and a rigorous one on the float64 twin's).
-    * `STRICT` ("strict"): the same with a worst-case bound: sound whatever the
-      rounding errors, often 0 on wide float32 networks.
-    * `FLOAT32` ("float32"): the twin's own dtype and no guard: the paper's
-      exact-arithmetic radii.
-
-    A `Rigor` is also its string (`Rigor.FLOAT64 == "float64"`); compare with
-    `is` inside the library.
-
-    Example:
-
-    ```python
-    Rigor.parse("strict")          # Rigor.STRICT
-    Rigor.parse(Rigor.FLOAT32)     # Rigor.FLOAT32
-    ```
-    """
-
-    FLOAT64 = "float64"
-    STRICT = "strict"
-    FLOAT32 = "float32"
-
-    @classmethod
-    def hints(cls) -> dict[str, str]:
-        return {
-            "float64": "the default: neurons and gradients in float64, radii shrunk by a "
-                       "probabilistic bound on the rounding of the model's own evaluation",
-            "strict": "the same with a worst-case bound: sound always, often 0 on wide "
-                      "float32 networks",
-            "float32": "the twin's own dtype, no rounding guard"}
-
-    @property
-    def guarded(self) -> bool:
-        """Whether radii are shrunk by a rounding guard (computed by a float64 twin)."""
-        return self is not Rigor.FLOAT32
-
-    def twin_dtype(self, own: str) -> str:
-        """The dtype the twin computes in under this rigor: float64 for a guarded
-        rigor, else `own` (the twin's own dtype)."""
-        return "float64" if self.guarded else own
-
-
-class Method(Choice):
-    """How `certify` and `stability_bounds` compute margins.
-
-    * `ANALYTIC` ("analytic", the default): the closed forms, exact for
-      piecewise-linear networks, from streamed gradient norms.
-    * `BISECT` ("bisect"): the paper's binary search on pattern feasibility,
-      evaluated on the twin's forward pass: a slow cross-check.
-
-    Example:
-
-    ```python
-    keras_roll.certify(model, x, method="bisect").method is Method.BISECT   # a cross-check
-    ```
-    """
-
-    ANALYTIC = "analytic"
-    BISECT = "bisect"
-
-    @classmethod
-    def hints(cls) -> dict[str, str]:
-        return {"analytic": "exact, streamed",
-                "bisect": "binary search on the real network, a slow cross-check"}
 
 
 def check_bisect_tol(bisect_tol) -> float:
@@ -268,23 +139,6 @@ def fixed_budget(memory_budget) -> int | None:
     return None if budget in (None, AUTO) else budget
 
 
-def check_verbose(verbose) -> Verbose:
-    """'auto', True, False (or a Keras verbosity 0, 1, 2).
-
-    Example:
-
-    ```python
-    check_verbose("auto")     # 'auto'
-    ```
-    """
-    if isinstance(verbose, str) and verbose == AUTO:
-        return verbose
-    if isinstance(verbose, bool) or (isinstance(verbose, numbers.Integral)
-                                     and int(verbose) in (0, 1, 2)):
-        return verbose
-    raise ValueError(f"verbose must be 'auto', True or False (or 0, 1, 2), got {verbose!r}.")
-
-
 def check_strategy(strategy) -> tf.distribute.Strategy | None:
     """None (the strategy in scope at the call) or a `tf.distribute.Strategy` whose
     replicas are local devices: `MirroredStrategy`, `OneDeviceStrategy`,
@@ -369,79 +223,6 @@ def parse_norms(norms: Norms) -> tuple:
         if q not in out:
             out.append(q)
     return tuple(out)
-
-
-ETA_FORMAT = ("{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {unit} "
-              "[{elapsed} elapsed, ETA {remaining}, {rate_fmt}]")
-"""The bar's line when the total is known: done, elapsed time and the time left."""
-
-COUNT_FORMAT = "{desc}: {n_fmt} {unit} [{elapsed} elapsed, {rate_fmt}]"
-"""The bar's line when the total is unknown (a stream of unknown length)."""
-
-
-class _Bar(tqdm):
-    """tqdm that shows a fractional count (a share of an example's work) rounded down,
-    so that "16/16" means done."""
-
-    @property
-    def format_dict(self):
-        values = super().format_dict
-        values["n_fmt"] = str(int(values["n"] + 1e-6))  # sums of fractions: 15.9999999 is 16
-        return values
-
-
-FILE_INTERVAL = 1.0
-"""Seconds between two redraws of a bar written to a file, a pipe or a notebook (not
-a terminal): at most one line a second, so a log holds a readable trace."""
-
-
-def _is_terminal(stream) -> bool:
-    isatty = getattr(stream, "isatty", None)
-    try:
-        return bool(isatty and isatty())
-    except (OSError, ValueError):  # a closed stream
-        return False
-
-
-def progress_bar(total: int | None, verbose: Verbose, desc: str, unit: str = "ex",
-                 file=None) -> tqdm:
-    """The project's progress bar (tqdm) over `total` items (None if unknown).
-
-    With a known total its line ends with the elapsed time and the ETA, the time
-    left at the rate so far (`ETA_FORMAT`): "gradient distortion (GA):  40%|###   |
-    45120/112800 grad [00:12 elapsed, ETA 00:18, 3760.00grad/s]". Work may be
-    reported in fractions of an item (`bar.update(0.25)`); the count shown is
-    rounded down.
-
-    On a terminal the bar redraws up to ten times a second. Written anywhere else
-    (a file, a pipe, a notebook's output) it redraws at most once a second
-    (`FILE_INTERVAL`), and its rate and ETA are the averages since the start, which
-    do not jump from line to line.
-
-    Args:
-        total: number of items (examples, gradients, ...), or None.
-        verbose: "auto" (shown only for runs longer than a second, then
-            removed), True / 1 / 2 (always shown and kept) or False / 0 (never).
-        desc: the label.
-        unit: what an item is ("ex" for examples).
-        file: the stream it writes to (default: `sys.stderr`).
-
-    Example:
-
-    ```python
-    with progress_bar(len(x), "auto", "certify") as bar:
-        for chunk in chunks:
-            bar.update(len(chunk))
-    ```
-    """
-    file = sys.stderr if file is None else file
-    style = {"desc": desc, "unit": unit, "file": file,
-             "bar_format": COUNT_FORMAT if total is None else ETA_FORMAT}
-    if not _is_terminal(file):
-        style.update(mininterval=FILE_INTERVAL, smoothing=0.0)
-    if verbose == AUTO:
-        return _Bar(total=total, delay=1.0, leave=False, **style)
-    return _Bar(total=total, disable=not verbose, **style)
 
 
 FIELDS = ("batch_size", "memory_budget", "verbose", "rigor", "strategy")
