@@ -29,7 +29,14 @@ from keras_roll.compile.bounds.crown import (
 )
 from keras_roll.compile.bounds.ibp import interval_pass
 from keras_roll.robust.bounds import arithmetic_of
-from tests.test_robust_exact import _mlp, affine_stack, exact_milp, forward, near_boundary
+from tests.test_robust_exact import (
+    _mlp,
+    affine_stack,
+    exact_milp,
+    forward,
+    near_boundary,
+    pre_activations,
+)
 
 NETS = {"relu": lambda: _mlp((16, 16), 0.0, 2, 3, 3),
         "leaky": lambda: _mlp((16, 16), 0.2, 2, 3, 4)}
@@ -143,15 +150,7 @@ def _grid_pre_activations(stages, x, eps, n=121) -> list:
     """Per activation, `[B, G, units]` its inputs on a dense grid of each l_inf ball."""
     t = np.linspace(-1.0, 1.0, n)
     grid = np.stack(np.meshgrid(t, t), -1).reshape(-1, 2)
-    h = x[:, None] + eps[:, None, None] * grid[None]
-    out = []
-    for st in stages:
-        if st[0] == "linear":
-            h = h @ st[1] + st[2]
-        else:
-            out.append(h)
-            h = np.maximum(h, st[1] * h)
-    return out
+    return pre_activations(stages, x[:, None] + eps[:, None, None] * grid[None])[0]
 
 
 def test_optimized_intermediate_bounds_hold_and_are_tighter(net):

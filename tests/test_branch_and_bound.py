@@ -28,6 +28,7 @@ from tests.test_robust_exact import (
     exact_milp,
     forward,
     near_boundary,
+    pre_activations,
 )
 
 pytestmark = pytest.mark.graph  # many small calls of the same passes: faster compiled
@@ -35,13 +36,7 @@ pytestmark = pytest.mark.graph  # many small calls of the same passes: faster co
 
 def _pre_activations(stages, pts):
     """`[n, units]` pre-activations of every activation stage, concatenated."""
-    h, out = pts, []
-    for st in stages:
-        if st[0] == "linear":
-            h = h @ st[1] + st[2]
-        else:
-            out.append(h)
-            h = np.maximum(h, st[1] * h)
+    out, h = pre_activations(stages, pts)
     return np.concatenate(out, axis=1), h
 
 

@@ -82,14 +82,20 @@ def affine_stack(model):
     return stages
 
 
-def forward(stages, x):
-    h = np.asarray(x, np.float64).reshape(len(x), -1)
+def pre_activations(stages, h):
+    """`(inputs of every activation stage, outputs)` of the stages on `h` `[..., d]`."""
+    out = []
     for st in stages:
         if st[0] == "linear":
             h = h @ st[1] + st[2]
         else:
+            out.append(h)
             h = np.maximum(h, st[1] * h)
-    return h
+    return out, h
+
+
+def forward(stages, x):
+    return pre_activations(stages, np.asarray(x, np.float64).reshape(len(x), -1))[1]
 
 
 def interval_bounds(stages, x, radius, p=np.inf):

@@ -58,7 +58,7 @@ from keras_roll.robust.attack_loop import compiled_loop, dual_norms
 from keras_roll.robust.region import NormBounds
 from keras_roll.robust.search import shrink_upper
 
-__all__ = ["AttackOptions", "minimal_norm_attack", "probe_attack", "run_attack"]
+__all__ = ["AttackOptions", "ball_attack", "minimal_norm_attack", "probe_attack", "run_attack"]
 
 BISECTIONS = 24  # halvings of the segment from x to the best point (2^-24: float32's ulp)
 NOISE = 0.5  # restarts start within this share of the best radius around x
@@ -373,6 +373,29 @@ def probe_attack(model, x, p, pred, start, lower, options: AttackOptions | None 
     runner, best, best_norm = _setup(model, x, p, pred, start, domain, options)
     spent = _probes(runner, best, best_norm, lower)
     return _bounds(runner, best, best_norm), spent
+
+
+def ball_attack(model, x: np.ndarray, starts: np.ndarray, pred: int, eps: float, p,
+                steps: int, options: AttackOptions | None = None) -> np.ndarray:
+    """Projected gradient descent inside the lp ball of radius `eps` around one input
+    `x`, untargeted, from the points `x + starts` (`[n, *input_shape]`): the loop of the
+    probes at a fixed radius. Returns `[n, *input_shape]` the adversarial points found
+    (checked in the model as `minimal_norm_attack`'s), NaN rows where none.
+
+    Example:
+
+    ```python
+    pts = ball_attack(model, x, starts, pred=3, eps=0.1, p=np.inf, steps=40)
+    ```
+    """
+    n = len(starts)
+    xs = np.repeat(np.asarray(x, np.float64)[None], n, 0)
+    p = _norm_of(p)
+    runner = _Runner(model, xs, np.full(n, pred, np.int64), p, *_domain_arrays(None, xs),
+                     (options or AttackOptions()).checked())
+    pts, _ = runner.run(np.arange(n), np.asarray(starts, np.float64), np.full(n, eps),
+                        np.full(n, -1, np.int64), steps, True)
+    return pts
 
 
 def _setup(model, x, p, pred, start, domain, options):

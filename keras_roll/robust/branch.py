@@ -59,7 +59,7 @@ from keras_roll.robust.adversarial import (
     predict_classes,
 )
 from keras_roll.robust.arguments import BranchOptions
-from keras_roll.robust.attacks import AttackOptions, minimal_norm_attack
+from keras_roll.robust.attacks import AttackOptions, ball_attack, minimal_norm_attack
 from keras_roll.robust.bounds import arithmetic_of
 
 __all__ = ["BallVerdict", "BranchOptions", "BranchRadius", "branch_radius", "verify_ball"]
@@ -150,46 +150,6 @@ PGD_STEPS = 40  # steps of the attack at a fixed radius from the leaves' optima
 ATTACK_STARTS = 8  # leaves per batch whose optima start the attack
 
 
-def _ball_attack(model, p):
-    """Projected gradient ascent of `max_j f_j - f_y` inside the ball of radius `eps`
-    around `x` from given starts (one `tf.function`): `[n, *in]` last points."""
-    classes = int(model.outputs[0].shape[-1])
-
-    def project(d, eps):
-        flat = tf.reshape(d, [tf.shape(d)[0], -1])
-        if p == np.inf:
-            return tf.clip_by_value(d, -eps, eps)
-        q = 2 if p == 2 else 1
-        n = tf.norm(flat, ord=q, axis=1)
-        scale = tf.minimum(1.0, eps / tf.maximum(n, 1e-30))
-        return d * tf.reshape(scale, [-1] + [1] * (len(d.shape) - 1))
-
-    def run(x, delta, eps, pred):
-        own = tf.one_hot(pred, classes, dtype=x.dtype)
-
-        def body(k, delta):
-            with tf.GradientTape() as tape:
-                tape.watch(delta)
-                out = tf.cast(tf.reshape(model(x + delta, training=False), [-1, classes]),
-                              x.dtype)
-                loss = tf.reduce_sum(tf.reduce_max(out - own * 1e30, 1)
-                                     - tf.reduce_sum(own * out, 1))
-            g = tape.gradient(loss, delta)
-            size = eps * (0.5 * (1 + tf.cos(np.pi * tf.cast(k, x.dtype) / PGD_STEPS)) + 0.02)
-            if p == np.inf:
-                step = tf.sign(g)
-            else:
-                flat = tf.reshape(g, [tf.shape(g)[0], -1])
-                norm = tf.norm(flat, ord=2 if p == 2 else np.inf, axis=1)
-                step = g / tf.reshape(tf.maximum(norm, 1e-30), [-1] + [1] * (len(g.shape) - 1))
-            return k + 1, project(delta + size * step, eps)
-
-        _, delta = tf.while_loop(lambda k, _: k < PGD_STEPS, body, (tf.constant(0), delta))
-        return x + delta
-
-    return tf.function(run, reduce_retracing=True, autograph=False)
-
-
 def _padded(a: np.ndarray, n: int) -> np.ndarray:
     """`a` with its first row repeated up to `n` rows."""
     if a.shape[0] == n:
@@ -276,16 +236,10 @@ class _Ball:
         pts = self.x[None] + self.eps * u.reshape(-1, *self.x.shape)
         found = self._flipped(pts)
         if found is None:
-            dtype = np.dtype(self.model.inputs[0].dtype)
-            n = len(pts)
-            rows = 1 << max(0, (n - 1).bit_length())
-            start = _padded(pts - self.x[None], rows).astype(dtype)
-            fn = cached(self.model, ("branch_pgd", self.p_norm),
-                        lambda: _ball_attack(self.model, self.p_norm))
-            out = fn(tf.constant(np.repeat(self.x[None], rows, 0).astype(dtype)),
-                     tf.constant(start), tf.constant(self.eps * (1 - 1e-6), dtype),
-                     tf.constant(np.full(rows, self.pred)))
-            found = self._flipped(np.asarray(out, np.float64)[:n])
+            out = ball_attack(self.model, self.x, pts - self.x[None], self.pred,
+                              self.eps * (1 - 1e-6), self.p_norm, PGD_STEPS)
+            hit = np.isfinite(out.reshape(len(out), -1)).all(axis=1)
+            found = out[np.argmax(hit)] if hit.any() else None
         return found
 
     def _flipped(self, pts: np.ndarray):
