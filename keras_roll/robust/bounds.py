@@ -38,14 +38,13 @@ from keras_roll.compile.bounds import (
     check_bounds,
     logit_margins,
     lower_bounds,
-    pull_back,
 )
 from keras_roll.compile.bounds.alpha import (
     SlopeOptions,
     optimize_lower_slopes,
     optimized_refiner,
 )
-from keras_roll.compile.bounds.crown import RelaxedOps, relaxation_refiner
+from keras_roll.compile.bounds.crown import RelaxedOps, relaxation_refiner, relaxed_form
 from keras_roll.compile.bounds.ibp import (
     RoundingLoss,
     abs_sum,
@@ -63,7 +62,6 @@ from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
-from keras_roll.geometry import dual_norm
 from keras_roll.options import parse_norm
 from keras_roll.robust.compiled import compile_batched
 from keras_roll.robust.float_error import OpRounding
@@ -194,12 +192,9 @@ def _relaxed_terms(structure, values, rows, eps, p, arithmetic, budget, examples
     e = e[:, None] if e.shape.rank else e
 
     def bound():
-        guard = loss(boxes.deltas)
-        res = pull_back(structure, values, structure.output_key, rows, relax=lines,
-                        visit=guard.visit)
-        offset = res.const - guard.total(tf.zeros_like(res.const))
-        slope = dual_norm(res.lam_input, p, axis=tuple(range(2, res.lam_input.shape.rank)))
-        return offset - e * slope, offset, slope
+        form = relaxed_form(structure, values, structure.output_key, rows, lines,
+                            boxes.deltas, p, loss)
+        return form.offset - e * form.slope, form.offset, form.slope
 
     low, offset, slope = bound() if slopes is None else optimize_lower_slopes(
         lines, bound, tf.shape(rows)[1], slopes)

@@ -33,6 +33,7 @@ lower = relaxed_lower_bounds(structure, values, structure.output_key, rows, line
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -52,8 +53,8 @@ from keras_roll.compile.rules.base import NO_RECORD
 from keras_roll.compile.structure import ProgramStructure
 from keras_roll.geometry import dual_norm
 
-__all__ = ["RelaxedOps", "affine_in_input", "layer_plan", "layer_rows_per_chunk",
-           "lower_offset", "relaxation_refiner", "relaxed_lower_bounds"]
+__all__ = ["RelaxedForm", "RelaxedOps", "affine_in_input", "layer_plan", "layer_rows_per_chunk",
+           "lower_offset", "relaxation_refiner", "relaxed_form", "relaxed_lower_bounds"]
 
 _U64 = 2.0**-53  # the unit roundoff of float64 (the lines' safety, as in rules.py)
 
@@ -196,6 +197,41 @@ def lower_offset(op: Activation, lo: tf.Tensor, hi: tf.Tensor, a: tf.Tensor) -> 
     return gaps - 8.0 * _U64 * scale * (1.0 + tf.abs(a))
 
 
+class RelaxedForm(NamedTuple):
+    """A relaxed pull-back's lower bound as a linear function of the radius: over the
+    ball of radius `eps`, `lam . (value(x') - value(x)) >= offset - eps * slope`.
+
+    Attributes:
+        offset: `[B, C]` the relaxation's constant terms less the rounding terms.
+        slope: `[B, C]` the dual norm of `lam_input`.
+        lam_input: `[B, C, *input_shape]` the functionals pulled back to the input.
+    """
+
+    offset: tf.Tensor
+    slope: tf.Tensor
+    lam_input: tf.Tensor
+
+
+def relaxed_form(structure: ProgramStructure, values: Values, key: int, lam: tf.Tensor,
+                 lines: RelaxedOps, deltas: list, p,
+                 loss: Callable[[list], RoundingLoss] = RoundingLoss) -> RelaxedForm:
+    """The `RelaxedForm` of functionals `lam` of the value `key` (see
+    `relaxed_lower_bounds` for the arguments).
+
+    Example:
+
+    ```python
+    form = relaxed_form(structure, values, structure.output_key, rows, lines, deltas, 2)
+    lower = form.offset - eps[:, None] * form.slope
+    ```
+    """
+    rounding = loss(deltas)
+    res = pull_back(structure, values, key, lam, relax=lines, visit=rounding.visit)
+    axes = tuple(range(2, res.lam_input.shape.rank))  # [B, C, *input_shape]
+    return RelaxedForm(res.const - rounding.total(tf.zeros_like(res.const)),
+                       dual_norm(res.lam_input, p, axis=axes), res.lam_input)
+
+
 def relaxed_lower_bounds(structure: ProgramStructure, values: Values, key: int,
                          lam: tf.Tensor, lines: RelaxedOps, deltas: list, eps, p,
                          loss: Callable[[list], RoundingLoss] = RoundingLoss) -> tf.Tensor:
@@ -211,13 +247,10 @@ def relaxed_lower_bounds(structure: ProgramStructure, values: Values, key: int,
         loss: how the rounding terms of `deltas` are summed (`RoundingLoss`, the worst
             case, or a subclass).
     """
-    rounding = loss(deltas)
-    res = pull_back(structure, values, key, lam, relax=lines, visit=rounding.visit)
+    form = relaxed_form(structure, values, key, lam, lines, deltas, p, loss)
     eps = tf.cast(eps, lam.dtype)
     eps = eps[:, None] if eps.shape.rank else eps
-    axes = tuple(range(2, res.lam_input.shape.rank))  # [B, C, *input_shape]
-    return (res.const - rounding.total(tf.zeros_like(res.const))
-            - eps * dual_norm(res.lam_input, p, axis=axes))
+    return form.offset - eps * form.slope
 
 
 def layer_rows_per_chunk(values, index, n, budget, b, signs: int = 2) -> int:

@@ -36,13 +36,12 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.bounds.crown import RelaxedOps, relaxation_refiner
-from keras_roll.compile.bounds.ibp import Boxes, abs_sum, interval_pass
+from keras_roll.compile.bounds.crown import RelaxedOps, relaxation_refiner, relaxed_form
+from keras_roll.compile.bounds.ibp import Boxes, interval_pass
 from keras_roll.compile.bounds.rules import Arithmetic, Box, bound_rule
-from keras_roll.compile.bounds.traversal import Values, pull_back
+from keras_roll.compile.bounds.traversal import Values
 from keras_roll.compile.rules.activations import Activation
 from keras_roll.compile.structure import ProgramStructure
-from keras_roll.geometry import dual_norm
 
 __all__ = ["SplitBounds", "SplitLayout", "SplitRelaxedOps", "root_boxes", "split_layout",
            "split_lower_bounds"]
@@ -269,20 +268,13 @@ def split_lower_bounds(structure: ProgramStructure, values: Values, rows: tf.Ten
         if key in boxes.boxes and _relaxed(node):
             lines.set(index, node, boxes.boxes[key])
     lines.use_betas = True
-    deltas = boxes.deltas
-
-    def visit(node, index, out_lam):
-        d = deltas[index] if index < len(deltas) else None
-        return None if d is None else -abs_sum(out_lam, d)
-
     b = tf.shape(splits)[0]
     lam = tf.broadcast_to(rows, tf.concat([[b], tf.shape(rows)[1:]], 0))
-    res = pull_back(structure, values, structure.output_key, lam, relax=lines, visit=visit)
-    axes = tuple(range(2, res.lam_input.shape.rank))
-    lower = res.const - tf.cast(eps, rows.dtype) * dual_norm(res.lam_input, p, axis=axes)
+    form = relaxed_form(structure, values, structure.output_key, lam, lines, boxes.deltas, p)
+    lower = form.offset - tf.cast(eps, rows.dtype) * form.slope
     lower = tf.where(lines.empty[:, None], tf.constant(np.inf, lower.dtype), lower)
     worst = tf.argmin(lower, axis=1, output_type=tf.int32)
-    return SplitBounds(lower, res.lam_input, lines.scores(worst))
+    return SplitBounds(lower, form.lam_input, lines.scores(worst))
 
 
 def _relaxed(node) -> bool:
