@@ -42,16 +42,17 @@ import pytest
 _START = pytest.StashKey[float]()
 _TIMES: dict[str, list[float]] = {}  # nodeid: [CPU seconds, wall seconds]
 
-LONGEST_FIRST = ("test_roll_exact.py", "test_roll.py", "test_errors.py", "test_robust.py",
-                 "test_certified_training.py", "test_chunked_passes.py", "test_examples.py",
-                 "test_soundness.py", "test_models.py", "test_rule_conformance.py",
-                 "test_attacks.py", "test_distribute_eval.py", "test_options.py",
-                 "test_margins.py", "test_fast_paths.py", "test_bounds.py",
-                 "test_robust_guard.py", "test_twin.py", "test_scornn.py",
-                 "test_robust_exact.py", "test_caltech256_example.py", "test_distortion.py",
-                 "test_units.py", "test_robust_search.py", "test_roll_wrt.py",
-                 "test_readme.py", "test_regularizers.py", "test_distribute.py",
-                 "test_docstrings.py")
+LONGEST_FIRST = ("test_roll_exact.py", "test_roll.py", "test_robust.py", "test_errors.py",
+                 "test_examples.py", "test_chunked_passes.py", "test_certified_training.py",
+                 "test_attacks.py", "test_soundness.py", "test_bounds.py", "test_models.py",
+                 "test_distribute_eval.py", "test_robust_search.py",
+                 "test_rule_conformance.py", "test_scornn.py", "test_robust_guard.py",
+                 "test_robust_exact.py", "test_branch_and_bound.py", "test_twin.py",
+                 "test_fast_paths.py", "test_roll_wrt.py", "test_margins.py",
+                 "test_alpha_crown.py", "test_caltech256_example.py", "test_distribute.py",
+                 "test_distortion.py", "test_regularizers.py", "test_units.py",
+                 "test_readme.py", "test_docstrings.py", "test_architecture.py",
+                 "test_options.py")
 
 
 def pytest_addoption(parser):

@@ -183,7 +183,7 @@ def test_affine_shortcut_gives_the_bounds_of_both_signs(p):
     values, ref, keys = _layer_boxes(twin, structure, x, p, shortcut=False)
     assert [affine_in_input(structure, values, k) for k in keys] == [(True, True),
                                                                      (False, False)]
-    for budget in (2**40, 7 * 24 * WIDEST):  # one chunk; chunks of 7 rows
+    for budget in (2**40, _budget(20)):  # one chunk; 5 and 20 chunks, the last ones padded
         _, got, _ = _layer_boxes(twin, structure, x, p, shortcut=True, budget=budget)
         for key, box in ref.items():
             np.testing.assert_allclose(got[key].lo, box.lo, rtol=1e-12, atol=1e-14)
