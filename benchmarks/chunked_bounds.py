@@ -10,7 +10,9 @@ the output) for `--examples` examples, and prints the tracing time, the traced o
 layer bounds, `crown_cost`'s estimated work of both methods and, with `--run`, the
 wall and process CPU time of two compiled passes (the first also optimizes the graph).
 `--radius_images=n` also times `robust_radius` with its defaults in l_inf on `n` test
-images (`--data`; after one untimed image that traces), per image, wall and CPU.
+images (`--data`; after one untimed image that traces), per image, wall and CPU;
+`--stages` splits its CPU time among its stages (certify, walk, attack, bound passes,
+probes, the intermediate choice).
 
 `--compare` runs everything twice in the same process, interleaved: "before" is the
 pass as it was (both signs of `+-I` pulled back at every layer, the rounding terms
@@ -41,6 +43,7 @@ from absl import app, flags  # noqa: E402
 import keras_roll  # noqa: E402
 import keras_roll.compile.bounds.crown as crown  # noqa: E402
 import keras_roll.compile.bounds.methods as methods  # noqa: E402
+import keras_roll.robust.api as robust_api  # noqa: E402
 import keras_roll.robust.bounds as robust_bounds  # noqa: E402
 from benchmarks.cnn_models import CNNS  # noqa: E402
 from keras_roll.compile.bounds import BoundMethod, capture, crown_cost, lower_bounds  # noqa: E402
@@ -61,6 +64,12 @@ flags.DEFINE_bool("compare", False, "Also run the previous passes ('before'), in
 flags.DEFINE_integer("radius_images", 0, "Test images timed with robust_radius (l_inf).")
 flags.DEFINE_string("data", "/work/shared/data/mnist.npz", "mnist.npz for --radius_images.")
 flags.DEFINE_integer("epochs", 0, "Training epochs on 10,000 images first (0: random weights).")
+flags.DEFINE_bool("stages", False, "With --radius_images: CPU seconds per image of each of "
+                  "robust_radius's stages (certify, walk, attack, bound passes, probes).")
+
+# robust_radius's stages, as keras_roll.robust.api calls them (--stages)
+STAGES = ("certify", "walk_bounds", "run_attack", "relaxed_margins", "probe_attack",
+          "intermediate_choice")
 
 
 def _old_abs_sum(lam, delta):
@@ -165,6 +174,30 @@ def _passes(models, x):
             print(f"{FLAGS.model} {FLAGS.method} budget {mib} MiB, {name}: {line}", flush=True)
 
 
+@contextlib.contextmanager
+def _stage_timer():
+    """`{stage: CPU seconds}` of robust_radius's stages while inside (with --stages)."""
+    seconds = dict.fromkeys(STAGES, 0.0) if FLAGS.stages else {}
+    saved = {name: getattr(robust_api, name) for name in seconds}
+
+    def timed(name, fn):
+        def run(*args, **kwargs):
+            cpu = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                seconds[name] += time.process_time() - cpu
+        return run
+
+    for name, fn in saved.items():
+        setattr(robust_api, name, timed(name, fn))
+    try:
+        yield seconds
+    finally:
+        for name, fn in saved.items():
+            setattr(robust_api, name, fn)
+
+
 def _radius(models):
     n = FLAGS.radius_images
     _, _, (xte, yte) = mnist_splits(FLAGS.data, val=5000)
@@ -174,8 +207,9 @@ def _radius(models):
         with _variant(name):
             _, wall, cpu = _timed(lambda model=model: keras_roll.robust_radius(
                 model, xte[:1], yte[:1], norms=(np.inf,), verbose=False))
-            rr, wall_n, cpu_n = _timed(lambda model=model: keras_roll.robust_radius(
-                model, xte[1:n + 1], yte[1:n + 1], norms=(np.inf,), verbose=False))
+            with _stage_timer() as stages:
+                rr, wall_n, cpu_n = _timed(lambda model=model: keras_roll.robust_radius(
+                    model, xte[1:n + 1], yte[1:n + 1], norms=(np.inf,), verbose=False))
         lowers[name] = rr.lower[np.inf]
         shown = np.array2string(lowers[name], precision=4, max_line_width=200)
         print(f"{FLAGS.model} robust_radius l_inf, {name}: first image (tracing) {wall:.1f} s "
@@ -183,6 +217,9 @@ def _radius(models):
               f"{cpu_n / n:.2f} s CPU per image; {np.mean(rr.bound_passes[np.inf]):.1f} "
               f"bound passes per image; lower bounds {shown}",
               flush=True)
+        if stages:
+            print("  CPU s per image: " + ", ".join(f"{k} {v / n:.3f}" for k, v in stages.items()),
+                  flush=True)
     if len(lowers) == 2:
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = lowers["now"] / lowers["before"]

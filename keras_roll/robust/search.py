@@ -27,6 +27,13 @@ one shrinks by the Illinois variant of false position on `v` (Dahlquist & Bjorck
 bracket, so the search ends; the answer is a radius a pass certified, whatever the
 shape of `v` (it need not be monotone).
 
+**Nothing certified.** Where the passes fail at every radius (margins smaller than the
+rounding guard, as on networks at initialisation), `hi` shrinks toward 0 and `lo`
+stays 0, so the bracket never closes in relative terms: the search stops once `hi`
+falls below `FLOOR` times the first end of the bracket (`upper`, else `scale`). A
+radius below that was never worth the passes (a handful, where the 64 of `MAX_STEPS`
+were spent before).
+
 Example:
 
 ```python
@@ -42,10 +49,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["MAX_STEPS", "CertifiedSearch", "UpperSearch", "largest_certified", "search_certified",
-           "shrink_upper"]
+__all__ = ["FLOOR", "MAX_STEPS", "CertifiedSearch", "UpperSearch", "largest_certified",
+           "search_certified", "shrink_upper"]
 
 MAX_STEPS = 64  # bound passes per example at most
+# The smallest radius worth a pass, as a share of the first end of the bracket (`upper`,
+# else `scale`): below it the search stops, with what it certified (0 if nothing).
+FLOOR = 1e-6
 GROWTH = 4.0  # factor of the doubling phase
 WIDE = 4.0  # a bracket wider than this ratio is halved in log space
 # Where the root estimates the end of the certified radii, the probe goes this fraction
@@ -82,6 +92,8 @@ class _State:
         self.side = np.zeros(self.lo.shape, np.int64)
         self.steps = np.zeros(self.lo.shape, np.int64)
         self.scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
+        first = np.where(np.isfinite(self.hi) & (self.hi > 0), self.hi, self.scale)
+        self.floor = FLOOR * first
         self.tol = tol
         # The last probes with a root, certified (h >= 0) and not (h < 0):
         # `h = root - eps`, whose zero is where the passes stop certifying.
@@ -98,7 +110,8 @@ class _State:
     def done(self) -> np.ndarray:
         bracketed = np.isfinite(self.hi) & (self.hi <= self.lo * (1.0 + self.tol))
         lost = self.f_lo <= 0  # the pass does not certify the radius known beforehand
-        return bracketed | lost | (self.hi <= 0) | (self.steps >= MAX_STEPS)
+        return (bracketed | lost | (self.hi <= np.maximum(self.floor, 0.0))
+                | (self.steps >= MAX_STEPS))
 
     def _root_estimate(self, idx) -> np.ndarray:
         """Where the passes stop certifying, from the roots (NaN where unknown): the
