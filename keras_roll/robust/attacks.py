@@ -16,6 +16,8 @@ NeurIPS 2021):
   different local minima;
 * the first run starts from a known adversarial point (the walk's) where there is
   one, so it only shrinks its norm, the others target the other classes from `x`;
+* then `AttackOptions.polish` runs from the best point so far, toward its class (for
+  l_inf alternating sign and smooth steps);
 * every point found is moved to the first clear flip by the norm's own projection
   onto smaller balls (bisection: scaled for l2, clipped for l_inf,
   soft-thresholded for l1) and checked in the Keras model in its own dtype
@@ -85,6 +87,9 @@ class AttackOptions(NamedTuple):
             radii bisected between the certified radius and the best point's
             distance, with budgets that grow as the bracket narrows); 0: no probes.
         probe_budget: the steps all probes of one input may spend together.
+        polish: runs after the restarts, each from the best point so far, toward its
+            class, with `steps` steps (default 2; 0: none). For l_inf they alternate
+            sign and smooth steps, which end in different local minima.
 
     Example:
 
@@ -101,10 +106,11 @@ class AttackOptions(NamedTuple):
     gamma: float = 0.05
     probe_steps: int = 50
     probe_budget: int = 1000
+    polish: int = 2
 
     def checked(self) -> AttackOptions:
         """The options, or a ValueError naming the bad one."""
-        for name in ("steps", "restarts", "seed", "probe_steps", "probe_budget"):
+        for name in ("steps", "restarts", "seed", "probe_steps", "probe_budget", "polish"):
             v = getattr(self, name)
             low = 1 if name in ("steps", "restarts") else 0
             if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < low:
@@ -221,6 +227,7 @@ def run_attack(model, x, p=2, *, pred=None, start=None, domain=None,
     """
     runner, best, best_norm = _setup(model, x, p, pred, start, domain, options)
     spent = _restarts(runner, best, best_norm)
+    spent += _polish(runner, best, best_norm)
     if probes and runner.options.probe_steps:
         spent += _probes(runner, best, best_norm, lower)
     return _bounds(runner, best, best_norm), spent
@@ -320,6 +327,24 @@ def _restarts(runner, best, best_norm) -> np.ndarray:
         pts, dist = runner.run(every, d0, eps0, target, options.steps, False, smooth)
         spent += options.steps
         _keep(best, best_norm, every, pts, dist)
+    return spent
+
+
+def _polish(runner, best, best_norm) -> np.ndarray:
+    """`AttackOptions.polish` runs from the best points so far (in place), each only
+    shrinking their norm toward the best point's class (for l_inf alternately by sign
+    and by smooth steps: they end in different local minima); returns the steps."""
+    spent = np.zeros(best_norm.shape[0], np.int64)
+    steps = runner.options.steps
+    for k in range(runner.options.polish):
+        idx = np.flatnonzero(np.isfinite(best_norm))
+        if not idx.size:
+            break
+        target = predict_classes(runner.model, best[idx].astype(runner.dtype))
+        pts, dist = runner.run(idx, best[idx] - runner.x[idx], best_norm[idx], target, steps,
+                               False, k % 2 == 1)
+        spent[idx] += steps
+        _keep(best, best_norm, idx, pts, dist)
     return spent
 
 
