@@ -13,18 +13,10 @@ import numpy as np
 import pytest
 
 from keras_roll.robust import AttackOptions, minimal_norm_attack
+from tests.test_attacks import _linear
 
 pytestmark = pytest.mark.graph  # the attack's loop of steps: much faster compiled
 DUAL = {1: np.inf, 2: 2, np.inf: 1}
-
-
-def _linear(d=12, classes=3, seed=5):
-    rng = np.random.default_rng(seed)
-    model = keras.Sequential([keras.Input((d,)), keras.layers.Dense(classes)])
-    w = rng.normal(size=(d, classes)).astype(np.float32)
-    b = rng.normal(size=classes).astype(np.float32)
-    model.layers[0].set_weights([w, b])
-    return model, w.astype(np.float64), b.astype(np.float64)
 
 
 def _flips(model, pts, pred):
@@ -33,7 +25,7 @@ def _flips(model, pts, pred):
 
 @pytest.mark.parametrize("p", (1, 2, np.inf))
 def test_polish_reaches_the_closed_form_from_a_far_start(p):
-    model, w, b = _linear()
+    model, w, b = _linear(d=12, classes=3, seed=5)
     rng = np.random.default_rng(6)
     x = rng.normal(size=(8, w.shape[0])).astype(np.float32)
     x64 = x.astype(np.float64)
