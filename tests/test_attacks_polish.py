@@ -1,8 +1,10 @@
 """The attack's polishing runs (`AttackOptions.polish`) against independent references.
 
-* A linear model: from a far adversarial start and a single short run, the polishing
-  runs never lengthen the run's point and come within a few percent of the closed form
-  `min_j (f_y - f_j) / ||w_y - w_j||_q`, and never below it.
+* A linear model (l1, l2): from an adversarial start twice as far as the boundary along
+  a random direction, a single short run stays far (the test checks it); the polishing
+  runs never lengthen its point and come within 3 % of the closed form
+  `min_j (f_y - f_j) / ||w_y - w_j||_q`, and never below it. (l_inf is not covered:
+  there a start in a third class's region keeps the polishing runs in that class.)
 * A small ReLU net: with the probes off, polishing only ever shrinks the distance of
   the restarts' points, and every point flips `model.predict` (another call, another
   batch size).
@@ -23,7 +25,7 @@ def _flips(model, pts, pred):
     return np.argmax(model.predict(pts.astype(np.float32), verbose=0), axis=1) != pred
 
 
-@pytest.mark.parametrize("p", (1, 2, np.inf))
+@pytest.mark.parametrize("p", (1, 2))
 def test_polish_reaches_the_closed_form_from_a_far_start(p):
     model, w, b = _linear(d=12, classes=3, seed=5)
     rng = np.random.default_rng(6)
@@ -37,11 +39,13 @@ def test_polish_reaches_the_closed_form_from_a_far_start(p):
                 for j in range(w.shape[1]) if j != y}
         exact[i] = min(dist.values())
         j = min(dist, key=dist.get)
-        # a start far beyond the nearest hyperplane, along the l2 direction to it
+        # a start beyond the nearest hyperplane, twice as far, along a random direction
         a = w[:, j] - w[:, y]
-        far[i] = x64[i] + 4.0 * (f[i, y] - f[i, j]) / (a @ a) * a
+        v = np.random.default_rng(i).normal(size=w.shape[0])
+        v = v if v @ a > 0 else -v
+        far[i] = x64[i] + 2.0 * (f[i, y] - f[i, j]) / (v @ a) * v
     assert np.all(_flips(model, far, pred))
-    opts = dict(steps=20, restarts=1, probe_steps=0)
+    opts = dict(steps=30, restarts=1, probe_steps=0)
     rough = minimal_norm_attack(model, x, p, start=far, options=AttackOptions(**opts, polish=0))
     nb = minimal_norm_attack(model, x, p, start=far,
                              options=AttackOptions(**opts, polish=3))
@@ -49,6 +53,7 @@ def test_polish_reaches_the_closed_form_from_a_far_start(p):
     assert np.all(nb.upper >= exact * (1 - 1e-6))  # never below the true minimum
     assert np.all(nb.upper <= exact * 1.03)
     assert np.all(nb.upper <= rough.upper)
+    assert np.max(rough.upper / exact) > 1.3  # the single run alone stays far: polish needed
 
 
 @pytest.mark.parametrize("p", (1, 2, np.inf))
