@@ -16,6 +16,8 @@ NeurIPS 2021):
   different local minima;
 * the first run starts from a known adversarial point (the walk's) where there is
   one, so it only shrinks its norm, the others target the other classes from `x`;
+* then `AttackOptions.polish` runs from the best point so far, toward its class (for
+  l_inf alternating sign and smooth steps);
 * every point found is moved to the first clear flip by the norm's own projection
   onto smaller balls (bisection: scaled for l2, clipped for l_inf,
   soft-thresholded for l1) and checked in the Keras model in its own dtype
@@ -40,29 +42,28 @@ from __future__ import annotations
 
 import numbers
 import time
-import zlib
 from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.caches import cached
 from keras_roll.robust.adversarial import (
-    clearly_other,
-    confirm,
     lp_norm,
-    model_outputs,
     predict_classes,
 )
-from keras_roll.robust.attack_loop import compiled_loop, dual_norms
+from keras_roll.robust.attack_loop import dual_norms
+from keras_roll.robust.attack_points import (
+    ExampleNoise,
+    Runner,
+    domain_arrays,
+    known_starts,
+)
 from keras_roll.robust.region import NormBounds
 from keras_roll.robust.search import shrink_upper
 
 __all__ = ["AttackOptions", "ball_attack", "minimal_norm_attack", "probe_attack", "run_attack"]
 
-BISECTIONS = 24  # halvings of the segment from x to the best point (2^-24: float32's ulp)
 NOISE = 0.5  # restarts start within this share of the best radius around x
-PROBE_STEP = 0.3  # the probes' first step, as a share of AttackOptions.step_size
 
 
 class AttackOptions(NamedTuple):
@@ -86,6 +87,9 @@ class AttackOptions(NamedTuple):
             radii bisected between the certified radius and the best point's
             distance, with budgets that grow as the bracket narrows); 0: no probes.
         probe_budget: the steps all probes of one input may spend together.
+        polish: runs after the restarts, each from the best point so far, toward its
+            class, with `steps` steps (default 2; 0: none). For l_inf they alternate
+            sign and smooth steps, which end in different local minima.
 
     Example:
 
@@ -102,10 +106,11 @@ class AttackOptions(NamedTuple):
     gamma: float = 0.05
     probe_steps: int = 50
     probe_budget: int = 1000
+    polish: int = 2
 
     def checked(self) -> AttackOptions:
         """The options, or a ValueError naming the bad one."""
-        for name in ("steps", "restarts", "seed", "probe_steps", "probe_budget"):
+        for name in ("steps", "restarts", "seed", "probe_steps", "probe_budget", "polish"):
             v = getattr(self, name)
             low = 1 if name in ("steps", "restarts") else 0
             if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < low:
@@ -148,98 +153,6 @@ def _class_order(model, x, pred, p):
     dist[np.arange(x.shape[0]), pred] = np.nan
     order = np.argsort(np.where(np.isnan(dist), np.inf, dist), axis=1, kind="stable")
     return np.stack([o[o != y] for o, y in zip(order, pred)])
-
-
-def _in_domain(points, lo, hi):
-    b = points.shape[0]
-    ok = (points >= lo) & (points <= hi)
-    return np.all(ok.reshape(b, -1), axis=1)
-
-
-def _shrunk(delta, t, p):
-    """`delta` moved into the lp ball of radius `t` times its norm (`t` in [0, 1]), by
-    the norm's own projection: scaled (l2), clipped (l_inf: the coordinates below the
-    bound keep their values), soft-thresholded (l1: the small ones drop first)."""
-    shape = (-1,) + (1,) * (delta.ndim - 1)
-    t = t.reshape(shape)
-    if p == 2:
-        return t * delta
-    top = np.max(np.abs(delta).reshape(delta.shape[0], -1), axis=1).reshape(shape)
-    if p == np.inf:
-        return np.clip(delta, -t * top, t * top)
-    return np.sign(delta) * np.maximum(np.abs(delta) - (1.0 - t) * top, 0.0)
-
-
-def _bisect(model, x, delta, pred, p):
-    """The smallest `t` in `(0, 1]` found by bisection with `x + _shrunk(delta, t)`
-    clearly adversarial (`t = 1` is); returns the points (model dtype)."""
-    dtype = np.dtype(model.inputs[0].dtype)
-    lo, hi = np.zeros(x.shape[0]), np.ones(x.shape[0])
-    for _ in range(BISECTIONS):
-        mid = 0.5 * (lo + hi)
-        pts = (x + _shrunk(delta, mid, p)).astype(dtype)
-        flip = clearly_other(model_outputs(model, pts), pred)
-        hi, lo = np.where(flip, mid, hi), np.where(flip, lo, mid)
-    return (x + _shrunk(delta, hi, p)).astype(dtype)
-
-
-def _pad_rows(a, n):
-    return np.concatenate([a, np.repeat(a[-1:], n - a.shape[0], axis=0)]) if n > a.shape[0] \
-        else a
-
-
-def _domain_arrays(domain, x):
-    if domain is None:
-        return np.full(x.shape[1:], -np.inf), np.full(x.shape[1:], np.inf)
-    try:
-        lo, hi = domain
-        lo = np.broadcast_to(np.asarray(lo, np.float64), x.shape[1:])
-        hi = np.broadcast_to(np.asarray(hi, np.float64), x.shape[1:])
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"domain must be None or a pair (low, high) of numbers or arrays "
-                         f"broadcastable to the input shape {tuple(x.shape[1:])}, got "
-                         f"{domain!r}.") from e
-    if np.any(~(lo <= hi)):
-        raise ValueError(f"domain=(low, high) needs low <= high everywhere, got {domain!r}.")
-    outside = ~_in_domain(x, lo, hi)
-    if outside.any():
-        raise ValueError(f"{int(outside.sum())} of {x.shape[0]} inputs lie outside "
-                         f"domain={domain!r} (first: row {int(np.argmax(outside))}); pass "
-                         f"inputs inside the domain, or a wider domain.")
-    return lo, hi
-
-
-def _known_starts(model, x, start, pred, p, lo, hi):
-    """`(best, best_norm)`: the rows of `start` that are finite, inside the domain and
-    clearly classified as another class than `pred` (NaN / inf elsewhere)."""
-    b = x.shape[0]
-    dtype = np.dtype(model.inputs[0].dtype)
-    best = np.full(x.shape, np.nan)
-    best_norm = np.full(b, np.inf)
-    if start is not None:
-        start = np.asarray(start, np.float64)
-        ok = np.all(np.isfinite(start.reshape(b, -1)), axis=1) & _in_domain(start, lo, hi)
-        if ok.any():
-            idx = np.flatnonzero(ok)
-            flip = clearly_other(model_outputs(model, start[idx].astype(dtype)), pred[idx])
-            idx = idx[flip]
-            best[idx] = start[idx].astype(dtype).astype(np.float64)
-            best_norm[idx] = lp_norm(best[idx] - x[idx], p)
-    return best, best_norm
-
-
-class _ExampleNoise:
-    """Uniform noise in [-1, 1] drawn from one generator per example, seeded by the
-    seed and the example's own values: an example gets the same noise whatever batch
-    (or replica) it is attacked in."""
-
-    def __init__(self, x: np.ndarray, seed: int):
-        self.rngs = [np.random.default_rng([seed, zlib.crc32(np.ascontiguousarray(row))])
-                     for row in x]
-
-    def __call__(self, idx, shape) -> np.ndarray:
-        return np.stack([self.rngs[i].uniform(-1.0, 1.0, shape[1:]) for i in idx]) \
-            if len(idx) else np.zeros(shape)
 
 
 def _restart_from(r, x, best, best_norm, order, rng, p, lo, hi):
@@ -301,43 +214,6 @@ def minimal_norm_attack(model, x, p=2, *, pred=None, start=None, domain=None,
                       lower=lower)[0]
 
 
-class _Runner:
-    """The compiled loop on rows of one batch: `run` returns checked points."""
-
-    def __init__(self, model, x, pred, p, lo, hi, options):
-        self.model, self.x, self.pred, self.p = model, x, pred, p
-        self.lo, self.hi, self.options = lo, hi, options
-        self.dtype = np.dtype(model.inputs[0].dtype)
-        self.box = tf.constant(lo.astype(self.dtype)), tf.constant(hi.astype(self.dtype))
-
-    def run(self, idx, d0, eps0, target, steps, fixed, smooth=False):
-        """`(points, distances)` of rows `idx` (NaN where none) from `x + d0`."""
-        rows = 1 << max(0, (idx.size - 1).bit_length())  # padded to a power of two
-        fn = cached(self.model, ("minimal_norm_attack", self.p, rows),
-                    lambda: compiled_loop(self.model, self.p, rows))
-
-        def pad(a, dtype):
-            return tf.constant(_pad_rows(np.asarray(a), rows).astype(dtype))
-
-        x = self.x[idx]
-        d0 = d0.astype(self.dtype).astype(np.float64)
-        out_d, out_n = fn(pad(x, self.dtype), pad(d0, self.dtype), pad(eps0, np.float32),
-                          pad(self.pred[idx], np.int64), pad(target, np.int64), *self.box,
-                          pad(np.broadcast_to(steps, idx.shape), np.int32),
-                          tf.constant(self.options.step_size * (PROBE_STEP if fixed else 1.0)),
-                          tf.constant(float(self.options.gamma)),
-                          pad(np.broadcast_to(fixed, idx.shape), bool), tf.constant(smooth))
-        out_d = np.asarray(out_d, np.float64)[:idx.size]
-        found = np.flatnonzero(np.isfinite(np.asarray(out_n)[:idx.size]))
-        pts = np.full(x.shape, np.nan)
-        dist = np.full(idx.size, np.nan)
-        if found.size:
-            pts[found] = _checked(self.model, x[found], out_d[found], self.pred[idx[found]],
-                                  self.p, self.lo, self.hi)
-            dist[found] = lp_norm(pts[found] - x[found], self.p)
-        return pts, dist
-
-
 def run_attack(model, x, p=2, *, pred=None, start=None, domain=None,
                options: AttackOptions | None = None, lower=None, probes: bool = True):
     """`minimal_norm_attack`'s `NormBounds` and `[B]` int64 the steps spent per input
@@ -351,6 +227,7 @@ def run_attack(model, x, p=2, *, pred=None, start=None, domain=None,
     """
     runner, best, best_norm = _setup(model, x, p, pred, start, domain, options)
     spent = _restarts(runner, best, best_norm)
+    spent += _polish(runner, best, best_norm)
     if probes and runner.options.probe_steps:
         spent += _probes(runner, best, best_norm, lower)
     return _bounds(runner, best, best_norm), spent
@@ -391,7 +268,7 @@ def ball_attack(model, x: np.ndarray, starts: np.ndarray, pred: int, eps: float,
     n = len(starts)
     xs = np.repeat(np.asarray(x, np.float64)[None], n, 0)
     p = _norm_of(p)
-    runner = _Runner(model, xs, np.full(n, pred, np.int64), p, *_domain_arrays(None, xs),
+    runner = Runner(model, xs, np.full(n, pred, np.int64), p, *domain_arrays(None, xs),
                      (options or AttackOptions()).checked())
     pts, _ = runner.run(np.arange(n), np.asarray(starts, np.float64), np.full(n, eps),
                         np.full(n, -1, np.int64), steps, True)
@@ -403,12 +280,12 @@ def _setup(model, x, p, pred, start, domain, options):
     p = _norm_of(p)
     options = (options or AttackOptions()).checked()
     x = np.asarray(x, np.float64)
-    lo, hi = _domain_arrays(domain, x)
+    lo, hi = domain_arrays(domain, x)
     if pred is None:
         pred = predict_classes(model, x) if x.shape[0] else np.zeros(0, np.int64)
     pred = np.asarray(pred, np.int64)
-    best, best_norm = _known_starts(model, x, start, pred, p, lo, hi)
-    return _Runner(model, x, pred, p, lo, hi, options), best, best_norm
+    best, best_norm = known_starts(model, x, start, pred, p, lo, hi)
+    return Runner(model, x, pred, p, lo, hi, options), best, best_norm
 
 
 def _bounds(runner, best, best_norm) -> NormBounds:
@@ -434,7 +311,7 @@ def _restarts(runner, best, best_norm) -> np.ndarray:
     every = np.arange(b)
     if not b:
         return np.zeros(0, np.int64)
-    rng = _ExampleNoise(x, options.seed)
+    rng = ExampleNoise(x, options.seed)
     order = _class_order(runner.model, x.astype(runner.dtype), runner.pred, runner.p) \
         if options.restarts > 1 else None
     spent = np.zeros(b, np.int64)
@@ -453,12 +330,30 @@ def _restarts(runner, best, best_norm) -> np.ndarray:
     return spent
 
 
+def _polish(runner, best, best_norm) -> np.ndarray:
+    """`AttackOptions.polish` runs from the best points so far (in place), each only
+    shrinking their norm toward the best point's class (for l_inf alternately by sign
+    and by smooth steps: they end in different local minima); returns the steps."""
+    spent = np.zeros(best_norm.shape[0], np.int64)
+    steps = runner.options.steps
+    for k in range(runner.options.polish):
+        idx = np.flatnonzero(np.isfinite(best_norm))
+        if not idx.size:
+            break
+        target = predict_classes(runner.model, best[idx].astype(runner.dtype))
+        pts, dist = runner.run(idx, best[idx] - runner.x[idx], best_norm[idx], target, steps,
+                               False, k % 2 == 1)
+        spent[idx] += steps
+        _keep(best, best_norm, idx, pts, dist)
+    return spent
+
+
 def _probes(runner, best, best_norm, lower) -> np.ndarray:
     """The search at fixed radii below the best points (in place); returns the steps."""
     x = runner.x
     shape = (-1,) + (1,) * (x.ndim - 1)
 
-    rng = _ExampleNoise(x, runner.options.seed + 1)
+    rng = ExampleNoise(x, runner.options.seed + 1)
 
     def probe(idx, eps, steps):
         # from a random point of the sphere of radius eps, toward the best point's class
@@ -477,24 +372,3 @@ def _probes(runner, best, best_norm, lower) -> np.ndarray:
     return res.steps
 
 
-def _checked(model, x, delta, pred, p, lo, hi):
-    """The points `x + delta` moved to the first clear flip along the segment from `x`,
-    checked in the model and the domain; NaN rows where none holds."""
-    dtype = np.dtype(model.inputs[0].dtype)
-    pts = (x + delta).astype(dtype)
-    flip = clearly_other(model_outputs(model, pts), pred)
-    if not flip.all():  # rounded back in another batch: push a little further
-        bad = np.flatnonzero(~flip)
-        pushed, dist = confirm(model, x[bad], delta[bad], np.ones(bad.size), pred[bad], p)
-        ok = np.isfinite(dist) & _in_domain(np.nan_to_num(pushed.astype(np.float64)), lo, hi)
-        pts[bad[ok]] = pushed[ok]
-        flip[bad[ok]] = True
-    out = np.full(x.shape, np.nan)
-    idx = np.flatnonzero(flip)
-    if idx.size:
-        seg = pts[idx].astype(np.float64) - x[idx]
-        final = _bisect(model, x[idx], seg, pred[idx], p)
-        keep = clearly_other(model_outputs(model, final), pred[idx]) \
-            & _in_domain(final.astype(np.float64), lo, hi)
-        out[idx[keep]] = final[keep]
-    return out

@@ -1,0 +1,188 @@
+"""The attack's runs and the checks of their points, shared by the attack's stages.
+
+`Runner` runs the compiled loop of `keras_roll.robust.attack_loop` on rows of one
+batch (padded to a power of two) and returns only checked points: each is moved to
+the first clear flip along the norm's own shrinking of its perturbation
+(`bisect_to_flip`), checked in the Keras model in its own dtype
+(`keras_roll.robust.adversarial.clearly_other`) and inside the domain.
+`ExampleNoise` draws the restarts' noise from one generator per example, so an
+example gets the same points whatever batch or replica it is attacked in.
+
+Example:
+
+```python
+lo, hi = domain_arrays((0.0, 1.0), x)
+runner = Runner(model, x, pred, np.inf, lo, hi, AttackOptions())
+pts, dist = runner.run(np.arange(len(x)), np.zeros_like(x), np.zeros(len(x)),
+                       np.full(len(x), -1), 100, False)
+```
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import tensorflow as tf
+
+from keras_roll.compile.caches import cached
+from keras_roll.robust.adversarial import clearly_other, confirm, lp_norm, model_outputs
+from keras_roll.robust.attack_loop import compiled_loop
+
+__all__ = ["ExampleNoise", "Runner", "bisect_to_flip", "checked_points", "domain_arrays",
+           "in_domain", "known_starts", "pad_rows", "shrunk"]
+
+BISECTIONS = 24  # halvings of the segment from x to the best point (2^-24: float32's ulp)
+PROBE_STEP = 0.3  # the probes' first step, as a share of AttackOptions.step_size
+
+
+def in_domain(points, lo, hi):
+    b = points.shape[0]
+    ok = (points >= lo) & (points <= hi)
+    return np.all(ok.reshape(b, -1), axis=1)
+
+
+def shrunk(delta, t, p):
+    """`delta` moved into the lp ball of radius `t` times its norm (`t` in [0, 1]), by
+    the norm's own projection: scaled (l2), clipped (l_inf: the coordinates below the
+    bound keep their values), soft-thresholded (l1: the small ones drop first)."""
+    shape = (-1,) + (1,) * (delta.ndim - 1)
+    t = t.reshape(shape)
+    if p == 2:
+        return t * delta
+    top = np.max(np.abs(delta).reshape(delta.shape[0], -1), axis=1).reshape(shape)
+    if p == np.inf:
+        return np.clip(delta, -t * top, t * top)
+    return np.sign(delta) * np.maximum(np.abs(delta) - (1.0 - t) * top, 0.0)
+
+
+def bisect_to_flip(model, x, delta, pred, p):
+    """The smallest `t` in `(0, 1]` found by bisection with `x + shrunk(delta, t)`
+    clearly adversarial (`t = 1` is); returns the points (model dtype)."""
+    dtype = np.dtype(model.inputs[0].dtype)
+    lo, hi = np.zeros(x.shape[0]), np.ones(x.shape[0])
+    for _ in range(BISECTIONS):
+        mid = 0.5 * (lo + hi)
+        pts = (x + shrunk(delta, mid, p)).astype(dtype)
+        flip = clearly_other(model_outputs(model, pts), pred)
+        hi, lo = np.where(flip, mid, hi), np.where(flip, lo, mid)
+    return (x + shrunk(delta, hi, p)).astype(dtype)
+
+
+def pad_rows(a, n):
+    return np.concatenate([a, np.repeat(a[-1:], n - a.shape[0], axis=0)]) if n > a.shape[0] \
+        else a
+
+
+def domain_arrays(domain, x):
+    if domain is None:
+        return np.full(x.shape[1:], -np.inf), np.full(x.shape[1:], np.inf)
+    try:
+        lo, hi = domain
+        lo = np.broadcast_to(np.asarray(lo, np.float64), x.shape[1:])
+        hi = np.broadcast_to(np.asarray(hi, np.float64), x.shape[1:])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"domain must be None or a pair (low, high) of numbers or arrays "
+                         f"broadcastable to the input shape {tuple(x.shape[1:])}, got "
+                         f"{domain!r}.") from e
+    if np.any(~(lo <= hi)):
+        raise ValueError(f"domain=(low, high) needs low <= high everywhere, got {domain!r}.")
+    outside = ~in_domain(x, lo, hi)
+    if outside.any():
+        raise ValueError(f"{int(outside.sum())} of {x.shape[0]} inputs lie outside "
+                         f"domain={domain!r} (first: row {int(np.argmax(outside))}); pass "
+                         f"inputs inside the domain, or a wider domain.")
+    return lo, hi
+
+
+def known_starts(model, x, start, pred, p, lo, hi):
+    """`(best, best_norm)`: the rows of `start` that are finite, inside the domain and
+    clearly classified as another class than `pred` (NaN / inf elsewhere)."""
+    b = x.shape[0]
+    dtype = np.dtype(model.inputs[0].dtype)
+    best = np.full(x.shape, np.nan)
+    best_norm = np.full(b, np.inf)
+    if start is not None:
+        start = np.asarray(start, np.float64)
+        ok = np.all(np.isfinite(start.reshape(b, -1)), axis=1) & in_domain(start, lo, hi)
+        if ok.any():
+            idx = np.flatnonzero(ok)
+            flip = clearly_other(model_outputs(model, start[idx].astype(dtype)), pred[idx])
+            idx = idx[flip]
+            best[idx] = start[idx].astype(dtype).astype(np.float64)
+            best_norm[idx] = lp_norm(best[idx] - x[idx], p)
+    return best, best_norm
+
+
+class ExampleNoise:
+    """Uniform noise in [-1, 1] drawn from one generator per example, seeded by the
+    seed and the example's own values: an example gets the same noise whatever batch
+    (or replica) it is attacked in."""
+
+    def __init__(self, x: np.ndarray, seed: int):
+        self.rngs = [np.random.default_rng([seed, zlib.crc32(np.ascontiguousarray(row))])
+                     for row in x]
+
+    def __call__(self, idx, shape) -> np.ndarray:
+        return np.stack([self.rngs[i].uniform(-1.0, 1.0, shape[1:]) for i in idx]) \
+            if len(idx) else np.zeros(shape)
+
+
+class Runner:
+    """The compiled loop on rows of one batch: `run` returns checked points."""
+
+    def __init__(self, model, x, pred, p, lo, hi, options):
+        self.model, self.x, self.pred, self.p = model, x, pred, p
+        self.lo, self.hi, self.options = lo, hi, options
+        self.dtype = np.dtype(model.inputs[0].dtype)
+        self.box = tf.constant(lo.astype(self.dtype)), tf.constant(hi.astype(self.dtype))
+
+    def run(self, idx, d0, eps0, target, steps, fixed, smooth=False):
+        """`(points, distances)` of rows `idx` (NaN where none) from `x + d0`."""
+        rows = 1 << max(0, (idx.size - 1).bit_length())  # padded to a power of two
+        fn = cached(self.model, ("minimal_norm_attack", self.p, rows),
+                    lambda: compiled_loop(self.model, self.p, rows))
+
+        def pad(a, dtype):
+            return tf.constant(pad_rows(np.asarray(a), rows).astype(dtype))
+
+        x = self.x[idx]
+        d0 = d0.astype(self.dtype).astype(np.float64)
+        out_d, out_n = fn(pad(x, self.dtype), pad(d0, self.dtype), pad(eps0, np.float32),
+                          pad(self.pred[idx], np.int64), pad(target, np.int64), *self.box,
+                          pad(np.broadcast_to(steps, idx.shape), np.int32),
+                          tf.constant(self.options.step_size * (PROBE_STEP if fixed else 1.0)),
+                          tf.constant(float(self.options.gamma)),
+                          pad(np.broadcast_to(fixed, idx.shape), bool), tf.constant(smooth))
+        out_d = np.asarray(out_d, np.float64)[:idx.size]
+        found = np.flatnonzero(np.isfinite(np.asarray(out_n)[:idx.size]))
+        pts = np.full(x.shape, np.nan)
+        dist = np.full(idx.size, np.nan)
+        if found.size:
+            pts[found] = checked_points(self.model, x[found], out_d[found], self.pred[idx[found]],
+                                  self.p, self.lo, self.hi)
+            dist[found] = lp_norm(pts[found] - x[found], self.p)
+        return pts, dist
+
+
+def checked_points(model, x, delta, pred, p, lo, hi):
+    """The points `x + delta` moved to the first clear flip along the segment from `x`,
+    checked in the model and the domain; NaN rows where none holds."""
+    dtype = np.dtype(model.inputs[0].dtype)
+    pts = (x + delta).astype(dtype)
+    flip = clearly_other(model_outputs(model, pts), pred)
+    if not flip.all():  # rounded back in another batch: push a little further
+        bad = np.flatnonzero(~flip)
+        pushed, dist = confirm(model, x[bad], delta[bad], np.ones(bad.size), pred[bad], p)
+        ok = np.isfinite(dist) & in_domain(np.nan_to_num(pushed.astype(np.float64)), lo, hi)
+        pts[bad[ok]] = pushed[ok]
+        flip[bad[ok]] = True
+    out = np.full(x.shape, np.nan)
+    idx = np.flatnonzero(flip)
+    if idx.size:
+        seg = pts[idx].astype(np.float64) - x[idx]
+        final = bisect_to_flip(model, x[idx], seg, pred[idx], p)
+        keep = clearly_other(model_outputs(model, final), pred[idx]) \
+            & in_domain(final.astype(np.float64), lo, hi)
+        out[idx[keep]] = final[keep]
+    return out
