@@ -86,10 +86,11 @@ def patched_passes(roots: bool = True, worst_case_default: bool = False):
     (both as before)."""
     original = robust_api.relaxed_margins
 
-    def passes(twin, x, pred, eps, p, method="relaxation", guard=True, memory_budget=None):
+    def passes(twin, x, pred, eps, p, method="relaxation", guard=True, memory_budget=None,
+               **kwargs):
         if worst_case_default and guard is Rigor.FLOAT64:
             guard = Rigor.STRICT
-        out = original(twin, x, pred, eps, p, method, guard, memory_budget)
+        out = original(twin, x, pred, eps, p, method, guard, memory_budget, **kwargs)
         if not roots:
             nan = np.full_like(out.offset, np.nan)
             out = RelaxedMargins(out.lower, nan, nan)
