@@ -53,7 +53,7 @@ class DistortionMode(Choice):
     EXPECTED = "expected"
     MAX = "max"
 
-_POPULATION_BUDGETS = 4  # populations of a group of examples: 4 x the memory budget
+_BUDGETS = 4  # a chunk's live tensors, a group's populations: 4 x the twin's budget
 
 
 @dataclasses.dataclass(repr=False)
@@ -206,7 +206,7 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
         **overrides: its fields: `memory_budget` (bytes of live tensors per
             compiled chunk, default 4 x the twin's memory budget; the
             populations of a group of examples take up to 4 x the twin's
-            budget, or `memory_budget`, beside it), `verbose` ("auto": a
+            budget, or 4 x `memory_budget`, beside it), `verbose` ("auto": a
             progress bar for runs longer than a second, True or False) and
             `strategy` (a `tf.distribute.Strategy` whose replicas share the
             examples, each drawing from its own stream: the one-device result;
@@ -264,7 +264,7 @@ def gradient_distortion(model, x, y=None, eps: float = 8 / 256, domain=(0.0, 1.0
     seq = np.random.SeedSequence(seed)
     streams = [np.random.default_rng(s) for s in seq.spawn(b_total)]
     total = b_total * (samples if mode is DistortionMode.EXPECTED else population)
-    chunk = engine.chunk_size(x.shape[1:], budget, total=total)
+    chunk = engine.chunk_size(x.shape[1:], budget or _BUDGETS * lin.memory_budget, total=total)
     replicas = Replicas.of(opts.strategy)
     run = _Run(engine, chunk, None if callback is None else replicas.serial(callback), units)
 
@@ -427,7 +427,7 @@ def _genetic(run: _Run, x, index, sign, lo, hi, population, generations, keep, s
     populations of a group (current and next) stay in memory when one fits it, and go
     to a temporary file when a single example's population is larger."""
     d = int(np.prod(x.shape[1:]))
-    budget = _POPULATION_BUDGETS * (budget or run.engine.lin.memory_budget)
+    budget = _BUDGETS * (budget or run.engine.lin.memory_budget)
     one = population * d * np.dtype(x.dtype).itemsize
     group = max(1, plan_directions(x.shape[0], one, budget)[0])  # examples per group
     in_memory = group * one <= budget
