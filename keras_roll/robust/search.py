@@ -110,8 +110,7 @@ class _State:
     def done(self) -> np.ndarray:
         bracketed = np.isfinite(self.hi) & (self.hi <= self.lo * (1.0 + self.tol))
         lost = self.f_lo <= 0  # the pass does not certify the radius known beforehand
-        return (bracketed | lost | (self.hi <= np.maximum(self.floor, 0.0))
-                | (self.steps >= MAX_STEPS))
+        return bracketed | lost | (self.hi <= self.floor) | (self.steps >= MAX_STEPS)
 
     def _root_estimate(self, idx) -> np.ndarray:
         """Where the passes stop certifying, from the roots (NaN where unknown): the
