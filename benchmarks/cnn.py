@@ -66,6 +66,8 @@ flags.DEFINE_integer("repeats", 5, "Interleaved repetitions of the training step
 flags.DEFINE_list("widths", [], "Width multipliers of CNN-S for the memory sweep (e.g. 1,2,4).")
 flags.DEFINE_string("data", "/work/shared/data/mnist.npz", "mnist.npz (absent: random images).")
 flags.DEFINE_bool("quick", False, "CNN-S only, 1 image, 2 generations, 60 s per call.")
+flags.DEFINE_bool("warm", True, "Also the warm call after the first (--nowarm: the first "
+                  "call only, for models where one call takes minutes).")
 flags.DEFINE_string("json", None, "Also write every call's records to this JSON file.")
 flags.DEFINE_string("worker", None, "Internal: 'model:call' to run in this process.")
 
@@ -112,12 +114,19 @@ def _distortion(mode):
     return call
 
 
+def _robust(m, x, y, p) -> None:
+    """`robust_radius` at its defaults in one norm; prints the intermediate bounds taken."""
+    rr = keras_roll.robust_radius(m, x, y, norms=(p,), verbose=False)
+    _emit(stage="intermediate", choices=[str(c) for c in rr.intermediate],
+          lower=[float(v) for v in np.asarray(rr.lower[p]).ravel()],
+          upper=[float(v) for v in np.asarray(rr.upper[p]).ravel()])
+
+
 CALLS = {
     "certify": lambda m, x, y: keras_roll.certify(m, x, verbose=False),
     "certify_float32": lambda m, x, y: keras_roll.certify(m, x, rigor="float32", verbose=False),
-    "robust_linf": lambda m, x, y: keras_roll.robust_radius(m, x, y, norms=(np.inf,),
-                                                            verbose=False),
-    "robust_l2": lambda m, x, y: keras_roll.robust_radius(m, x, y, norms=(2,), verbose=False),
+    "robust_linf": lambda m, x, y: _robust(m, x, y, np.inf),
+    "robust_l2": lambda m, x, y: _robust(m, x, y, 2),
     "saliency": lambda m, x, y: keras_roll.saliency(m, x, y),
     "ig_exact": lambda m, x, y: keras_roll.integrated_gradients(m, x, y, verbose=False),
     "distortion_expected": _distortion("expected"),
@@ -143,7 +152,8 @@ def run_call(model_name: str, call: str) -> None:
     if call == "steps":
         return run_steps(model, x, y)
     fn = CALLS[call]
-    for stage, xs, ys in (("first", x[:1], y[:1]), ("warm", x, y)):
+    stages = (("first", x[:1], y[:1]), ("warm", x, y))
+    for stage, xs, ys in stages[:2 if FLAGS.warm else 1]:
         start, cpu = time.perf_counter(), time.process_time()
         fn(model, xs, ys)
         _emit(stage=stage, seconds=(time.perf_counter() - start) / len(xs),
@@ -213,7 +223,7 @@ def spawn(model_name: str, call: str) -> dict:
     `limit` ("over N s", "over N GiB", "failed: ...") when it did not finish."""
     argv = [sys.executable, "-m", "benchmarks.cnn", f"--worker={model_name}:{call}"] + [
         f"--{k}={getattr(FLAGS, k)}" for k in ("images", "population", "generations",
-                                                "samples", "batch", "repeats", "data")]
+                                                "samples", "batch", "repeats", "data", "warm")]
     err_file = tempfile.TemporaryFile("w+")  # a pipe would fill up and block the worker
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err_file, text=True,
                             start_new_session=True)

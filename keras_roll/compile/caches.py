@@ -22,7 +22,7 @@ from typing import Any
 
 import tensorflow as tf
 
-__all__ = ["cached", "compiled_call"]
+__all__ = ["batch_polymorphic", "cached", "compiled_call"]
 
 _ATTRIBUTE = "_keras_roll_cache"
 _NEW_CACHE = threading.Lock()  # held only while an owner's first cache is put on it
@@ -92,3 +92,64 @@ def compiled_call(model):
     call of a functional model."""
     return cached(model, ("call",), lambda: tf.function(
         lambda x: model(x, training=False), reduce_retracing=True, autograph=False))
+
+
+def batch_polymorphic(fn):
+    """`fn` (a `tf.function`) whose first trace already takes any batch size.
+
+    A `tf.function(..., reduce_retracing=True)` traces its first call for the
+    shapes it sees and traces again, with the differing axes relaxed, at the first
+    call of another shape: `certify` paid both traces (seconds each on a CNN) when
+    its second batch, or the last slice of a data set, had another size. The
+    wrapper traces the first call of each signature (the tensors' dtypes and shapes
+    past the leading axis, the other arguments' values) with the leading axis of
+    every tensor argument relaxed to None, so that later batch sizes reuse that
+    graph; `reduce_retracing` relaxes the other axes as before.
+
+    Args:
+        fn: a `tf.function` whose tensor arguments all lead with the batch axis
+            (the traces and per-example arrays of the twin's passes).
+
+    Returns:
+        A callable with `fn`'s arguments and results.
+
+    Example:
+
+    ```python
+    fn = batch_polymorphic(tf.function(pass_fn, reduce_retracing=True))
+    fn(trace_of_4_examples)   # one trace, with batch None
+    fn(trace_of_3_examples)   # the same graph
+    ```
+    """
+    lock = threading.Lock()
+    traced: set = set()
+
+    def call(*args):
+        key = tuple(_signature(v) for v in tf.nest.flatten(args))
+        if key not in traced:
+            with lock:
+                if key not in traced:
+                    fn.get_concrete_function(*tf.nest.map_structure(_batch_spec, args))
+                    traced.add(key)
+        return fn(*args)
+
+    call.python_function = fn
+    return call
+
+
+def _signature(value):
+    """What of one argument leaf decides a trace, the batch size left out."""
+    if isinstance(value, tf.Tensor):
+        return value.dtype, tuple(value.shape[1:]) if value.shape.rank else ()
+    try:
+        hash(value)
+    except TypeError:
+        return type(value), id(value)
+    return type(value), value
+
+
+def _batch_spec(value):
+    """A tensor's `tf.TensorSpec` with its leading axis None; other values as given."""
+    if isinstance(value, tf.Tensor) and value.shape.rank:
+        return tf.TensorSpec([None, *value.shape[1:]], value.dtype)
+    return value

@@ -24,6 +24,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
+from keras_roll.compile.caches import batch_polymorphic
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.interpreter import Interpreter
 from keras_roll.compile.rules.base import flatten_directions
@@ -39,8 +40,8 @@ def _compiled(twin):
     if fn is None:
         interp = twin.interpreter if twin.dtype == "float64" else \
             Interpreter(twin.program, "float64")
-        fn = tf.function(functools.partial(_exact_pass, interp), reduce_retracing=True,
-                         autograph=False)
+        fn = batch_polymorphic(tf.function(functools.partial(_exact_pass, interp),
+                                           reduce_retracing=True, autograph=False))
         _COMPILED[twin] = fn
     return fn
 

@@ -67,6 +67,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from keras_roll.compile.caches import batch_polymorphic
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.interpreter import Trace, propagate
 from keras_roll.rounding.noise_transform import (
@@ -149,8 +150,8 @@ _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _compiled(twin):
     fn = _COMPILED.get(twin)
     if fn is None:  # a partial per twin: TensorFlow counts retracings per function
-        fn = tf.function(functools.partial(_noise_pass, twin.interpreter),
-                         reduce_retracing=True, autograph=False)
+        fn = batch_polymorphic(tf.function(functools.partial(_noise_pass, twin.interpreter),
+                                           reduce_retracing=True, autograph=False))
         _COMPILED[twin] = fn
     return fn
 

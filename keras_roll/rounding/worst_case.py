@@ -44,6 +44,7 @@ import weakref
 
 import tensorflow as tf
 
+from keras_roll.compile.caches import batch_polymorphic
 from keras_roll.compile.interpreter import Interpreter, Trace, Transform, cast_records, propagate
 from keras_roll.compile.records import Record
 from keras_roll.compile.rules.base import flatten_examples
@@ -320,8 +321,8 @@ def rounding_bound(twin, trace: Trace) -> RoundingBound:
     fn = _COMPILED.get(twin)
     if fn is None:  # a partial per twin: TensorFlow counts retracings per function
         interp = Interpreter(twin.program, "float64")
-        fn = tf.function(functools.partial(_bound_pass, interp), reduce_retracing=True,
-                         autograph=False)
+        fn = batch_polymorphic(tf.function(functools.partial(_bound_pass, interp),
+                                           reduce_retracing=True, autograph=False))
         _COMPILED[twin] = fn
     trace64 = cast_records(trace, tf.float64)
     return fn(trace64, evaluation_precision(twin.program))
