@@ -194,7 +194,8 @@ def run_steps(model: keras.Model, x, y) -> None:
             start = time.perf_counter()
             m.train_on_batch(xb, yb)
             times[name] = time.perf_counter() - start
-        _emit(stage="steps", batch=FLAGS.batch, seconds=once, first=first, rss_gib=_rss_gib())
+            _emit(stage="steps", batch=FLAGS.batch, seconds=once, first=first,
+                  rss_gib=_rss_gib())  # after every step: a killed run keeps what it had
     fast = {k: (lambda m=m: m.train_on_batch(xb, yb)) for k, m in models.items()
             if once[k] < STEP_REPEAT_LIMIT}  # slower steps keep their one warm time
     once.update(interleaved_medians(fast, repeats=FLAGS.repeats, warmup=0, setup=reset))
@@ -281,8 +282,12 @@ def _fmt_steps(rec: dict) -> str:
     if not steps:
         return rec["limit"] or "no result"
     t = steps["seconds"]
-    parts = [f"vanilla {1e3 * t['vanilla']:.0f} ms"]
-    parts += [f"{k} {v / t['vanilla']:.1f} x" for k, v in t.items() if k != "vanilla"]
+    if "vanilla" in t:
+        parts = [f"vanilla {1e3 * t['vanilla']:.0f} ms"]
+        parts += [f"{k} {v / t['vanilla']:.1f} x" for k, v in t.items() if k != "vanilla"]
+    else:  # killed before the warm steps: the first (tracing) steps it finished
+        parts = [f"first step, tracing included: {k} {v:.1f} s"
+                 for k, v in steps["first"].items()]
     return (", ".join(parts) + f"; peak {steps['rss_gib']:.2f} GiB"
             + (f"; {rec['limit']}" if rec["limit"] else ""))
 
