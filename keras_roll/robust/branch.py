@@ -18,10 +18,12 @@ in the manner of alpha,beta-CROWN (Wang et al., NeurIPS 2021):
   search stops at its budget (time or leaves) undecided.
 
 `branch_radius` brackets the minimal perturbation by probing radii between a known
-lower bound and a known adversarial distance: a certified probe raises the lower bound,
-an adversarial point (shrunk further by the minimal-norm attack) lowers the upper
-bound, an undecided probe makes the next one smaller. Where the bracket closes within
-`exact_rtol` the radius is known. docs/design.md, section "Robustness radius".
+lower bound and a known adversarial distance, bisecting in log space: a certified probe
+raises the lower bound, an adversarial point (shrunk further by the minimal-norm
+attack) lowers the upper bound, an undecided probe caps the next ones. Each probe gets
+a small share of the time, growing as the bracket narrows (`_probe_seconds`). Where
+the bracket closes within `exact_rtol` the radius is known. docs/design.md, section
+"Robustness radius".
 
 Example:
 
@@ -147,6 +149,7 @@ class _Passes:
 
 
 PGD_STEPS = 40  # steps of the attack at a fixed radius from the leaves' optima
+SHRINK_STEPS = 50  # steps of the minimal-norm attack from an adversarial leaf's point
 ATTACK_STARTS = 8  # leaves per batch whose optima start the attack
 
 
@@ -165,12 +168,16 @@ class BallVerdict(NamedTuple):
         point: the adversarial point (model dtype, as float64), or None.
         leaves: leaves bounded.
         lower: the smallest margin bound over the open leaves (inf when certified).
+        passes: batched bound passes run (each bounds up to `options.batch` leaves).
+        attack_steps: gradient steps of the attacks from the leaves' optima (per start).
     """
 
     status: str
     point: np.ndarray | None
     leaves: int
     lower: float
+    passes: int = 0
+    attack_steps: int = 0
 
 
 class _Ball:
@@ -183,7 +190,7 @@ class _Ball:
         self.pt = tf.constant([int(pred)], tf.int64)
         self.et = tf.constant(float(eps), tf.float64)
         self.root = None
-        self.leaves = 0
+        self.leaves = self.calls = self.attack_steps = 0
 
     def layer_boxes(self, splits: np.ndarray):
         if self.root is not None and not self.options.refine:
@@ -211,6 +218,7 @@ class _Ball:
         for t in range(steps + 1):
             lower, grad, g, scores = self.passes.bounds(self.xt, self.pt, self.et, los, his,
                                                         deltas, st, tf.constant(beta))
+            self.calls += 1
             lower = np.where(empty[:, None], np.inf, lower.numpy())
             best = np.maximum(best, lower)
             if t == steps or np.all(best.min(axis=1) > self.gap):
@@ -236,6 +244,7 @@ class _Ball:
         pts = self.x[None] + self.eps * u.reshape(-1, *self.x.shape)
         found = self._flipped(pts)
         if found is None:
+            self.attack_steps += PGD_STEPS * len(pts)
             out = ball_attack(self.model, self.x, pts - self.x[None], self.pred,
                               self.eps * (1 - 1e-6), self.p_norm, PGD_STEPS)
             hit = np.isfinite(out.reshape(len(out), -1)).all(axis=1)
@@ -266,17 +275,17 @@ class _Ball:
                 order = np.argsort(frontier[-1][0].min(axis=1))  # the lowest bounds first
                 point = self.adversarial(gs[order])
                 if point is not None:
-                    return BallVerdict("adversarial", point, self.leaves, -np.inf)
+                    return self._verdict("adversarial", point, -np.inf)
             low, sp, be, sc = [np.concatenate([f[i] for f in frontier]) for i in range(4)]
             worst = low.min(axis=1)
             open_ = worst <= self.gap
             if not open_.any():
-                return BallVerdict("certified", None, self.leaves, np.inf)
+                return self._verdict("certified", None, np.inf)
             low, sp, be, sc, worst = low[open_], sp[open_], be[open_], sc[open_], worst[open_]
             splittable = sc.max(axis=1) > 0
             if not splittable.any() or time.monotonic() > deadline \
                     or self.leaves >= self.options.max_leaves:
-                return BallVerdict("unknown", None, self.leaves, float(worst.min()))
+                return self._verdict("unknown", None, float(worst.min()))
             order = np.argsort(np.where(splittable, worst, np.inf))
             take = order[:max(1, min(int(splittable.sum()), self.options.batch // 2))]
             rest = np.setdiff1d(np.arange(len(worst)), take)
@@ -284,6 +293,9 @@ class _Ball:
             new = self.evaluate(*children)
             frontier = [(low[rest], sp[rest], be[rest], sc[rest], np.zeros((0,))),
                         (new[0], children[0], new[1], new[3], new[2])]
+
+    def _verdict(self, status: str, point, lower: float) -> BallVerdict:
+        return BallVerdict(status, point, self.leaves, lower, self.calls, self.attack_steps)
 
     @staticmethod
     def _children(splits, betas, scores):
@@ -310,6 +322,8 @@ class BranchRadius(NamedTuple):
         improved_lower, improved_upper: where the search moved each bound.
         leaves: leaves bounded per input.
         runner_up: the class the model gives each point of `upper` (-1 where none).
+        passes, attack_steps, probes: per input, the batched bound passes, the
+            attacks' gradient steps and the radii probed (the budget spent).
     """
 
     lower: np.ndarray
@@ -319,10 +333,16 @@ class BranchRadius(NamedTuple):
     improved_upper: np.ndarray
     leaves: np.ndarray
     runner_up: np.ndarray
+    passes: np.ndarray
+    attack_steps: np.ndarray
+    probes: np.ndarray
 
     def write(self, rr, p, at: np.ndarray) -> None:
         """Writes the moved bounds into rows `at` of a `RobustRadius` for norm `p`, with
-        "branch" as their method."""
+        "branch" as their method, and adds the budget spent to its `bound_passes` and
+        `attack_steps`."""
+        rr.bound_passes[p][at] += self.passes
+        rr.attack_steps[p][at] += self.attack_steps
         lower, upper = at[self.improved_lower], at[self.improved_upper]
         rr.lower[p][lower] = self.lower[self.improved_lower]
         rr.lower_method[p][lower] = "branch"
@@ -333,20 +353,32 @@ class BranchRadius(NamedTuple):
 
 
 NEAR = 1.5  # probe just below the upper bound first where it is within this of the lower
-CLIMB = 0.05  # the first step above the lower bound in a wider bracket (doubled on success)
+PROBE_SHARE = 1 / 32  # the first probe's share of max_seconds in the widest bracket
+FIRST_SHARE = 1 / 8  # the share of the probe just below the upper bound
 
 
-def _next_probe(lo: float, top: float, first: bool, rtol: float, step: float) -> float:
-    """The next radius to probe: just below `top` first, then a step of `step` (relative)
-    above `lo` while the bracket is wide (each probe near the certified radius is
-    cheap, one near the middle of a wide bracket rarely decides), then midpoints."""
+def _next_probe(lo: float, top: float, first: bool, rtol: float) -> float:
+    """The next radius to probe: just below `top` first (where the attack's point is
+    likely minimal, one certified probe closes the bracket), then the geometric middle
+    of `[lo, top]` (bisection in log space; `top / 2` while nothing is certified)."""
     if first:
         return top * (1.0 - rtol / 2)
     if lo <= 0:
         return top / 2
-    if top > NEAR * lo:
-        return min(lo * (1.0 + step), np.sqrt(lo * top))
-    return (lo + top) / 2
+    return float(np.sqrt(lo * top))
+
+
+def _probe_seconds(max_seconds: float, width0: float, lo: float, top: float,
+                   left: float, first: bool) -> float:
+    """The budget of one probe: `PROBE_SHARE` of `max_seconds` in the first bracket
+    (`log(top / lo) = width0`), growing as the bracket narrows (in proportion to
+    `width0 / log(top / lo)`: a probe near both ends decides more often with more
+    leaves), at most half of the time `left` unless it is the last that fits."""
+    if first:
+        return min(left, FIRST_SHARE * max_seconds)
+    width = np.log(top / lo) if lo > 0 else width0
+    share = PROBE_SHARE * max_seconds * max(1.0, width0 / max(width, 1e-12))
+    return left if share >= 0.5 * left else share
 
 
 def branch_radius(model, twin, x, pred, p, lower, upper, adversarial, *, gap: float = 0.0,
@@ -386,10 +418,11 @@ def branch_radius(model, twin, x, pred, p, lower, upper, adversarial, *, gap: fl
     lower, upper = np.array(lower, np.float64), np.array(upper, np.float64)
     adversarial = np.array(adversarial, np.float64)
     up0, lo0 = upper.copy(), lower.copy()
-    leaves = np.zeros(len(x), np.int64)
+    spent = np.zeros((len(x), 4), np.int64)
     for i in range(len(x)):
-        lower[i], upper[i], point, leaves[i] = _bracket(
+        lower[i], upper[i], point, used = _bracket(
             passes, model, x[i], int(pred[i]), lower[i], upper[i], gap, rtol, options)
+        spent[i] = used
         if point is not None:
             adversarial[i] = point
     improved_upper = np.isfinite(upper) & ~(upper >= up0)
@@ -397,45 +430,61 @@ def branch_radius(model, twin, x, pred, p, lower, upper, adversarial, *, gap: fl
     if improved_upper.any():
         dtype = np.dtype(model.inputs[0].dtype)
         runner[improved_upper] = predict_classes(model, adversarial[improved_upper].astype(dtype))
-    return BranchRadius(lower, upper, adversarial, lower > lo0, improved_upper, leaves, runner)
+    return BranchRadius(lower, upper, adversarial, lower > lo0, improved_upper, spent[:, 0],
+                        runner, *spent[:, 1:].T)
+
+
+class _Spent(NamedTuple):
+    """The budget one input's probes spent."""
+
+    leaves: int = 0
+    passes: int = 0
+    attack_steps: int = 0
+    probes: int = 0
+
+    def add(self, verdict: BallVerdict, steps: int) -> _Spent:
+        return _Spent(self.leaves + verdict.leaves, self.passes + verdict.passes,
+                      self.attack_steps + verdict.attack_steps + steps, self.probes + 1)
 
 
 def _bracket(passes, model, x, pred, lo, hi, gap, rtol, options):
-    """One input's probes: `(lower, upper, point or None, leaves)`."""
+    """One input's probes: `(lower, upper, point or None, _Spent)`."""
     deadline = time.monotonic() + options.max_seconds
-    ceiling = hi if np.isfinite(hi) else 2.0 * lo
-    point, leaves, step = None, 0, CLIMB
+    ceiling = hi if np.isfinite(hi) else 2.0 * lo  # lowered by undecided probes
+    point, spent = None, _Spent()
     first = np.isfinite(hi) and hi < NEAR * lo  # then the attack's point is likely minimal
+    width0 = np.log(ceiling / lo) if lo > 0 and ceiling > lo else 1.0
     while np.isfinite(ceiling) and ceiling > 0:
-        if np.isfinite(hi) and hi - lo <= rtol * hi:
-            break
         top = min(hi, ceiling) if np.isfinite(hi) else ceiling
-        if top - lo <= 0.25 * rtol * top:
+        left = deadline - time.monotonic()
+        if (np.isfinite(hi) and hi - lo <= rtol * hi) or left <= 0:
             break
-        now = time.monotonic()
-        if now >= deadline:
-            break
-        eps = _next_probe(lo, top, first, rtol, step)
-        share = now + (deadline - now) * (0.25 if first else 0.5)
-        verdict = verify_ball(passes, model, x, pred, eps, gap, options, share)
-        leaves += verdict.leaves
-        first = False
+        if top - lo <= rtol * top:  # capped by undecided probes: retry below hi, longer
+            if not np.isfinite(hi) or ceiling >= hi:
+                break
+            ceiling = top = hi
+        eps = _next_probe(lo, top, first, rtol)
+        seconds = _probe_seconds(options.max_seconds, width0, lo, top, left, first)
+        verdict = verify_ball(passes, model, x, pred, eps, gap, options,
+                              time.monotonic() + seconds)
+        first, steps = False, 0
         if verdict.status == "certified":
-            lo, step = eps, 2 * step
+            lo = eps
         elif verdict.status == "adversarial":
-            pt, dist = _shrink(model, x, verdict.point, pred, passes.p)
+            pt, dist, steps = _shrink(model, x, verdict.point, pred, passes.p)
             if dist < hi or not np.isfinite(hi):
                 hi, point = dist, pt
             ceiling = min(ceiling, dist)
         else:
-            ceiling, step = eps, step / 2
-    return lo, hi, point, leaves
+            ceiling = eps
+        spent = spent.add(verdict, steps)
+    return lo, hi, point, spent
 
 
 def _shrink(model, x, point, pred, p):
     """The adversarial `point` moved closer to `x` by the minimal-norm attack."""
     nb = minimal_norm_attack(model, x[None], p, pred=np.array([pred]), start=point[None],
-                             options=AttackOptions(steps=50, restarts=1))
+                             options=AttackOptions(steps=SHRINK_STEPS, restarts=1))
     if np.isfinite(nb.upper[0]):
-        return nb.adversarial[0], float(nb.upper[0])
-    return point, float(lp_norm(point[None] - x[None], p)[0])
+        return nb.adversarial[0], float(nb.upper[0]), SHRINK_STEPS
+    return point, float(lp_norm(point[None] - x[None], p)[0]), SHRINK_STEPS
