@@ -1,7 +1,8 @@
 """Branch and bound on activation splits against independent references.
 
 * Soundness of every subdomain's bound: random splits (stable units too, so some
-  subdomains are empty) and random multipliers `beta >= 0` on 2-D networks, against
+  subdomains are empty), random multipliers `beta >= 0` and random lower slopes
+  `alpha` (some outside the slope range) on 2-D networks, against
   the smallest margin over a dense grid of the ball's points that satisfy the splits
   (the network read layer by layer into numpy, `test_robust_exact.affine_stack`).
 * The radius: `robust_radius(branch=...)` against the MILP of `test_robust_exact`
@@ -74,18 +75,20 @@ def test_random_splits_and_multipliers_stay_sound(p, refine):
         splits[k, units] = np.where(side == 0, 1, side)
     betas = rng.exponential(0.5, size=(8, 2, n)) * (splits != 0)[:, None]
     los, his, deltas, empty = ball.layer_boxes(splits.astype(np.float64))
-    lower, *_ = passes.bounds(ball.xt, ball.pt, ball.et, los, his, deltas,
-                              splits.astype(np.float64), betas)
-    lower = np.where(empty[:, None], np.inf, lower.numpy())
-    checked = 0
-    for k in range(8):
-        ok = np.all((splits[k] == 0) | (splits[k] * pre >= 0), axis=1)
-        if ok.any():
-            true = margins[ok].min(axis=0)
-            assert np.all(lower[k] <= true + 1e-9), (k, lower[k], true)
-            checked += 1
-    assert checked >= 6
-    assert np.all(np.isfinite(lower[0]))  # the whole ball is never empty
+    # CROWN's lower slopes (None), then random ones per margin, some outside [0, 1]
+    for alphas in (None, rng.uniform(-0.5, 1.5, size=betas.shape)):
+        lower, *_ = passes.bounds(ball.xt, ball.pt, ball.et, los, his, deltas,
+                                  splits.astype(np.float64), betas, alphas)
+        lower = np.where(empty[:, None], np.inf, lower.numpy())
+        checked = 0
+        for k in range(8):
+            ok = np.all((splits[k] == 0) | (splits[k] * pre >= 0), axis=1)
+            if ok.any():
+                true = margins[ok].min(axis=0)
+                assert np.all(lower[k] <= true + 1e-9), (k, lower[k], true)
+                checked += 1
+        assert checked >= 6
+        assert np.all(np.isfinite(lower[0]))  # the whole ball is never empty
 
 
 def _small(seed=0):
@@ -183,7 +186,8 @@ def test_probes_climb_past_the_radius_without_an_upper_bound():
 
 
 @pytest.mark.parametrize("field,value", [("max_seconds", 0), ("batch", 1), ("beta_steps", -1),
-                                         ("max_leaves", 2.5), ("beta_rate", -0.1)])
+                                         ("max_leaves", 2.5), ("beta_rate", -0.1),
+                                         ("alpha", 1)])
 def test_bad_options_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"BranchOptions.{field}"):
         BranchOptions(**{field: value}).checked()

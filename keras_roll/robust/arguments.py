@@ -112,6 +112,8 @@ class BranchOptions(NamedTuple):
         beta_rate: Adam's step on the multipliers (default 0.1).
         refine: recompute every leaf's layer bounds on its subdomain (default True;
             False keeps the ball's, cut by the splits: cheaper, looser).
+        alpha: also optimize every leaf's lower slopes of the unstable units per
+            margin (alpha-CROWN, with the multipliers; default True).
 
     Example:
 
@@ -126,6 +128,7 @@ class BranchOptions(NamedTuple):
     beta_steps: int = 8
     beta_rate: float = 0.1
     refine: bool = True
+    alpha: bool = True
 
     @staticmethod
     def of(value) -> BranchOptions | None:
@@ -150,6 +153,10 @@ class BranchOptions(NamedTuple):
             v = getattr(self, name)
             if not (isinstance(v, numbers.Real) and v > 0):
                 raise ValueError(f"BranchOptions.{name} must be a positive number, got {v!r}.")
+        for name in ("refine", "alpha"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"BranchOptions.{name} must be True or False, "
+                                 f"got {getattr(self, name)!r}.")
         return self
 
 

@@ -90,9 +90,11 @@ class _Passes:
             tf.TensorSpec([None, self.layout.size], f64)])
         self._compiled_bounds = None
 
-    def bounds(self, x, pred, eps, los, his, deltas, splits, betas):
-        """`(lower [B, C], d lower / d betas, the worst row's input functional, scores)`
-        of a batch of leaves (compiled once: every batch dimension is None)."""
+    def bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas=None):
+        """`(lower [B, C], d lower / d (betas, alphas), the worst row's input
+        functional, scores, the slopes used)` of a batch of leaves (compiled once:
+        every batch dimension is None); `alphas` `[B, C, size]` lower slopes (NaN,
+        the default: CROWN's)."""
         if self._compiled_bounds is None:
             def spec(t):
                 return tf.TensorSpec([None, *t.shape[1:]], t.dtype)
@@ -103,10 +105,14 @@ class _Passes:
                 tf.TensorSpec([], f64), *[tf.nest.map_structure(spec, s) for s in
                                           (tuple(los), tuple(his), tuple(deltas))],
                 tf.TensorSpec([None, self.layout.size], f64),
+                tf.TensorSpec([None, self.rows, self.layout.size], f64),
                 tf.TensorSpec([None, self.rows, self.layout.size], f64)])
+        if alphas is None:
+            alphas = np.full(np.shape(betas), np.nan)
         return self._compiled_bounds(x, pred, eps, tuple(los), tuple(his), tuple(deltas),
                                      tf.constant(splits, tf.float64),
-                                     tf.constant(betas, tf.float64))
+                                     tf.constant(betas, tf.float64),
+                                     tf.constant(alphas, tf.float64))
 
     def _boxes(self, x, eps, splits):
         values = capture(self.twin.interpreter, x)
@@ -127,7 +133,7 @@ class _Passes:
         deltas = tuple(full(res.deltas[i]) for i in self.delta_slots)
         return los, his, deltas, lines.empty
 
-    def _bounds(self, x, pred, eps, los, his, deltas, splits, betas):
+    def _bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas):
         lm = logit_margins(self.twin.interpreter, x, pred)
         keys = [self.structure.nodes[i].inputs[0] for i in self.relaxed]
         full = [None] * self.nodes
@@ -137,15 +143,16 @@ class _Passes:
         out = lm.values.value(self.structure, self.structure.output_key)
         rows = tf.reshape(lm.rows, tf.concat([tf.shape(lm.rows)[:2], tf.shape(out)[1:]], 0))
         with tf.GradientTape() as tape:
-            tape.watch(betas)
+            tape.watch([betas, alphas])
             res = split_lower_bounds(self.structure, lm.values, rows, boxes, self.layout,
-                                     splits, betas, eps, self.p)
+                                     splits, betas, eps, self.p, alphas)
             lower = lm.margins + res.lower
             total = tf.reduce_sum(tf.where(tf.math.is_finite(lower), lower, 0.0))
-        grad = tape.gradient(total, betas)
+        grads = tape.gradient(total, [betas, alphas],
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
         worst = tf.argmin(lower, axis=1, output_type=tf.int32)
         g = tf.gather(res.lam_input, worst, axis=1, batch_dims=1)
-        return lower, grad, g, res.scores
+        return lower, tf.concat(grads, -1), g, res.scores, res.alphas
 
 
 PGD_STEPS = 40  # steps of the attack at a fixed radius from the leaves' optima
@@ -158,6 +165,28 @@ def _padded(a: np.ndarray, n: int) -> np.ndarray:
     if a.shape[0] == n:
         return a
     return np.concatenate([a, np.repeat(a[:1], n - a.shape[0], axis=0)])
+
+
+ALPHA_RATE = 0.1  # Adam's step on the lower slopes (ReLU's lie in [0, 1])
+
+
+class _Adam:
+    """Projected Adam ascent on `[beta | alpha]` rows: the multipliers stay >= 0; the
+    bound pass clips the slopes to their range (the slopes it used replace them)."""
+
+    def __init__(self, params: np.ndarray, beta_rate: float, alpha_rate: float):
+        self.m, self.v, self.t = np.zeros_like(params), np.zeros_like(params), 0
+        self.rates = (beta_rate, alpha_rate)
+
+    def step(self, params: np.ndarray, grad: np.ndarray, size: int) -> np.ndarray:
+        self.t += 1
+        self.m = 0.9 * self.m + 0.1 * grad
+        self.v = 0.999 * self.v + 0.001 * grad * grad
+        step = (self.m / (1 - 0.9 ** self.t)) / (np.sqrt(self.v / (1 - 0.999 ** self.t)) + 1e-12)
+        out = params.copy()
+        out[..., :size] = np.maximum(params[..., :size] + self.rates[0] * step[..., :size], 0)
+        out[..., size:] = params[..., size:] + self.rates[1] * step[..., size:]
+        return out
 
 
 class BallVerdict(NamedTuple):
@@ -204,33 +233,33 @@ class _Ball:
             self.root = (los, his, deltas, empty)
         return los, his, deltas, np.asarray(empty)
 
-    def evaluate(self, splits: np.ndarray, betas: np.ndarray):
-        """Bounds a batch of leaves: `(lower [n, C], betas, g [n, *in], scores [n, N])`."""
-        n = splits.shape[0]
+    def evaluate(self, splits: np.ndarray, params: np.ndarray):
+        """Bounds a batch of leaves: `(lower [n, C], params, g [n, *in], scores [n, N])`;
+        `params` `[n, C, 2 N]` are the split multipliers `beta` and the lower slopes
+        `alpha` (NaN: CROWN's), raised by `options.beta_steps` Adam steps (the slopes
+        only with `options.alpha`; every iterate is sound, the best bound is kept)."""
+        n, size = splits.shape
         rows = 1 << max(0, (n - 1).bit_length())
         s = _padded(splits.astype(np.float64), rows)
-        beta = _padded(betas, rows)
+        par = _padded(params, rows)
         los, his, deltas, empty = self.layer_boxes(s)
         st = tf.constant(s)
-        m, v = np.zeros_like(beta), np.zeros_like(beta)
-        best = np.full(beta.shape[:2], -np.inf)
-        steps = self.options.beta_steps if np.any(splits) else 0
+        adam = _Adam(par, self.options.beta_rate, ALPHA_RATE if self.options.alpha else 0.0)
+        best = np.full(par.shape[:2], -np.inf)
+        steps = self.options.beta_steps if self.options.alpha or np.any(splits) else 0
         for t in range(steps + 1):
-            lower, grad, g, scores = self.passes.bounds(self.xt, self.pt, self.et, los, his,
-                                                        deltas, st, tf.constant(beta))
+            lower, grad, g, scores, used = self.passes.bounds(
+                self.xt, self.pt, self.et, los, his, deltas, st, tf.constant(par[..., :size]),
+                tf.constant(par[..., size:]))
             self.calls += 1
+            par[..., size:] = used.numpy()
             lower = np.where(empty[:, None], np.inf, lower.numpy())
             best = np.maximum(best, lower)
             if t == steps or np.all(best.min(axis=1) > self.gap):
                 break
-            grad = grad.numpy()
-            m = 0.9 * m + 0.1 * grad
-            v = 0.999 * v + 0.001 * grad * grad
-            step = self.options.beta_rate * (m / (1 - 0.9 ** (t + 1))) / (
-                np.sqrt(v / (1 - 0.999 ** (t + 1))) + 1e-12)
-            beta = np.maximum(beta + step, 0.0)
+            par = adam.step(par, grad.numpy(), size)
         self.leaves += n
-        return best[:n], beta[:n], g.numpy()[:n], scores.numpy()[:n]
+        return best[:n], par[:n], g.numpy()[:n], scores.numpy()[:n]
 
     def adversarial(self, g: np.ndarray):
         """The first leaf optimum (the linear bound's minimiser over the ball) that the
@@ -268,6 +297,7 @@ class _Ball:
         n = self.passes.layout.size
         splits = np.zeros((1, n), np.int8)
         betas = np.zeros((1, self.passes.rows, n))
+        betas = np.concatenate([betas, np.full_like(betas, np.nan)], -1)  # CROWN's slopes
         lower, betas, g, scores = self.evaluate(splits, betas)
         frontier = [(lower, splits, betas, scores, g)]
         while True:
