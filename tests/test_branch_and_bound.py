@@ -19,7 +19,8 @@ import keras_roll
 from keras_roll.compile.twin import linearize
 from keras_roll.robust import BranchOptions
 from keras_roll.robust.adversarial import lp_norm, predict_classes
-from keras_roll.robust.branch import _Ball, _Passes, branch_radius, verify_ball
+from keras_roll.robust.branch import branch_radius
+from keras_roll.robust.subdomains import LeafPasses, _Ball, verify_ball
 from tests.test_robust_exact import (
     EXACT_RTOL,
     RTOL,
@@ -54,7 +55,7 @@ def test_random_splits_and_multipliers_stay_sound(p, refine):
     model = _mlp((10, 10), 0.0, 2, 3, 5)
     stages = affine_stack(model)
     twin = linearize(model).at_dtype("float64")
-    passes = _Passes(twin, p, False, twin.memory_budget, 8)
+    passes = LeafPasses(twin, p, False, twin.memory_budget, 8)
     rng = np.random.default_rng(0)
     x = rng.normal(size=2)
     pred = int(np.argmax(forward(stages, x[None])))
@@ -102,7 +103,7 @@ def test_balls_just_inside_the_milp_radius_are_certified():
     model, stages, x = _small()
     p = np.inf
     twin = linearize(model).at_dtype("float64")
-    passes = _Passes(twin, p, True, twin.memory_budget, 32)
+    passes = LeafPasses(twin, p, True, twin.memory_budget, 32)
     flat = x.reshape(len(x), -1).astype(np.float64)
     for i in range(2):
         pred = int(predict_classes(model, x[i:i + 1])[0])
@@ -153,7 +154,7 @@ def test_balls_beyond_the_radius_hold_real_adversarial_points():
     model = _mlp((16, 16), 0.0, 2, 3, 3)
     stages = affine_stack(model)
     twin = linearize(model).at_dtype("float64")
-    passes = _Passes(twin, 2, True, twin.memory_budget, 16)
+    passes = LeafPasses(twin, 2, True, twin.memory_budget, 16)
     x = np.random.default_rng(3).normal(size=(2, 2)).astype(np.float32).astype(np.float64)
     for i in range(len(x)):
         pred = int(predict_classes(model, x[i:i + 1])[0])
