@@ -34,6 +34,7 @@ flags.DEFINE_string("norm", "linf", "The norm: l1, l2 or linf.")
 flags.DEFINE_list("seconds", ["10", "30"], "BranchOptions.max_seconds per image (one "
                   "run per value).")
 flags.DEFINE_bool("alpha", True, "BranchOptions.alpha.")
+flags.DEFINE_integer("candidates", 3, "BranchOptions.candidates (1: BaBSR alone).")
 flags.DEFINE_integer("batch", 64, "BranchOptions.batch.")
 flags.DEFINE_integer("beta_steps", 8, "BranchOptions.beta_steps.")
 flags.DEFINE_string("rigor", "float64", "The rounding guard.")
@@ -65,7 +66,8 @@ def main(_):
     rows = [_row("without branch", plain, p, w0, c0, n)]
     for seconds in map(float, FLAGS.seconds):
         options = BranchOptions(max_seconds=seconds, batch=FLAGS.batch,
-                                beta_steps=FLAGS.beta_steps, alpha=FLAGS.alpha)
+                                beta_steps=FLAGS.beta_steps, alpha=FLAGS.alpha,
+                                candidates=FLAGS.candidates)
         bab, w1, c1 = _timed(
             lambda o=options: keras_roll.robust_radius(model, x, y, branch=o, **run))
         for i in range(n):
@@ -74,7 +76,8 @@ def main(_):
                   f"{bab.upper[p][i]:.5f} ({bab.lower_method[p][i]} / "
                   f"{bab.upper_method[p][i]}, exact {bool(bab.exact[p][i])})", flush=True)
         rows.append(_row(f"branch=BranchOptions(max_seconds={seconds:g}, "
-                         f"alpha={FLAGS.alpha})", bab, p, w1, c1, n))
+                         f"alpha={FLAGS.alpha}, candidates={FLAGS.candidates})",
+                         bab, p, w1, c1, n))
     print("| robust_radius | upper / lower, median | P90 | exact | s / image (wall) | "
           "s / image (CPU) | bound passes / image |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

@@ -188,7 +188,7 @@ def test_probes_climb_past_the_radius_without_an_upper_bound():
 
 @pytest.mark.parametrize("field,value", [("max_seconds", 0), ("batch", 1), ("beta_steps", -1),
                                          ("max_leaves", 2.5), ("beta_rate", -0.1),
-                                         ("alpha", 1)])
+                                         ("alpha", 1), ("candidates", 0)])
 def test_bad_options_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"BranchOptions.{field}"):
         BranchOptions(**{field: value}).checked()

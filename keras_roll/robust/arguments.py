@@ -114,6 +114,9 @@ class BranchOptions(NamedTuple):
             False keeps the ball's, cut by the splits: cheaper, looser).
         alpha: also optimize every leaf's lower slopes of the unstable units per
             margin (alpha-CROWN, with the multipliers; default True).
+        candidates: units per leaf whose children one cheap pass compares before
+            a split (filtered smart branching on the best BaBSR scores; default 3;
+            1: BaBSR's best alone).
 
     Example:
 
@@ -129,6 +132,7 @@ class BranchOptions(NamedTuple):
     beta_rate: float = 0.1
     refine: bool = True
     alpha: bool = True
+    candidates: int = 3
 
     @staticmethod
     def of(value) -> BranchOptions | None:
@@ -146,6 +150,9 @@ class BranchOptions(NamedTuple):
             v = getattr(self, name)
             if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 2:
                 raise ValueError(f"BranchOptions.{name} must be an integer >= 2, got {v!r}.")
+        c = self.candidates
+        if not isinstance(c, numbers.Integral) or isinstance(c, bool) or c < 1:
+            raise ValueError(f"BranchOptions.candidates must be an integer >= 1, got {c!r}.")
         steps = self.beta_steps
         if not isinstance(steps, numbers.Integral) or isinstance(steps, bool) or steps < 0:
             raise ValueError(f"BranchOptions.beta_steps must be an integer >= 0, got {steps!r}.")

@@ -12,7 +12,8 @@ in the manner of alpha,beta-CROWN (Wang et al., NeurIPS 2021):
   parent's; every iterate is a sound bound, the best is kept;
 * leaves are bounded in batches through the same passes (a batch dimension of leaves);
 * the leaves with the lowest bounds are split first, on the unit with the best BaBSR
-  score (the offset its upper line costs the bound);
+  score (the offset its upper line costs the bound), or (`candidates > 1`) on the best
+  of the top BaBSR units by one pass over their children (filtered smart branching);
 * the ball is *certified* when every leaf's bound of every margin exceeds the gap;
   it holds an *adversarial point* when the minimiser of a leaf's linear bound over the
   ball changes the Keras model's prediction (checked in its own dtype); otherwise the
@@ -305,7 +306,8 @@ class _Ball:
             order = np.argsort(np.where(splittable, worst, np.inf))
             take = order[:max(1, min(int(splittable.sum()), self.options.batch // 2))]
             rest = np.setdiff1d(np.arange(len(worst)), take)
-            children = self._children(sp[take], be[take], sc[take])
+            children = self._children(sp[take], be[take],
+                                      self._units(sp[take], be[take], sc[take]))
             new = self.evaluate(*children)
             frontier = [(low[rest], sp[rest], be[rest], sc[rest], np.zeros((0,))),
                         (new[0], children[0], new[1], new[3], new[2])]
@@ -313,13 +315,44 @@ class _Ball:
     def _verdict(self, status: str, point, lower: float) -> BallVerdict:
         return BallVerdict(status, point, self.leaves, lower, self.calls, self.attack_steps)
 
+    def _units(self, splits, params, scores) -> np.ndarray:
+        """The unit to split in each leaf: BaBSR's best, or among the
+        `options.candidates` best by BaBSR, the one whose worse child bounds highest in
+        one pass on the ball's layer bounds (FSB: De Palma et al., "Improved Branch and
+        Bound for Neural Network Verification via Lagrangian Decomposition", 2021)."""
+        k = min(self.options.candidates, scores.shape[1])
+        if k <= 1 or self.root is None:
+            return np.argmax(scores, axis=1)
+        m = len(splits)
+        cand = np.argsort(-scores, axis=1)[:, :k]
+        rows, units = np.repeat(np.arange(m), k), cand.ravel()
+        up, down = splits[rows].copy(), splits[rows].copy()
+        up[np.arange(m * k), units], down[np.arange(m * k), units] = 1, -1
+        worst = self._estimate(np.concatenate([up, down]),
+                               np.concatenate([params[rows], params[rows]])).min(axis=1)
+        value = np.minimum(worst[:m * k], worst[m * k:]).reshape(m, k)
+        value = np.where(np.take_along_axis(scores, cand, 1) > 0, value, -np.inf)
+        return cand[np.arange(m), np.argmax(value, axis=1)]
+
+    def _estimate(self, splits: np.ndarray, params: np.ndarray) -> np.ndarray:
+        """`[n, C]` bounds of leaves in one pass on the ball's layer bounds (cut by
+        their splits), with the given multipliers and slopes."""
+        n, size = splits.shape
+        rows = 1 << max(0, (n - 1).bit_length())
+        s, par = _padded(splits.astype(np.float64), rows), _padded(params, rows)
+        los, his, deltas = (tuple(tf.repeat(t, rows, axis=0) for t in part)
+                            for part in self.root[:3])
+        lower, *_ = self.passes.bounds(self.xt, self.pt, self.et, los, his, deltas, s,
+                                       par[..., :size], par[..., size:])
+        self.calls += 1
+        return lower.numpy()[:n]
+
     @staticmethod
-    def _children(splits, betas, scores):
-        j = np.argmax(scores, axis=1)
-        rows = np.arange(len(j))
+    def _children(splits, params, units):
+        rows = np.arange(len(units))
         up, down = splits.copy(), splits.copy()
-        up[rows, j], down[rows, j] = 1, -1
-        return np.concatenate([up, down]), np.concatenate([betas, betas])
+        up[rows, units], down[rows, units] = 1, -1
+        return np.concatenate([up, down]), np.concatenate([params, params])
 
 
 def verify_ball(passes: LeafPasses, model, x: np.ndarray, pred: int, eps: float, gap: float,
