@@ -2,7 +2,8 @@
 `branch=`.
 
 Trains the 784-100-100-10 MLP briefly on MNIST (as `benchmarks.robust_search`: Adam,
-`--epochs` over `--train_size` images, no robust training: "vanilla"), then bounds
+`--epochs` over `--train_size` images, no robust training: "vanilla"; with
+`--roll_lam`, then as many epochs more with the ROLL regularizer), then bounds
 `--num_examples` test images in `--norm` with `robust_radius` (method "best"): without
 branch and bound, and with `BranchOptions(max_seconds=s)` for each `s` of `--seconds`. Prints per
 image the bracket (upper / lower) and whether it is exact, then the median and P90 of
@@ -19,6 +20,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
@@ -38,6 +40,20 @@ flags.DEFINE_integer("candidates", 3, "BranchOptions.candidates (1: BaBSR alone)
 flags.DEFINE_integer("batch", 64, "BranchOptions.batch.")
 flags.DEFINE_integer("beta_steps", 8, "BranchOptions.beta_steps.")
 flags.DEFINE_string("rigor", "float64", "The rounding guard.")
+flags.DEFINE_float("roll_lam", 0.0, "Then fine-tune --epochs more with ROLL (keras_roll.wrap, "
+                   "this lam, C=1, gamma=100, 16 sampled axes); 0: vanilla.")
+
+
+def _roll_tuned(model, data):
+    """`model` trained `--epochs` more with the ROLL regularizer (sampled, 16 axes)."""
+    (x, y), _, _ = data
+    wrapped = keras_roll.wrap(model, lam=FLAGS.roll_lam, C=1.0, gamma=100.0, samples=16,
+                              seed=0)
+    wrapped.compile(keras.optimizers.Adam(1e-3),
+                    keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    n = FLAGS.train_size
+    wrapped.fit(x[:n].reshape(n, -1), y[:n], epochs=FLAGS.epochs, batch_size=128, verbose=0)
+    return keras_roll.unwrap(wrapped)
 
 
 def _timed(fn):
@@ -56,6 +72,8 @@ def _row(name, rr, p, wall, cpu, n):
 def main(_):
     data = mnist_splits(FLAGS.data)
     model = trained_model(data, "mlp", FLAGS.epochs, FLAGS.train_size)
+    if FLAGS.roll_lam:
+        model = _roll_tuned(model, data)
     _, _, (xt, yt) = data
     p = parse_norm(FLAGS.norm)
     x, y = xt[:FLAGS.num_examples].reshape(-1, 784), yt[:FLAGS.num_examples]
