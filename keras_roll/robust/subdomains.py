@@ -206,19 +206,24 @@ class _Ball:
         self.pt = tf.constant([int(pred)], tf.int64)
         self.et = tf.constant(float(eps), tf.float64)
         self.root = None
+        self.repeated: dict = {}  # rows -> the root's boxes repeated
         self.leaves = self.calls = self.attack_steps = 0
 
     def layer_boxes(self, splits: np.ndarray):
         if self.root is not None and not self.options.refine:
             n = splits.shape[0]
-            los, his, deltas, _ = self.root
-            full = [tuple(tf.repeat(t, n, axis=0) for t in part) for part in (los, his)]
-            deltas = tuple(tf.repeat(d, n, axis=0) for d in deltas)
-            return full[0], full[1], deltas, np.zeros(n, bool)
+            return (*self._root_rows(n), np.zeros(n, bool))
         los, his, deltas, empty = self.passes.boxes(self.xt, self.et, tf.constant(splits))
         if self.root is None:
             self.root = (los, his, deltas, empty)
         return los, his, deltas, np.asarray(empty)
+
+    def _root_rows(self, rows: int) -> tuple:
+        """The ball's `(los, his, deltas)` repeated for `rows` leaves (kept per size)."""
+        if rows not in self.repeated:
+            self.repeated[rows] = tuple(tuple(tf.repeat(t, rows, axis=0) for t in part)
+                                        for part in self.root[:3])
+        return self.repeated[rows]
 
     def evaluate(self, splits: np.ndarray, params: np.ndarray):
         """Bounds a batch of leaves: `(lower [n, C], params, g [n, *in], scores [n, N])`;
@@ -261,6 +266,7 @@ class _Ball:
         found = self._flipped(pts)
         if found is None:
             self.attack_steps += PGD_STEPS * len(pts)
+            pts = _padded(pts, ATTACK_STARTS)  # one batch size: the loop compiles once
             out = ball_attack(self.model, self.x, pts - self.x[None], self.pred,
                               self.eps * (1 - 1e-6), self.p_norm, PGD_STEPS)
             hit = np.isfinite(out.reshape(len(out), -1)).all(axis=1)
@@ -340,8 +346,7 @@ class _Ball:
         n, size = splits.shape
         rows = 1 << max(0, (n - 1).bit_length())
         s, par = _padded(splits.astype(np.float64), rows), _padded(params, rows)
-        los, his, deltas = (tuple(tf.repeat(t, rows, axis=0) for t in part)
-                            for part in self.root[:3])
+        los, his, deltas = self._root_rows(rows)
         lower, *_ = self.passes.bounds(self.xt, self.pt, self.et, los, his, deltas, s,
                                        par[..., :size], par[..., size:])
         self.calls += 1
