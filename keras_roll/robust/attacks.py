@@ -348,8 +348,11 @@ def _from_starts(runner, best, best_norm, starts) -> np.ndarray:
     spent = np.zeros(best_norm.shape[0], np.int64)
     if len(starts) < 2:
         return spent
-    others = [(idx[keep], pts[keep], dist[keep]) for idx, pts, dist in starts
-              for keep in [(dist > 0) & np.any((pts != best[idx]).reshape(idx.size, -1), 1)]]
+    width = int(np.prod(best.shape[1:]))
+    others = []
+    for idx, pts, dist in starts:
+        keep = (dist > 0) & np.any((pts != best[idx]).reshape(idx.size, width), axis=1)
+        others.append((idx[keep], pts[keep], dist[keep]))
     steps = runner.options.steps
     for k, (idx, pts, dist) in enumerate(others):
         if idx.size:
