@@ -4,10 +4,11 @@ Each step descends the margin `f_pred - f_other` (plus the gap `FLIP_GAP` asks o
 clear flip: `keras_roll.robust.adversarial.clearly_other`) along its normalized
 gradient (less the coordinates held at a bound of the input domain), projects the
 perturbation onto the lp ball of radius `eps` and onto the input domain, and keeps
-the smallest adversarial perturbation seen. Per row, `eps` either adapts (FMN: Pintor et al., NeurIPS 2021; shrinks by `1 - gamma` while the
-point is adversarial, grows by `1 + gamma` once it is not, and before the first
-adversarial point is the linear estimate of the distance to the boundary) or stays
-fixed (projected gradient descent at a given radius: the probes of
+the smallest adversarial perturbation seen. Per row, `eps` either adapts (FMN:
+Pintor et al., NeurIPS 2021; shrinks by `1 - gamma` while the point is adversarial,
+grows by `1 + gamma` once it is not, and before the first adversarial point is the
+linear estimate of the distance to the boundary) or stays fixed (projected gradient
+descent at a given radius: the probes of
 `keras_roll.robust.search.shrink_upper`). Step size and `gamma` decay along a cosine
 over each row's own number of steps; a row stops moving after its steps.
 
