@@ -30,8 +30,7 @@ from keras_roll.robust.adversarial import clearly_other, confirm, lp_norm, model
 from keras_roll.robust.attack_loop import compiled_loop
 
 __all__ = ["ExampleNoise", "Runner", "bisect_to_flip", "checked_points", "domain_arrays",
-           "in_domain", "known_starts", "pad_rows", "shrunk", "start_list",
-           "valid_starts"]
+           "in_domain", "pad_rows", "shrunk", "start_list", "valid_starts"]
 
 BISECTIONS = 24  # halvings of the segment from x to the best point (2^-24: float32's ulp)
 PROBE_STEP = 0.3  # the probes' first step, as a share of AttackOptions.step_size
@@ -127,17 +126,6 @@ def valid_starts(model, x, start, pred, p, lo, hi):
         pts = s[idx].astype(dtype).astype(np.float64)
         out.append((idx, pts, lp_norm(pts - x[idx], p)))
     return out
-
-
-def known_starts(model, x, start, pred, p, lo, hi):
-    """`(best, best_norm)`: per row the closest of the known starts (`valid_starts`;
-    NaN / inf where none holds)."""
-    best = np.full(x.shape, np.nan)
-    best_norm = np.full(x.shape[0], np.inf)
-    for idx, pts, dist in valid_starts(model, x, start, pred, p, lo, hi):
-        closer = dist < best_norm[idx]
-        best[idx[closer]], best_norm[idx[closer]] = pts[closer], dist[closer]
-    return best, best_norm
 
 
 class ExampleNoise:
