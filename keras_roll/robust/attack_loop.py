@@ -35,7 +35,7 @@ from keras_roll.robust.adversarial import FLIP_GAP
 
 __all__ = ["compiled_loop", "dual_norms"]
 
-SMOOTH = 2.0  # l2 length of a smooth l_inf step over the sign step's (at the same eps)
+SMOOTH = 1.0  # l2 length of a smooth l_inf step over the sign step's (at the same eps)
 
 
 def _flat_norm(v, p):
