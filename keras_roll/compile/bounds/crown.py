@@ -47,14 +47,14 @@ from keras_roll.compile.bounds.rules import (
     plain_relu,
 )
 from keras_roll.compile.bounds.traversal import Values, pull_back
-from keras_roll.compile.chunking import map_chunks, plan_chunks
+from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.rules.activations import Activation
 from keras_roll.compile.rules.base import NO_RECORD
 from keras_roll.compile.structure import ProgramStructure
 from keras_roll.geometry import dual_norm
 
 __all__ = ["RelaxedForm", "RelaxedOps", "affine_in_input", "layer_plan", "layer_rows_per_chunk",
-           "lower_offset", "relaxation_refiner", "relaxed_form", "relaxed_lower_bounds"]
+           "lower_offset", "open_units", "relaxation_refiner", "relaxed_form", "relaxed_lower_bounds"]
 
 _U64 = 2.0**-53  # the unit roundoff of float64 (the lines' safety, as in rules.py)
 
@@ -296,15 +296,76 @@ def layer_plan(structure: ProgramStructure, values: Values, index: int, budget: 
     return signs, layer_rows_per_chunk(values, index, n, budget, b, signs), b
 
 
+def open_units(node, lines: RelaxedOps, index: int, box: Box) -> tf.Tensor:
+    """`[n]` bool: the units of op `index`'s input whose bounds CROWN must compute, the
+    union over the batch. A piecewise-linear activation (`ActivationBounds`) needs
+    them only where the interval `box` (relative to `x`) holds a breakpoint strictly
+    inside: elsewhere its lines are one of its pieces, exact whatever the bounds, and
+    the interval stays the unit's bounds (sound). Any other relaxed op needs them all.
+
+    Example:
+
+    ```python
+    mask = open_units(node, lines, index, box)     # [n]; mask.sum() rows of each sign
+    ```
+    """
+    z0 = lines.values.inputs[index][0]
+    flat = tf.reshape(z0, [tf.shape(z0)[0], -1])
+    if not (isinstance(node.op, Activation)
+            and isinstance(bound_rule(node.op), ActivationBounds)):
+        return tf.ones(tf.shape(flat)[1:], tf.bool)
+    lo, hi = tf.reshape(z0 + box.lo, tf.shape(flat)), tf.reshape(z0 + box.hi, tf.shape(flat))
+    out = tf.zeros_like(lo, tf.bool)
+    for b in node.op.breakpoints:
+        out = out | ((lo < b) & (hi > b))
+    return tf.reduce_any(out, 0)
+
+
+def _row_bounds(bounds_of, units, signs: int, k: int, lo, hi):
+    """Refines the flat bounds `lo, hi` (`[B, n]`) of the `units` (`[m]` int32, dynamic
+    `m`) by `bounds_of(lam)` of their `+e_j` (and `-e_j`) rows, `k` rows per pull-back
+    at most, one pull-back at a time in one traced loop whatever `m`. Rows past
+    `signs * m` in the last chunk repeat earlier ones (max / min make that harmless)."""
+    n, dtype = int(lo.shape[1]), lo.dtype
+    m = tf.size(units)
+    total = signs * m
+    chunks = (total + k - 1) // k
+    per = (total + tf.maximum(chunks, 1) - 1) // tf.maximum(chunks, 1)  # balanced, <= k
+
+    def body(i, lo_t, hi_t):
+        rows = i * per + tf.range(per)
+        unit = tf.gather(units, rows % m)[:, None]  # [per, 1]
+        plus = rows < m
+        eye = tf.one_hot(unit[:, 0], n, dtype=dtype)
+        lam = tf.where(plus, tf.constant(1.0, dtype), tf.constant(-1.0, dtype))[:, None] * eye
+        low = tf.transpose(bounds_of(lam))  # [per, B]
+        big = tf.constant(np.inf, dtype)
+        up = tf.where(plus[:, None], low, -big) if signs == 2 else low
+        down = tf.where(plus[:, None], big, -low) if signs == 2 else -low
+        lo_t = tf.tensor_scatter_nd_max(lo_t, unit, up)
+        hi_t = tf.tensor_scatter_nd_min(hi_t, unit, down)
+        return i + 1, lo_t, hi_t
+
+    _, lo_t, hi_t = tf.while_loop(lambda i, *_: i < chunks, body,
+                                  (tf.constant(0, tf.int32), tf.transpose(lo), tf.transpose(hi)),
+                                  parallel_iterations=1)
+    return tf.transpose(lo_t), tf.transpose(hi_t)
+
+
 def relaxation_refiner(structure: ProgramStructure, values: Values, lines: RelaxedOps,
                        eps, p, budget: int, examples: int,
                        loss: Callable[[list], RoundingLoss] = RoundingLoss,
-                       affine_shortcut: bool = True):
+                       affine_shortcut: bool = True, skip_stable: bool = True):
     """`interval_pass`'s `refine` for CROWN: the relaxation's bounds of a nonlinear op's
     input (`+-I` rows pulled back, in chunks of at most `budget` bytes for `examples`
-    examples, run one at a time in one traced loop: `map_chunks`), intersected with its
-    interval; the op's lines are set from the result. `loss` sums the rounding terms
-    (as `relaxed_lower_bounds`).
+    examples, run one at a time in one traced loop), intersected with its interval; the
+    op's lines are set from the result. `loss` sums the rounding terms (as
+    `relaxed_lower_bounds`).
+
+    Only the rows of units that are not stable on their interval are pulled back
+    (`open_units`, `skip_stable=True`, as auto_LiRPA does): a stable unit's lines are
+    exact whatever its bounds, and it keeps its interval. The loop's graph does not
+    depend on how many units are open.
 
     An input that is an affine function of the model input alone (`affine_in_input`,
     the first layer's pre-activation) needs no relaxation: its pull-back is exact, and
@@ -326,24 +387,20 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
         if n == 0:
             return box
         signs, k, _ = layer_plan(structure, values, index, budget, examples, affine_shortcut)
-        dtype = values.x.dtype
+        mask = (open_units(node, lines, index, box) if skip_stable
+                else tf.ones([n], tf.bool))
+        units = tf.cast(tf.where(mask)[:, 0], tf.int32)
 
-        def chunk(start):
-            # Rows start .. start + k - 1 of [I; -I] (rows past signs * n repeat earlier
-            # ones and are dropped). One copy for the batch: the functionals stay shared
-            # until an activation makes them per example (broadcasting does the rest).
-            rows = start + tf.range(k)
-            sign = tf.where(rows < n, tf.constant(1.0, dtype), tf.constant(-1.0, dtype))
-            eye = sign[:, None] * tf.one_hot(rows % n, n, dtype=dtype)
-            lam = tf.reshape(eye, [1, k, *shape])
+        def bounds_of(eye):  # [rows, n] -> [B, rows]
+            lam = tf.reshape(eye, tf.concat([[1, tf.shape(eye)[0]], shape], 0))
             low = relaxed_lower_bounds(structure, values, key, lam, lines, deltas, eps, p,
                                        loss)
-            return tf.broadcast_to(low, [tf.shape(low)[0], k])
+            return tf.broadcast_to(low, [flat[0], tf.shape(eye)[0]])
 
-        low = map_chunks(chunk, signs * n, k, dtype)  # [B, signs * n]
-        lo = tf.reshape(low[:, :n], [-1, *shape])
-        hi = -tf.reshape(low[:, n:] if signs == 2 else low, [-1, *shape])
-        tight = Box(tf.maximum(box.lo, lo), tf.minimum(box.hi, hi))
+        flat = [tf.shape(box.lo)[0], n]
+        lo, hi = _row_bounds(bounds_of, units, signs, k, tf.reshape(box.lo, flat),
+                             tf.reshape(box.hi, flat))
+        tight = Box(tf.reshape(lo, tf.shape(box.lo)), tf.reshape(hi, tf.shape(box.hi)))
         lines.set(index, node, tight)
         return tight
 
