@@ -296,54 +296,49 @@ def layer_plan(structure: ProgramStructure, values: Values, index: int, budget: 
     return signs, layer_rows_per_chunk(values, index, n, budget, b, signs), b
 
 
-def open_units(node, lines: RelaxedOps, index: int, box: Box) -> tf.Tensor:
-    """`[n]` bool: the units of op `index`'s input whose bounds CROWN must compute, the
-    union over the batch. A piecewise-linear activation (`ActivationBounds`) needs
-    them only where the interval `box` (relative to `x`) holds a breakpoint strictly
-    inside: elsewhere its lines are one of its pieces, exact whatever the bounds, and
-    the interval stays the unit's bounds (sound). Any other relaxed op needs them all.
+def open_units(node, lines: RelaxedOps, index: int, box: Box) -> tuple:
+    """`(lower, upper)`, `[n]` bool each: the units of op `index`'s input whose lower
+    (upper) bound CROWN must compute, the union over the batch. A plain ReLU needs
+    both only where the interval `box` (relative to `x`) holds 0 strictly inside,
+    and the upper one where it is positive (the magnitude that later ops' rounding
+    bounds scale with); elsewhere its lines are one of its pieces, exact whatever
+    the bounds, and the interval stays the unit's bound (sound). Any other relaxed
+    op needs them all.
 
     Example:
 
     ```python
-    mask = open_units(node, lines, index, box)     # [n]; mask.sum() rows of each sign
+    lower, upper = open_units(node, lines, index, box)   # rows of +e_j, of -e_j
     ```
     """
     z0 = lines.values.inputs[index][0]
     flat = tf.reshape(z0, [tf.shape(z0)[0], -1])
-    if not (isinstance(node.op, Activation)
-            and isinstance(bound_rule(node.op), ActivationBounds)):
-        return tf.ones(tf.shape(flat)[1:], tf.bool)
+    if not (isinstance(node.op, Activation) and plain_relu(node.op)):
+        every = tf.ones(tf.shape(flat)[1:], tf.bool)
+        return every, every
     lo, hi = tf.reshape(z0 + box.lo, tf.shape(flat)), tf.reshape(z0 + box.hi, tf.shape(flat))
-    out = tf.zeros_like(lo, tf.bool)
-    for b in node.op.breakpoints:
-        out = out | ((lo < b) & (hi > b))
-    return tf.reduce_any(out, 0)
+    return tf.reduce_any((lo < 0) & (hi > 0), 0), tf.reduce_any(hi > 0, 0)
 
 
-def _row_bounds(bounds_of, units, signs: int, k: int, lo, hi):
-    """Refines the flat bounds `lo, hi` (`[B, n]`) of the `units` (`[m]` int32, dynamic
-    `m`) by `bounds_of(lam)` of their `+e_j` (and `-e_j`) rows, `k` rows per pull-back
-    at most, one pull-back at a time in one traced loop whatever `m`. Rows past
-    `signs * m` in the last chunk repeat earlier ones (max / min make that harmless)."""
+def _row_bounds(bounds_of, units, plus, affine: bool, k: int, lo, hi):
+    """Refines the flat bounds `lo, hi` (`[B, n]`) by `bounds_of(lam)` of the rows
+    `+e_j` (where `plus`) or `-e_j` of the `units` (`[r]` each, dynamic `r`; `affine`:
+    `hi = -lo` from the `+e_j` rows), `k` rows per pull-back at most, one pull-back
+    at a time in one traced loop whatever `r`. Rows past `r` in the last chunk
+    repeat earlier ones (max / min make that harmless)."""
     n, dtype = int(lo.shape[1]), lo.dtype
-    m = tf.size(units)
-    total = signs * m
+    total = tf.size(units)
     chunks = (total + k - 1) // k
     per = (total + tf.maximum(chunks, 1) - 1) // tf.maximum(chunks, 1)  # balanced, <= k
 
     def body(i, lo_t, hi_t):
-        rows = i * per + tf.range(per)
-        unit = tf.gather(units, rows % m)[:, None]  # [per, 1]
-        plus = rows < m
-        eye = tf.one_hot(unit[:, 0], n, dtype=dtype)
-        lam = tf.where(plus, tf.constant(1.0, dtype), tf.constant(-1.0, dtype))[:, None] * eye
-        low = tf.transpose(bounds_of(lam))  # [per, B]
+        rows = (i * per + tf.range(per)) % total
+        unit, up = tf.gather(units, rows)[:, None], tf.gather(plus, rows)[:, None]
+        sign = tf.where(up, tf.constant(1.0, dtype), tf.constant(-1.0, dtype))
+        low = tf.transpose(bounds_of(sign * tf.one_hot(unit[:, 0], n, dtype=dtype)))
         big = tf.constant(np.inf, dtype)
-        up = tf.where(plus[:, None], low, -big) if signs == 2 else low
-        down = tf.where(plus[:, None], big, -low) if signs == 2 else -low
-        lo_t = tf.tensor_scatter_nd_max(lo_t, unit, up)
-        hi_t = tf.tensor_scatter_nd_min(hi_t, unit, down)
+        lo_t = tf.tensor_scatter_nd_max(lo_t, unit, low if affine else tf.where(up, low, -big))
+        hi_t = tf.tensor_scatter_nd_min(hi_t, unit, -low if affine else tf.where(up, big, -low))
         return i + 1, lo_t, hi_t
 
     _, lo_t, hi_t = tf.while_loop(lambda i, *_: i < chunks, body,
@@ -363,9 +358,10 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
     `relaxed_lower_bounds`).
 
     Only the rows of units that are not stable on their interval are pulled back
-    (`open_units`, `skip_stable=True`, as auto_LiRPA does): a stable unit's lines are
-    exact whatever its bounds, and it keeps its interval. The loop's graph does not
-    depend on how many units are open.
+    (`open_units`, `skip_stable=True`, as auto_LiRPA does), and the upper rows of the
+    positive ones (the magnitude the rounding bounds of later ops see): a stable
+    unit's lines are exact whatever its bounds, and it keeps its interval. The loop's graph does not depend on how many units are
+    open. An affine input (below) keeps every unit's rows: they are cheap and exact.
 
     An input that is an affine function of the model input alone (`affine_in_input`,
     the first layer's pre-activation) needs no relaxation: its pull-back is exact, and
@@ -387,9 +383,14 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
         if n == 0:
             return box
         signs, k, _ = layer_plan(structure, values, index, budget, examples, affine_shortcut)
-        mask = (open_units(node, lines, index, box) if skip_stable
-                else tf.ones([n], tf.bool))
-        units = tf.cast(tf.where(mask)[:, 0], tf.int32)
+        every = tf.ones([n], tf.bool)
+        need_lo, need_hi = (open_units(node, lines, index, box) if skip_stable and signs == 2
+                            else (every, every))
+        if signs == 1:
+            need_hi = tf.zeros([n], tf.bool)
+        units = tf.cast(tf.concat([tf.where(need_lo)[:, 0], tf.where(need_hi)[:, 0]], 0),
+                        tf.int32)
+        plus = tf.range(tf.size(units)) < tf.reduce_sum(tf.cast(need_lo, tf.int32))
 
         def bounds_of(eye):  # [rows, n] -> [B, rows]
             lam = tf.reshape(eye, tf.concat([[1, tf.shape(eye)[0]], shape], 0))
@@ -398,7 +399,7 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
             return tf.broadcast_to(low, [flat[0], tf.shape(eye)[0]])
 
         flat = [tf.shape(box.lo)[0], n]
-        lo, hi = _row_bounds(bounds_of, units, signs, k, tf.reshape(box.lo, flat),
+        lo, hi = _row_bounds(bounds_of, units, plus, signs == 1, k, tf.reshape(box.lo, flat),
                              tf.reshape(box.hi, flat))
         tight = Box(tf.reshape(lo, tf.shape(box.lo)), tf.reshape(hi, tf.shape(box.hi)))
         lines.set(index, node, tight)
