@@ -54,7 +54,8 @@ from keras_roll.compile.structure import ProgramStructure
 from keras_roll.geometry import dual_norm
 
 __all__ = ["RelaxedForm", "RelaxedOps", "affine_in_input", "layer_plan", "layer_rows_per_chunk",
-           "lower_offset", "open_units", "relaxation_refiner", "relaxed_form", "relaxed_lower_bounds"]
+           "lower_offset", "open_units", "relaxation_refiner", "relaxed_form",
+           "relaxed_lower_bounds"]
 
 _U64 = 2.0**-53  # the unit roundoff of float64 (the lines' safety, as in rules.py)
 
@@ -360,8 +361,9 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
     Only the rows of units that are not stable on their interval are pulled back
     (`open_units`, `skip_stable=True`, as auto_LiRPA does), and the upper rows of the
     positive ones (the magnitude the rounding bounds of later ops see): a stable
-    unit's lines are exact whatever its bounds, and it keeps its interval. The loop's graph does not depend on how many units are
-    open. An affine input (below) keeps every unit's rows: they are cheap and exact.
+    unit's lines are exact whatever its bounds, and it keeps its interval. The loop's
+    graph does not depend on how many units are open. An affine input (below) keeps
+    every unit's rows: they are cheap and exact.
 
     An input that is an affine function of the model input alone (`affine_in_input`,
     the first layer's pre-activation) needs no relaxation: its pull-back is exact, and
