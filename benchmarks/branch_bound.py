@@ -2,9 +2,10 @@
 `branch=`.
 
 Trains the 784-100-100-10 MLP briefly on MNIST (as `benchmarks.robust_search`: Adam,
-`--epochs` over `--train_size` images, no robust training: "vanilla"), then bounds
-`--num_examples` test images in `--norm` with `robust_radius` (method "best") twice:
-without branch and bound, and with `BranchOptions(max_seconds=--seconds)`. Prints per
+`--epochs` over `--train_size` images, no robust training: "vanilla"; with
+`--roll_lam`, then as many epochs more with the ROLL regularizer), then bounds
+`--num_examples` test images in `--norm` with `robust_radius` (method "best"): without
+branch and bound, and with `BranchOptions(max_seconds=s)` for each `s` of `--seconds`. Prints per
 image the bracket (upper / lower) and whether it is exact, then the median and P90 of
 upper / lower, the share exact, and the seconds per image (wall and this process's CPU
 time; on a shared machine only the CPU time means much).
@@ -19,6 +20,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
@@ -31,10 +33,27 @@ from keras_roll.robust import BranchOptions  # noqa: E402
 FLAGS = flags.FLAGS
 # --data, --num_examples, --epochs, --train_size: benchmarks.robust_search's flags.
 flags.DEFINE_string("norm", "linf", "The norm: l1, l2 or linf.")
-flags.DEFINE_float("seconds", 30.0, "BranchOptions.max_seconds per image.")
+flags.DEFINE_list("seconds", ["10", "30"], "BranchOptions.max_seconds per image (one "
+                  "run per value).")
+flags.DEFINE_bool("alpha", True, "BranchOptions.alpha.")
+flags.DEFINE_integer("candidates", 3, "BranchOptions.candidates (1: BaBSR alone).")
 flags.DEFINE_integer("batch", 64, "BranchOptions.batch.")
 flags.DEFINE_integer("beta_steps", 8, "BranchOptions.beta_steps.")
 flags.DEFINE_string("rigor", "float64", "The rounding guard.")
+flags.DEFINE_float("roll_lam", 0.0, "Then fine-tune --epochs more with ROLL (keras_roll.wrap, "
+                   "this lam, C=1, gamma=100, 16 sampled axes); 0: vanilla.")
+
+
+def _roll_tuned(model, data):
+    """`model` trained `--epochs` more with the ROLL regularizer (sampled, 16 axes)."""
+    (x, y), _, _ = data
+    wrapped = keras_roll.wrap(model, lam=FLAGS.roll_lam, C=1.0, gamma=100.0, samples=16,
+                              seed=0)
+    wrapped.compile(keras.optimizers.Adam(1e-3),
+                    keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    n = FLAGS.train_size
+    wrapped.fit(x[:n].reshape(n, -1), y[:n], epochs=FLAGS.epochs, batch_size=128, verbose=0)
+    return keras_roll.unwrap(wrapped)
 
 
 def _timed(fn):
@@ -45,33 +64,45 @@ def _timed(fn):
 
 def _row(name, rr, p, wall, cpu, n):
     ratio = rr.upper[p] / rr.lower[p]
-    print(f"| {name} | {np.median(ratio):.3f} | {np.percentile(ratio, 90):.3f} | "
-          f"{100 * np.mean(rr.exact[p]):.0f} % | {wall / n:.1f} | {cpu / n:.1f} |")
+    return (f"| {name} | {np.median(ratio):.3f} | {np.percentile(ratio, 90):.3f} | "
+            f"{100 * np.mean(rr.exact[p]):.0f} % | {wall / n:.1f} | {cpu / n:.1f} | "
+            f"{np.mean(rr.bound_passes[p]):.0f} |")
 
 
 def main(_):
     data = mnist_splits(FLAGS.data)
     model = trained_model(data, "mlp", FLAGS.epochs, FLAGS.train_size)
+    if FLAGS.roll_lam:
+        model = _roll_tuned(model, data)
     _, _, (xt, yt) = data
     p = parse_norm(FLAGS.norm)
     x, y = xt[:FLAGS.num_examples].reshape(-1, 784), yt[:FLAGS.num_examples]
     run = dict(norms=(p,), rigor=FLAGS.rigor, verbose=False)
     keras_roll.robust_radius(model, x[:1], y[:1], **run)  # compiles
+    warm = BranchOptions(max_seconds=3.0, batch=FLAGS.batch, beta_steps=FLAGS.beta_steps,
+                         alpha=FLAGS.alpha, candidates=FLAGS.candidates)
+    keras_roll.robust_radius(model, x[-1:], y[-1:], branch=warm, **run)  # compiles its passes
     plain, w0, c0 = _timed(lambda: keras_roll.robust_radius(model, x, y, **run))
-    options = BranchOptions(max_seconds=FLAGS.seconds, batch=FLAGS.batch,
-                            beta_steps=FLAGS.beta_steps)
-    bab, w1, c1 = _timed(lambda: keras_roll.robust_radius(model, x, y, branch=options, **run))
-    for i in range(len(x)):
-        print(f"image {i}: without {plain.lower[p][i]:.5f} .. {plain.upper[p][i]:.5f}, "
-              f"with {bab.lower[p][i]:.5f} .. {bab.upper[p][i]:.5f} "
-              f"({bab.lower_method[p][i]} / {bab.upper_method[p][i]}, "
-              f"exact {bool(bab.exact[p][i])})")
     n = len(x)
+    rows = [_row("without branch", plain, p, w0, c0, n)]
+    for seconds in map(float, FLAGS.seconds):
+        options = BranchOptions(max_seconds=seconds, batch=FLAGS.batch,
+                                beta_steps=FLAGS.beta_steps, alpha=FLAGS.alpha,
+                                candidates=FLAGS.candidates)
+        bab, w1, c1 = _timed(
+            lambda o=options: keras_roll.robust_radius(model, x, y, branch=o, **run))
+        for i in range(n):
+            print(f"{seconds:g} s, image {i}: without {plain.lower[p][i]:.5f} .. "
+                  f"{plain.upper[p][i]:.5f}, with {bab.lower[p][i]:.5f} .. "
+                  f"{bab.upper[p][i]:.5f} ({bab.lower_method[p][i]} / "
+                  f"{bab.upper_method[p][i]}, exact {bool(bab.exact[p][i])})", flush=True)
+        rows.append(_row(f"branch=BranchOptions(max_seconds={seconds:g}, "
+                         f"alpha={FLAGS.alpha}, candidates={FLAGS.candidates})",
+                         bab, p, w1, c1, n))
     print("| robust_radius | upper / lower, median | P90 | exact | s / image (wall) | "
-          "s / image (CPU) |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    _row("without branch", plain, p, w0, c0, n)
-    _row(f"branch=BranchOptions(max_seconds={FLAGS.seconds:g})", bab, p, w1, c1, n)
+          "s / image (CPU) | bound passes / image |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("\n".join(rows))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Branch and bound on activation splits against independent references.
 
 * Soundness of every subdomain's bound: random splits (stable units too, so some
-  subdomains are empty) and random multipliers `beta >= 0` on 2-D networks, against
+  subdomains are empty), random multipliers `beta >= 0` and random lower slopes
+  `alpha` (some outside the slope range) on 2-D networks, against
   the smallest margin over a dense grid of the ball's points that satisfy the splits
   (the network read layer by layer into numpy, `test_robust_exact.affine_stack`).
 * The radius: `robust_radius(branch=...)` against the MILP of `test_robust_exact`
@@ -18,7 +19,8 @@ import keras_roll
 from keras_roll.compile.twin import linearize
 from keras_roll.robust import BranchOptions
 from keras_roll.robust.adversarial import lp_norm, predict_classes
-from keras_roll.robust.branch import _Ball, _Passes, branch_radius, verify_ball
+from keras_roll.robust.branch import branch_radius
+from keras_roll.robust.subdomains import LeafPasses, _Ball, verify_ball
 from tests.test_robust_exact import (
     EXACT_RTOL,
     RTOL,
@@ -53,7 +55,7 @@ def test_random_splits_and_multipliers_stay_sound(p, refine):
     model = _mlp((10, 10), 0.0, 2, 3, 5)
     stages = affine_stack(model)
     twin = linearize(model).at_dtype("float64")
-    passes = _Passes(twin, p, False, twin.memory_budget, 8)
+    passes = LeafPasses(twin, p, False, twin.memory_budget, 8)
     rng = np.random.default_rng(0)
     x = rng.normal(size=2)
     pred = int(np.argmax(forward(stages, x[None])))
@@ -74,18 +76,20 @@ def test_random_splits_and_multipliers_stay_sound(p, refine):
         splits[k, units] = np.where(side == 0, 1, side)
     betas = rng.exponential(0.5, size=(8, 2, n)) * (splits != 0)[:, None]
     los, his, deltas, empty = ball.layer_boxes(splits.astype(np.float64))
-    lower, *_ = passes.bounds(ball.xt, ball.pt, ball.et, los, his, deltas,
-                              splits.astype(np.float64), betas)
-    lower = np.where(empty[:, None], np.inf, lower.numpy())
-    checked = 0
-    for k in range(8):
-        ok = np.all((splits[k] == 0) | (splits[k] * pre >= 0), axis=1)
-        if ok.any():
-            true = margins[ok].min(axis=0)
-            assert np.all(lower[k] <= true + 1e-9), (k, lower[k], true)
-            checked += 1
-    assert checked >= 6
-    assert np.all(np.isfinite(lower[0]))  # the whole ball is never empty
+    # CROWN's lower slopes (None), then random ones per margin, some outside [0, 1]
+    for alphas in (None, rng.uniform(-0.5, 1.5, size=betas.shape)):
+        lower, *_ = passes.bounds(ball.xt, ball.pt, ball.et, los, his, deltas,
+                                  splits.astype(np.float64), betas, alphas)
+        lower = np.where(empty[:, None], np.inf, lower.numpy())
+        checked = 0
+        for k in range(8):
+            ok = np.all((splits[k] == 0) | (splits[k] * pre >= 0), axis=1)
+            if ok.any():
+                true = margins[ok].min(axis=0)
+                assert np.all(lower[k] <= true + 1e-9), (k, lower[k], true)
+                checked += 1
+        assert checked >= 6
+        assert np.all(np.isfinite(lower[0]))  # the whole ball is never empty
 
 
 def _small(seed=0):
@@ -99,7 +103,7 @@ def test_balls_just_inside_the_milp_radius_are_certified():
     model, stages, x = _small()
     p = np.inf
     twin = linearize(model).at_dtype("float64")
-    passes = _Passes(twin, p, True, twin.memory_budget, 32)
+    passes = LeafPasses(twin, p, True, twin.memory_budget, 32)
     flat = x.reshape(len(x), -1).astype(np.float64)
     for i in range(2):
         pred = int(predict_classes(model, x[i:i + 1])[0])
@@ -150,7 +154,7 @@ def test_balls_beyond_the_radius_hold_real_adversarial_points():
     model = _mlp((16, 16), 0.0, 2, 3, 3)
     stages = affine_stack(model)
     twin = linearize(model).at_dtype("float64")
-    passes = _Passes(twin, 2, True, twin.memory_budget, 16)
+    passes = LeafPasses(twin, 2, True, twin.memory_budget, 16)
     x = np.random.default_rng(3).normal(size=(2, 2)).astype(np.float32).astype(np.float64)
     for i in range(len(x)):
         pred = int(predict_classes(model, x[i:i + 1])[0])
@@ -183,7 +187,8 @@ def test_probes_climb_past_the_radius_without_an_upper_bound():
 
 
 @pytest.mark.parametrize("field,value", [("max_seconds", 0), ("batch", 1), ("beta_steps", -1),
-                                         ("max_leaves", 2.5), ("beta_rate", -0.1)])
+                                         ("max_leaves", 2.5), ("beta_rate", -0.1),
+                                         ("alpha", 1), ("candidates", 0)])
 def test_bad_options_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"BranchOptions.{field}"):
         BranchOptions(**{field: value}).checked()

@@ -10,7 +10,7 @@ bound and the smaller upper bound of those that apply; docs/design.md, section
 * `"walk"` (`keras_roll.robust.walk`): an upper bound, a real adversarial point
   found by walking region by region toward the decision boundary.
 * `"attack"` (`keras_roll.robust.attacks`): an upper bound, a minimal-norm gradient
-  attack (FMN style) started from the walk's point.
+  attack (FMN style) started from the region's and the walk's points.
 * `"relaxation"` (`keras_roll.robust.bounds`): a sound lower bound beyond the
   region by a CROWN-style linear relaxation, the largest certified radius by a
   search steered by each pass's own bound (`keras_roll.robust.search`);
@@ -88,7 +88,7 @@ class _Run:
         self.search = search
         self.units = units
         self.bound = bound_method_of(self.twin, method)
-        self.bar, self.shown = None, 0
+        self.bar, self.shown, self.walked = None, 0, None
 
     def empty(self, x: np.ndarray, y) -> RobustRadius:
         """The bounds of a batch before any method ran: lower 0, no upper bound."""
@@ -200,18 +200,23 @@ class _Run:
 
     def _walk(self, x64, pred, idx, todo, p, rr: RobustRadius):
         sub = np.flatnonzero(todo)
+        self.walked = np.full(x64.shape, np.nan)  # the walk's points: starts of the attack
         if not sub.size:
             return
         nb = walk_bounds(self.model, self.twin, x64[sub], pred[sub], p,
                          self.search.max_regions, self.budget)
+        self.walked[sub] = nb.adversarial
         _take_upper(rr, p, idx[sub], nb, BoundSource.WALK)
 
     def _attack(self, x64, pred, idx, todo, p, rr: RobustRadius):
         sub = np.flatnonzero(todo)
         if not sub.size:
             return
+        starts = [rr.adversarial[p][idx[sub]]]  # the best so far, and the walk's
+        if self.method is RobustMethod.BEST:
+            starts.append(self.walked[sub])
         nb, steps = run_attack(self.model, x64[sub], p, pred=pred[sub],
-                               lower=rr.lower[p][idx[sub]], start=rr.adversarial[p][idx[sub]],
+                               lower=rr.lower[p][idx[sub]], start=starts,
                                options=self.search.attack,
                                probes=self.method is not RobustMethod.BEST)  # "best": later
         rr.attack_steps[p][idx[sub]] += steps

@@ -112,6 +112,11 @@ class BranchOptions(NamedTuple):
         beta_rate: Adam's step on the multipliers (default 0.1).
         refine: recompute every leaf's layer bounds on its subdomain (default True;
             False keeps the ball's, cut by the splits: cheaper, looser).
+        alpha: also optimize every leaf's lower slopes of the unstable units per
+            margin (alpha-CROWN, with the multipliers; default True).
+        candidates: units per leaf whose children one cheap pass compares before
+            a split (filtered smart branching on the best BaBSR scores; default 3;
+            1: BaBSR's best alone).
 
     Example:
 
@@ -126,6 +131,8 @@ class BranchOptions(NamedTuple):
     beta_steps: int = 8
     beta_rate: float = 0.1
     refine: bool = True
+    alpha: bool = True
+    candidates: int = 3
 
     @staticmethod
     def of(value) -> BranchOptions | None:
@@ -143,6 +150,9 @@ class BranchOptions(NamedTuple):
             v = getattr(self, name)
             if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 2:
                 raise ValueError(f"BranchOptions.{name} must be an integer >= 2, got {v!r}.")
+        c = self.candidates
+        if not isinstance(c, numbers.Integral) or isinstance(c, bool) or c < 1:
+            raise ValueError(f"BranchOptions.candidates must be an integer >= 1, got {c!r}.")
         steps = self.beta_steps
         if not isinstance(steps, numbers.Integral) or isinstance(steps, bool) or steps < 0:
             raise ValueError(f"BranchOptions.beta_steps must be an integer >= 0, got {steps!r}.")
@@ -150,6 +160,10 @@ class BranchOptions(NamedTuple):
             v = getattr(self, name)
             if not (isinstance(v, numbers.Real) and v > 0):
                 raise ValueError(f"BranchOptions.{name} must be a positive number, got {v!r}.")
+        for name in ("refine", "alpha"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"BranchOptions.{name} must be True or False, "
+                                 f"got {getattr(self, name)!r}.")
         return self
 
 

@@ -2,12 +2,13 @@
 
 Each step descends the margin `f_pred - f_other` (plus the gap `FLIP_GAP` asks of a
 clear flip: `keras_roll.robust.adversarial.clearly_other`) along its normalized
-gradient, projects the perturbation onto the lp ball of radius `eps` and onto the
-input domain, and keeps the smallest adversarial perturbation seen. Per row, `eps`
-either adapts (FMN: Pintor et al., NeurIPS 2021; shrinks by `1 - gamma` while the
-point is adversarial, grows by `1 + gamma` once it is not, and before the first
-adversarial point is the linear estimate of the distance to the boundary) or stays
-fixed (projected gradient descent at a given radius: the probes of
+gradient (less the coordinates held at a bound of the input domain), projects the
+perturbation onto the lp ball of radius `eps` and onto the input domain, and keeps
+the smallest adversarial perturbation seen. Per row, `eps` either adapts (FMN:
+Pintor et al., NeurIPS 2021; shrinks by `1 - gamma` while the point is adversarial,
+grows by `1 + gamma` once it is not, and before the first adversarial point is the
+linear estimate of the distance to the boundary) or stays fixed (projected gradient
+descent at a given radius: the probes of
 `keras_roll.robust.search.shrink_upper`). Step size and `gamma` decay along a cosine
 over each row's own number of steps; a row stops moving after its steps.
 
@@ -34,7 +35,7 @@ from keras_roll.robust.adversarial import FLIP_GAP
 
 __all__ = ["compiled_loop", "dual_norms"]
 
-SMOOTH = 2.0  # l2 length of a smooth l_inf step over the sign step's (at the same eps)
+SMOOTH = 1.0  # l2 length of a smooth l_inf step over the sign step's (at the same eps)
 
 
 def _flat_norm(v, p):
@@ -89,6 +90,14 @@ def _direction(g, p, smooth):
     return g / tf.reshape(tf.maximum(n, 1e-30), unit)
 
 
+def _free(g, point, lo, hi):
+    """`g` without the coordinates a descent step would push out of the domain (those
+    at a bound, pointing out): they would be clipped back, and for l1, where a step
+    moves the largest entries, they would use the step up."""
+    out = ((point <= lo) & (g > 0)) | ((point >= hi) & (g < 0))
+    return tf.where(out, tf.zeros_like(g), g)
+
+
 def _margins(out, pred, target, classes):
     """`(loss, flipped)`: `f_pred - f_other + FLIP_GAP max |f|` with `f_other` the
     target's output (the largest other output where the target is -1), and whether
@@ -134,6 +143,7 @@ def _loop_fn(model, p):
 
         def body(k, delta, eps, best, best_norm):
             loss, adv, g = loss_and_grad(x, delta, pred, target)
+            g = _free(g, x + delta, lo, hi)
             norm = tf.cast(_flat_norm(delta, p), tf.float32)
             best, best_norm = keep(delta, norm, adv, best, best_norm, shape)
             c = 0.5 * (1.0 + tf.cos(math.pi * tf.cast(k, tf.float32) / total))

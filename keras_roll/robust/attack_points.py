@@ -30,7 +30,7 @@ from keras_roll.robust.adversarial import clearly_other, confirm, lp_norm, model
 from keras_roll.robust.attack_loop import compiled_loop
 
 __all__ = ["ExampleNoise", "Runner", "bisect_to_flip", "checked_points", "domain_arrays",
-           "in_domain", "known_starts", "pad_rows", "shrunk"]
+           "in_domain", "pad_rows", "shrunk", "start_list", "valid_starts"]
 
 BISECTIONS = 24  # halvings of the segment from x to the best point (2^-24: float32's ulp)
 PROBE_STEP = 0.3  # the probes' first step, as a share of AttackOptions.step_size
@@ -95,23 +95,37 @@ def domain_arrays(domain, x):
     return lo, hi
 
 
-def known_starts(model, x, start, pred, p, lo, hi):
-    """`(best, best_norm)`: the rows of `start` that are finite, inside the domain and
-    clearly classified as another class than `pred` (NaN / inf elsewhere)."""
+def start_list(start, shape) -> list:
+    """`start` as a list of `[B, *input_shape]` float64 arrays: None gives none, one
+    array of the input's shape one, a sequence of them (or an array with one more
+    leading axis) each."""
+    if start is None:
+        return []
+    if isinstance(start, np.ndarray) and start.shape == shape:
+        return [np.asarray(start, np.float64)]
+    starts = [np.asarray(s, np.float64) for s in start]
+    bad = [s.shape for s in starts if s.shape != shape]
+    if bad:
+        raise ValueError(f"start must be None, an array of the inputs' shape {shape} or a "
+                         f"sequence of such arrays, got one of shape {bad[0]}; pass one "
+                         f"row per input (NaN rows where there is no point).")
+    return starts
+
+
+def valid_starts(model, x, start, pred, p, lo, hi):
+    """`[(rows, points, distances)]` per known start: its rows that are finite, inside
+    the domain and clearly classified as another class than `pred`."""
     b = x.shape[0]
     dtype = np.dtype(model.inputs[0].dtype)
-    best = np.full(x.shape, np.nan)
-    best_norm = np.full(b, np.inf)
-    if start is not None:
-        start = np.asarray(start, np.float64)
-        ok = np.all(np.isfinite(start.reshape(b, -1)), axis=1) & in_domain(start, lo, hi)
-        if ok.any():
-            idx = np.flatnonzero(ok)
-            flip = clearly_other(model_outputs(model, start[idx].astype(dtype)), pred[idx])
-            idx = idx[flip]
-            best[idx] = start[idx].astype(dtype).astype(np.float64)
-            best_norm[idx] = lp_norm(best[idx] - x[idx], p)
-    return best, best_norm
+    out = []
+    for s in start_list(start, x.shape):
+        ok = np.all(np.isfinite(s.reshape(b, -1)), axis=1) & in_domain(s, lo, hi)
+        idx = np.flatnonzero(ok)
+        if idx.size:
+            idx = idx[clearly_other(model_outputs(model, s[idx].astype(dtype)), pred[idx])]
+        pts = s[idx].astype(dtype).astype(np.float64)
+        out.append((idx, pts, lp_norm(pts - x[idx], p)))
+    return out
 
 
 class ExampleNoise:
@@ -137,8 +151,9 @@ class Runner:
         self.dtype = np.dtype(model.inputs[0].dtype)
         self.box = tf.constant(lo.astype(self.dtype)), tf.constant(hi.astype(self.dtype))
 
-    def run(self, idx, d0, eps0, target, steps, fixed, smooth=False):
-        """`(points, distances)` of rows `idx` (NaN where none) from `x + d0`."""
+    def run(self, idx, d0, eps0, target, steps, fixed, smooth=False, scale=(1.0, 1.0)):
+        """`(points, distances)` of rows `idx` (NaN where none) from `x + d0` (`scale`:
+        factors of the options' step size and gamma)."""
         rows = 1 << max(0, (idx.size - 1).bit_length())  # padded to a power of two
         fn = cached(self.model, ("minimal_norm_attack", self.p, rows),
                     lambda: compiled_loop(self.model, self.p, rows))
@@ -151,8 +166,9 @@ class Runner:
         out_d, out_n = fn(pad(x, self.dtype), pad(d0, self.dtype), pad(eps0, np.float32),
                           pad(self.pred[idx], np.int64), pad(target, np.int64), *self.box,
                           pad(np.broadcast_to(steps, idx.shape), np.int32),
-                          tf.constant(self.options.step_size * (PROBE_STEP if fixed else 1.0)),
-                          tf.constant(float(self.options.gamma)),
+                          tf.constant(self.options.step_size * scale[0]
+                                      * (PROBE_STEP if fixed else 1.0)),
+                          tf.constant(float(self.options.gamma * scale[1])),
                           pad(np.broadcast_to(fixed, idx.shape), bool), tf.constant(smooth))
         out_d = np.asarray(out_d, np.float64)[:idx.size]
         found = np.flatnonzero(np.isfinite(np.asarray(out_n)[:idx.size]))

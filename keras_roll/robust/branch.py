@@ -1,27 +1,16 @@
 """Branch and bound on activation splits: certified radii as tight as the network's
 true minimal perturbation, where the search has the time.
 
-For one input `x` and one radius `eps`, the ball is split into subdomains (leaves) by
-fixing unstable ReLU-family units active or inactive (`keras_roll.compile.bounds.splits`),
-in the manner of alpha,beta-CROWN (Wang et al., NeurIPS 2021):
-
-* every leaf is bounded by the relaxation with its splits: its layer bounds recomputed
-  on the subdomain (`refine=True`) or cut from the ball's, and the split constraints'
-  Lagrange multipliers `beta >= 0` raised by projected gradient ascent (Adam), warm
-  started from the parent's; every iterate is a sound bound, the best is kept;
-* leaves are bounded in batches through the same passes (a batch dimension of leaves);
-* the leaves with the lowest bounds are split first, on the unit with the best BaBSR
-  score (the offset its upper line costs the bound);
-* the ball is *certified* when every leaf's bound of every margin exceeds the gap;
-  it holds an *adversarial point* when the minimiser of a leaf's linear bound over the
-  ball changes the Keras model's prediction (checked in its own dtype); otherwise the
-  search stops at its budget (time or leaves) undecided.
+The search over one ball (leaves, splits, multipliers and slopes) is
+`keras_roll.robust.subdomains.verify_ball`.
 
 `branch_radius` brackets the minimal perturbation by probing radii between a known
-lower bound and a known adversarial distance: a certified probe raises the lower bound,
-an adversarial point (shrunk further by the minimal-norm attack) lowers the upper
-bound, an undecided probe makes the next one smaller. Where the bracket closes within
-`exact_rtol` the radius is known. docs/design.md, section "Robustness radius".
+lower bound and a known adversarial distance, bisecting in log space: a certified probe
+raises the lower bound, an adversarial point (shrunk further by the minimal-norm
+attack) lowers the upper bound, an undecided probe caps the next ones. Each probe gets
+a small share of the time, growing as the bracket narrows (`_probe_seconds`). Where
+the bracket closes within `exact_rtol` the radius is known. docs/design.md, section
+"Robustness radius".
 
 Example:
 
@@ -38,266 +27,17 @@ import time
 from typing import NamedTuple
 
 import numpy as np
-import tensorflow as tf
 
-from keras_roll.compile.bounds import capture, logit_margins
-from keras_roll.compile.bounds.ibp import Boxes
-from keras_roll.compile.bounds.rules import Box, bound_rule
-from keras_roll.compile.bounds.splits import (
-    SplitRelaxedOps,
-    root_boxes,
-    split_layout,
-    split_lower_bounds,
-)
 from keras_roll.compile.caches import cached
-from keras_roll.compile.structure import structure_of
-from keras_roll.geometry import steepest_directions
-from keras_roll.robust.adversarial import (
-    clearly_other,
-    lp_norm,
-    model_outputs,
-    predict_classes,
-)
+from keras_roll.robust.adversarial import lp_norm, predict_classes
 from keras_roll.robust.arguments import BranchOptions
-from keras_roll.robust.attacks import AttackOptions, ball_attack, minimal_norm_attack
-from keras_roll.robust.bounds import arithmetic_of
+from keras_roll.robust.attacks import AttackOptions, minimal_norm_attack
+from keras_roll.robust.subdomains import BallVerdict, LeafPasses, verify_ball
 
 __all__ = ["BallVerdict", "BranchOptions", "BranchRadius", "branch_radius", "verify_ball"]
 
 
-class _Passes:
-    """The compiled bound passes of one twin, norm and guard: the layer bounds of a
-    batch of leaves (`boxes`) and their final bounds with the multipliers' gradient
-    (`bounds`)."""
-
-    def __init__(self, twin, p, guarded: bool, budget: int, batch: int):
-        self.twin, self.p, self.budget, self.batch = twin, p, budget, batch
-        self.structure = structure_of(twin.program)
-        self.arithmetic = arithmetic_of(twin, guarded)
-        zero = tf.zeros([1, *twin.input_shape], tf.float64)
-        values = capture(twin.interpreter, zero)
-        self.layout = split_layout(self.structure, values)
-        out = values.value(self.structure, self.structure.output_key)
-        self.rows = int(np.prod(out.shape[1:])) - 1  # the margins f_y - f_j
-        self.relaxed = tuple(i for i, node in enumerate(self.structure.nodes)
-                             if not bound_rule(node.op).linear)
-        shape = [1, *twin.input_shape]
-        f64 = tf.float64
-        self.boxes = tf.function(self._boxes, autograph=False, input_signature=[
-            tf.TensorSpec(shape, f64), tf.TensorSpec([], f64),
-            tf.TensorSpec([None, self.layout.size], f64)])
-        self._compiled_bounds = None
-
-    def bounds(self, x, pred, eps, los, his, deltas, splits, betas):
-        """`(lower [B, C], d lower / d betas, the worst row's input functional, scores)`
-        of a batch of leaves (compiled once: every batch dimension is None)."""
-        if self._compiled_bounds is None:
-            def spec(t):
-                return tf.TensorSpec([None, *t.shape[1:]], t.dtype)
-
-            f64 = tf.float64
-            self._compiled_bounds = tf.function(self._bounds, autograph=False, input_signature=[
-                tf.TensorSpec(x.shape, f64), tf.TensorSpec([1], tf.int64),
-                tf.TensorSpec([], f64), *[tf.nest.map_structure(spec, s) for s in
-                                          (tuple(los), tuple(his), tuple(deltas))],
-                tf.TensorSpec([None, self.layout.size], f64),
-                tf.TensorSpec([None, self.rows, self.layout.size], f64)])
-        return self._compiled_bounds(x, pred, eps, tuple(los), tuple(his), tuple(deltas),
-                                     tf.constant(splits, tf.float64),
-                                     tf.constant(betas, tf.float64))
-
-    def _boxes(self, x, eps, splits):
-        values = capture(self.twin.interpreter, x)
-        lines = SplitRelaxedOps(values, self.layout, splits)
-        res = root_boxes(self.structure, values, eps, self.p, self.arithmetic, self.budget,
-                         lines, examples=self.batch)
-        lead = tf.shape(splits)[:1]
-        keys = [self.structure.nodes[i].inputs[0] for i in self.relaxed]
-
-        def full(t):
-            return tf.broadcast_to(t, tf.concat([lead, tf.shape(t)[1:]], 0))
-
-        los = tuple(full(res.boxes[k].lo) for k in keys)
-        his = tuple(full(res.boxes[k].hi) for k in keys)
-        # the rounding bounds that exist (their places are the same in every call)
-        self.delta_slots = tuple(i for i, d in enumerate(res.deltas) if d is not None)
-        self.nodes = len(res.deltas)
-        deltas = tuple(full(res.deltas[i]) for i in self.delta_slots)
-        return los, his, deltas, lines.empty
-
-    def _bounds(self, x, pred, eps, los, his, deltas, splits, betas):
-        lm = logit_margins(self.twin.interpreter, x, pred)
-        keys = [self.structure.nodes[i].inputs[0] for i in self.relaxed]
-        full = [None] * self.nodes
-        for i, d in zip(self.delta_slots, deltas):
-            full[i] = d
-        boxes = Boxes({k: Box(lo, hi) for k, lo, hi in zip(keys, los, his)}, full)
-        out = lm.values.value(self.structure, self.structure.output_key)
-        rows = tf.reshape(lm.rows, tf.concat([tf.shape(lm.rows)[:2], tf.shape(out)[1:]], 0))
-        with tf.GradientTape() as tape:
-            tape.watch(betas)
-            res = split_lower_bounds(self.structure, lm.values, rows, boxes, self.layout,
-                                     splits, betas, eps, self.p)
-            lower = lm.margins + res.lower
-            total = tf.reduce_sum(tf.where(tf.math.is_finite(lower), lower, 0.0))
-        grad = tape.gradient(total, betas)
-        worst = tf.argmin(lower, axis=1, output_type=tf.int32)
-        g = tf.gather(res.lam_input, worst, axis=1, batch_dims=1)
-        return lower, grad, g, res.scores
-
-
-PGD_STEPS = 40  # steps of the attack at a fixed radius from the leaves' optima
-ATTACK_STARTS = 8  # leaves per batch whose optima start the attack
-
-
-def _padded(a: np.ndarray, n: int) -> np.ndarray:
-    """`a` with its first row repeated up to `n` rows."""
-    if a.shape[0] == n:
-        return a
-    return np.concatenate([a, np.repeat(a[:1], n - a.shape[0], axis=0)])
-
-
-class BallVerdict(NamedTuple):
-    """What `verify_ball` found.
-
-    Attributes:
-        status: "certified", "adversarial" or "unknown" (budget spent).
-        point: the adversarial point (model dtype, as float64), or None.
-        leaves: leaves bounded.
-        lower: the smallest margin bound over the open leaves (inf when certified).
-    """
-
-    status: str
-    point: np.ndarray | None
-    leaves: int
-    lower: float
-
-
-class _Ball:
-    """One branch and bound over the ball of radius `eps` around `x`."""
-
-    def __init__(self, passes: _Passes, model, x, pred, eps, gap, options: BranchOptions):
-        self.passes, self.model, self.options = passes, model, options
-        self.x, self.pred, self.eps, self.gap = x, int(pred), float(eps), gap
-        self.xt = tf.constant(x[None], tf.float64)
-        self.pt = tf.constant([int(pred)], tf.int64)
-        self.et = tf.constant(float(eps), tf.float64)
-        self.root = None
-        self.leaves = 0
-
-    def layer_boxes(self, splits: np.ndarray):
-        if self.root is not None and not self.options.refine:
-            n = splits.shape[0]
-            los, his, deltas, _ = self.root
-            full = [tuple(tf.repeat(t, n, axis=0) for t in part) for part in (los, his)]
-            deltas = tuple(tf.repeat(d, n, axis=0) for d in deltas)
-            return full[0], full[1], deltas, np.zeros(n, bool)
-        los, his, deltas, empty = self.passes.boxes(self.xt, self.et, tf.constant(splits))
-        if self.root is None:
-            self.root = (los, his, deltas, empty)
-        return los, his, deltas, np.asarray(empty)
-
-    def evaluate(self, splits: np.ndarray, betas: np.ndarray):
-        """Bounds a batch of leaves: `(lower [n, C], betas, g [n, *in], scores [n, N])`."""
-        n = splits.shape[0]
-        rows = 1 << max(0, (n - 1).bit_length())
-        s = _padded(splits.astype(np.float64), rows)
-        beta = _padded(betas, rows)
-        los, his, deltas, empty = self.layer_boxes(s)
-        st = tf.constant(s)
-        m, v = np.zeros_like(beta), np.zeros_like(beta)
-        best = np.full(beta.shape[:2], -np.inf)
-        steps = self.options.beta_steps if np.any(splits) else 0
-        for t in range(steps + 1):
-            lower, grad, g, scores = self.passes.bounds(self.xt, self.pt, self.et, los, his,
-                                                        deltas, st, tf.constant(beta))
-            lower = np.where(empty[:, None], np.inf, lower.numpy())
-            best = np.maximum(best, lower)
-            if t == steps or np.all(best.min(axis=1) > self.gap):
-                break
-            grad = grad.numpy()
-            m = 0.9 * m + 0.1 * grad
-            v = 0.999 * v + 0.001 * grad * grad
-            step = self.options.beta_rate * (m / (1 - 0.9 ** (t + 1))) / (
-                np.sqrt(v / (1 - 0.999 ** (t + 1))) + 1e-12)
-            beta = np.maximum(beta + step, 0.0)
-        self.leaves += n
-        return best[:n], beta[:n], g.numpy()[:n], scores.numpy()[:n]
-
-    def adversarial(self, g: np.ndarray):
-        """The first leaf optimum (the linear bound's minimiser over the ball) that the
-        model classifies as another class, else the first such point of a projected
-        gradient attack from the optima of up to `ATTACK_STARTS` leaves; or None."""
-        flat = g.reshape(g.shape[0], -1)[:ATTACK_STARTS]
-        live = np.any(flat != 0, axis=1)
-        if not live.any():
-            return None
-        u = steepest_directions(flat[live], self.p_norm, -np.ones(int(live.sum())))
-        pts = self.x[None] + self.eps * u.reshape(-1, *self.x.shape)
-        found = self._flipped(pts)
-        if found is None:
-            out = ball_attack(self.model, self.x, pts - self.x[None], self.pred,
-                              self.eps * (1 - 1e-6), self.p_norm, PGD_STEPS)
-            hit = np.isfinite(out.reshape(len(out), -1)).all(axis=1)
-            found = out[np.argmax(hit)] if hit.any() else None
-        return found
-
-    def _flipped(self, pts: np.ndarray):
-        """The first of `pts` (cast to the model's dtype) whose prediction clearly
-        differs, as float64, or None (a point the cast moved out of the ball is still
-        an adversarial point, at its own distance)."""
-        dtype = np.dtype(self.model.inputs[0].dtype)
-        pts = pts.astype(dtype)
-        flip = clearly_other(model_outputs(self.model, pts), np.full(len(pts), self.pred))
-        return pts[np.argmax(flip)].astype(np.float64) if flip.any() else None
-
-    @property
-    def p_norm(self):
-        return self.passes.p
-
-    def run(self, deadline: float) -> BallVerdict:
-        n = self.passes.layout.size
-        splits = np.zeros((1, n), np.int8)
-        betas = np.zeros((1, self.passes.rows, n))
-        lower, betas, g, scores = self.evaluate(splits, betas)
-        frontier = [(lower, splits, betas, scores, g)]
-        while True:
-            for _, _, _, _, gs in frontier[-1:]:
-                order = np.argsort(frontier[-1][0].min(axis=1))  # the lowest bounds first
-                point = self.adversarial(gs[order])
-                if point is not None:
-                    return BallVerdict("adversarial", point, self.leaves, -np.inf)
-            low, sp, be, sc = [np.concatenate([f[i] for f in frontier]) for i in range(4)]
-            worst = low.min(axis=1)
-            open_ = worst <= self.gap
-            if not open_.any():
-                return BallVerdict("certified", None, self.leaves, np.inf)
-            low, sp, be, sc, worst = low[open_], sp[open_], be[open_], sc[open_], worst[open_]
-            splittable = sc.max(axis=1) > 0
-            if not splittable.any() or time.monotonic() > deadline \
-                    or self.leaves >= self.options.max_leaves:
-                return BallVerdict("unknown", None, self.leaves, float(worst.min()))
-            order = np.argsort(np.where(splittable, worst, np.inf))
-            take = order[:max(1, min(int(splittable.sum()), self.options.batch // 2))]
-            rest = np.setdiff1d(np.arange(len(worst)), take)
-            children = self._children(sp[take], be[take], sc[take])
-            new = self.evaluate(*children)
-            frontier = [(low[rest], sp[rest], be[rest], sc[rest], np.zeros((0,))),
-                        (new[0], children[0], new[1], new[3], new[2])]
-
-    @staticmethod
-    def _children(splits, betas, scores):
-        j = np.argmax(scores, axis=1)
-        rows = np.arange(len(j))
-        up, down = splits.copy(), splits.copy()
-        up[rows, j], down[rows, j] = 1, -1
-        return np.concatenate([up, down]), np.concatenate([betas, betas])
-
-
-def verify_ball(passes: _Passes, model, x: np.ndarray, pred: int, eps: float, gap: float,
-                options: BranchOptions, deadline: float) -> BallVerdict:
-    """Branch and bound over the ball of radius `eps` around one input `x`."""
-    return _Ball(passes, model, x, pred, eps, gap, options).run(deadline)
+SHRINK_STEPS = 50  # steps of the minimal-norm attack from an adversarial leaf's point
 
 
 class BranchRadius(NamedTuple):
@@ -310,6 +50,8 @@ class BranchRadius(NamedTuple):
         improved_lower, improved_upper: where the search moved each bound.
         leaves: leaves bounded per input.
         runner_up: the class the model gives each point of `upper` (-1 where none).
+        passes, attack_steps, probes: per input, the batched bound passes, the
+            attacks' gradient steps and the radii probed (the budget spent).
     """
 
     lower: np.ndarray
@@ -319,10 +61,16 @@ class BranchRadius(NamedTuple):
     improved_upper: np.ndarray
     leaves: np.ndarray
     runner_up: np.ndarray
+    passes: np.ndarray
+    attack_steps: np.ndarray
+    probes: np.ndarray
 
     def write(self, rr, p, at: np.ndarray) -> None:
         """Writes the moved bounds into rows `at` of a `RobustRadius` for norm `p`, with
-        "branch" as their method."""
+        "branch" as their method, and adds the budget spent to its `bound_passes` and
+        `attack_steps`."""
+        rr.bound_passes[p][at] += self.passes
+        rr.attack_steps[p][at] += self.attack_steps
         lower, upper = at[self.improved_lower], at[self.improved_upper]
         rr.lower[p][lower] = self.lower[self.improved_lower]
         rr.lower_method[p][lower] = "branch"
@@ -333,20 +81,32 @@ class BranchRadius(NamedTuple):
 
 
 NEAR = 1.5  # probe just below the upper bound first where it is within this of the lower
-CLIMB = 0.05  # the first step above the lower bound in a wider bracket (doubled on success)
+PROBE_SHARE = 1 / 32  # the first probe's share of max_seconds in the widest bracket
+FIRST_SHARE = 1 / 8  # the share of the probe just below the upper bound
 
 
-def _next_probe(lo: float, top: float, first: bool, rtol: float, step: float) -> float:
-    """The next radius to probe: just below `top` first, then a step of `step` (relative)
-    above `lo` while the bracket is wide (each probe near the certified radius is
-    cheap, one near the middle of a wide bracket rarely decides), then midpoints."""
+def _next_probe(lo: float, top: float, first: bool, rtol: float) -> float:
+    """The next radius to probe: just below `top` first (where the attack's point is
+    likely minimal, one certified probe closes the bracket), then the geometric middle
+    of `[lo, top]` (bisection in log space; `top / 2` while nothing is certified)."""
     if first:
         return top * (1.0 - rtol / 2)
     if lo <= 0:
         return top / 2
-    if top > NEAR * lo:
-        return min(lo * (1.0 + step), np.sqrt(lo * top))
-    return (lo + top) / 2
+    return float(np.sqrt(lo * top))
+
+
+def _probe_seconds(max_seconds: float, width0: float, lo: float, top: float,
+                   left: float, first: bool) -> float:
+    """The budget of one probe: `PROBE_SHARE` of `max_seconds` in the first bracket
+    (`log(top / lo) = width0`), growing as the bracket narrows (in proportion to
+    `width0 / log(top / lo)`: a probe near both ends decides more often with more
+    leaves), at most half of the time `left` unless it is the last that fits."""
+    if first:
+        return min(left, FIRST_SHARE * max_seconds)
+    width = np.log(top / lo) if lo > 0 else width0
+    share = PROBE_SHARE * max_seconds * max(1.0, width0 / max(width, 1e-12))
+    return left if share >= 0.5 * left else share
 
 
 def branch_radius(model, twin, x, pred, p, lower, upper, adversarial, *, gap: float = 0.0,
@@ -381,15 +141,16 @@ def branch_radius(model, twin, x, pred, p, lower, upper, adversarial, *, gap: fl
     options = (options or BranchOptions()).checked()
     budget = int(memory_budget or twin.memory_budget)
     passes = cached(twin, ("branch", p, bool(guard), budget, options.batch),
-                    lambda: _Passes(twin, p, bool(guard), budget, options.batch))
+                    lambda: LeafPasses(twin, p, bool(guard), budget, options.batch))
     x = np.asarray(x, np.float64)
     lower, upper = np.array(lower, np.float64), np.array(upper, np.float64)
     adversarial = np.array(adversarial, np.float64)
     up0, lo0 = upper.copy(), lower.copy()
-    leaves = np.zeros(len(x), np.int64)
+    spent = np.zeros((len(x), 4), np.int64)
     for i in range(len(x)):
-        lower[i], upper[i], point, leaves[i] = _bracket(
+        lower[i], upper[i], point, used = _bracket(
             passes, model, x[i], int(pred[i]), lower[i], upper[i], gap, rtol, options)
+        spent[i] = used
         if point is not None:
             adversarial[i] = point
     improved_upper = np.isfinite(upper) & ~(upper >= up0)
@@ -397,45 +158,61 @@ def branch_radius(model, twin, x, pred, p, lower, upper, adversarial, *, gap: fl
     if improved_upper.any():
         dtype = np.dtype(model.inputs[0].dtype)
         runner[improved_upper] = predict_classes(model, adversarial[improved_upper].astype(dtype))
-    return BranchRadius(lower, upper, adversarial, lower > lo0, improved_upper, leaves, runner)
+    return BranchRadius(lower, upper, adversarial, lower > lo0, improved_upper, spent[:, 0],
+                        runner, *spent[:, 1:].T)
+
+
+class _Spent(NamedTuple):
+    """The budget one input's probes spent."""
+
+    leaves: int = 0
+    passes: int = 0
+    attack_steps: int = 0
+    probes: int = 0
+
+    def add(self, verdict: BallVerdict, steps: int) -> _Spent:
+        return _Spent(self.leaves + verdict.leaves, self.passes + verdict.passes,
+                      self.attack_steps + verdict.attack_steps + steps, self.probes + 1)
 
 
 def _bracket(passes, model, x, pred, lo, hi, gap, rtol, options):
-    """One input's probes: `(lower, upper, point or None, leaves)`."""
+    """One input's probes: `(lower, upper, point or None, _Spent)`."""
     deadline = time.monotonic() + options.max_seconds
-    ceiling = hi if np.isfinite(hi) else 2.0 * lo
-    point, leaves, step = None, 0, CLIMB
+    ceiling = hi if np.isfinite(hi) else 2.0 * lo  # lowered by undecided probes
+    point, spent = None, _Spent()
     first = np.isfinite(hi) and hi < NEAR * lo  # then the attack's point is likely minimal
+    width0 = np.log(ceiling / lo) if lo > 0 and ceiling > lo else 1.0
     while np.isfinite(ceiling) and ceiling > 0:
-        if np.isfinite(hi) and hi - lo <= rtol * hi:
-            break
         top = min(hi, ceiling) if np.isfinite(hi) else ceiling
-        if top - lo <= 0.25 * rtol * top:
+        left = deadline - time.monotonic()
+        if (np.isfinite(hi) and hi - lo <= rtol * hi) or left <= 0:
             break
-        now = time.monotonic()
-        if now >= deadline:
-            break
-        eps = _next_probe(lo, top, first, rtol, step)
-        share = now + (deadline - now) * (0.25 if first else 0.5)
-        verdict = verify_ball(passes, model, x, pred, eps, gap, options, share)
-        leaves += verdict.leaves
-        first = False
+        if top - lo <= rtol * top:  # capped by undecided probes: retry below hi, longer
+            if not np.isfinite(hi) or ceiling >= hi:
+                break
+            ceiling = top = hi
+        eps = _next_probe(lo, top, first, rtol)
+        seconds = _probe_seconds(options.max_seconds, width0, lo, top, left, first)
+        verdict = verify_ball(passes, model, x, pred, eps, gap, options,
+                              time.monotonic() + seconds)
+        first, steps = False, 0
         if verdict.status == "certified":
-            lo, step = eps, 2 * step
+            lo = eps
         elif verdict.status == "adversarial":
-            pt, dist = _shrink(model, x, verdict.point, pred, passes.p)
+            pt, dist, steps = _shrink(model, x, verdict.point, pred, passes.p)
             if dist < hi or not np.isfinite(hi):
                 hi, point = dist, pt
             ceiling = min(ceiling, dist)
         else:
-            ceiling, step = eps, step / 2
-    return lo, hi, point, leaves
+            ceiling = eps
+        spent = spent.add(verdict, steps)
+    return lo, hi, point, spent
 
 
 def _shrink(model, x, point, pred, p):
     """The adversarial `point` moved closer to `x` by the minimal-norm attack."""
     nb = minimal_norm_attack(model, x[None], p, pred=np.array([pred]), start=point[None],
-                             options=AttackOptions(steps=50, restarts=1))
+                             options=AttackOptions(steps=SHRINK_STEPS, restarts=1))
     if np.isfinite(nb.upper[0]):
-        return nb.adversarial[0], float(nb.upper[0])
-    return point, float(lp_norm(point[None] - x[None], p)[0])
+        return nb.adversarial[0], float(nb.upper[0]), SHRINK_STEPS
+    return point, float(lp_norm(point[None] - x[None], p)[0]), SHRINK_STEPS

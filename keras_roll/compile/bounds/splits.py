@@ -233,16 +233,21 @@ class SplitBounds(NamedTuple):
         lam_input: `[B, C, *input_shape]` the final bound's functional of the input:
             its minimiser over the ball is the relaxation's optimum.
         scores: `[B, size]` BaBSR scores of row `argmin(lower)` (0: cannot split).
+        alphas: `[B, C, size]` the lower slopes the bound used (None without
+            `alphas`): the given ones clipped to each unit's slope range, CROWN's
+            where they were NaN.
     """
 
     lower: tf.Tensor
     lam_input: tf.Tensor
     scores: tf.Tensor
+    alphas: tf.Tensor | None = None
 
 
 def split_lower_bounds(structure: ProgramStructure, values: Values, rows: tf.Tensor,
                        boxes: Boxes, layout: SplitLayout, splits: tf.Tensor,
-                       betas: tf.Tensor | None, eps, p) -> SplitBounds:
+                       betas: tf.Tensor | None, eps, p,
+                       alphas: tf.Tensor | None = None) -> SplitBounds:
     """Bounds of `rows . (f(x') - f(x))` over each subdomain of the ball of radius `eps`.
 
     Args:
@@ -252,6 +257,9 @@ def split_lower_bounds(structure: ProgramStructure, values: Values, rows: tf.Ten
             shared by the subdomains), with the rounding bounds of its pass.
         layout, splits, betas: as `SplitRelaxedOps`.
         eps: the radius; p: the norm of the ball.
+        alphas: None (CROWN's lower lines), or `[B, C, size]` lower slopes of the
+            unstable units per functional row (alpha-CROWN; NaN: CROWN's slope),
+            clipped to each unit's slope range: sound for any value.
 
     Returns:
         `SplitBounds`.
@@ -270,11 +278,31 @@ def split_lower_bounds(structure: ProgramStructure, values: Values, rows: tf.Ten
     lines.use_betas = True
     b = tf.shape(splits)[0]
     lam = tf.broadcast_to(rows, tf.concat([[b], tf.shape(rows)[1:]], 0))
+    used = None if alphas is None else _set_slopes(lines, layout, alphas)
     form = relaxed_form(structure, values, structure.output_key, lam, lines, boxes.deltas, p)
     lower = form.offset - tf.cast(eps, rows.dtype) * form.slope
     lower = tf.where(lines.empty[:, None], tf.constant(np.inf, lower.dtype), lower)
     worst = tf.argmin(lower, axis=1, output_type=tf.int32)
-    return SplitBounds(lower, form.lam_input, lines.scores(worst))
+    return SplitBounds(lower, form.lam_input, lines.scores(worst), used)
+
+
+def _set_slopes(lines: SplitRelaxedOps, layout: SplitLayout, alphas: tf.Tensor) -> tf.Tensor:
+    """Sets the lower slopes `alphas` `[B, C, size]` (NaN: CROWN's) on every splittable
+    op of `lines`, clipped to its slope range; returns the slopes set, flat."""
+    lead = tf.shape(alphas)[:2]
+    parts = layout.per_node(alphas)
+    used = {}
+    for index in layout.indices:
+        a = parts[index]
+        if index not in lines.intervals:
+            used[index] = tf.zeros_like(a)
+            continue
+        lo, hi = (r[:, None] for r in lines.slope_range(index))
+        crown = lines.lower_slopes(index)[:, None] + tf.zeros_like(a)
+        a = tf.where(tf.math.is_nan(a), crown, tf.clip_by_value(a, lo, hi))
+        lines.set_lower_slopes(index, a)
+        used[index] = a
+    return layout.flat(used, lead)
 
 
 def _relaxed(node) -> bool:

@@ -1,0 +1,366 @@
+"""Branch and bound over one ball: is every point within `eps` of `x` given the
+model's class, is there an adversarial point, or is the budget spent?
+
+For one input `x` and one radius `eps`, the ball is split into subdomains (leaves) by
+fixing unstable ReLU-family units active or inactive (`keras_roll.compile.bounds.splits`),
+in the manner of alpha,beta-CROWN (Wang et al., NeurIPS 2021):
+
+* every leaf is bounded by the relaxation with its splits: its layer bounds recomputed
+  on the subdomain (`refine=True`) or cut from the ball's, the split constraints'
+  Lagrange multipliers `beta >= 0` and (`alpha=True`) the lower slopes of the unstable
+  units per margin raised by projected gradient ascent (Adam), warm started from the
+  parent's; every iterate is a sound bound, the best is kept;
+* leaves are bounded in batches through the same passes (a batch dimension of leaves);
+* the leaves with the lowest bounds are split first, on the unit with the best BaBSR
+  score (the offset its upper line costs the bound), or (`candidates > 1`) on the best
+  of the top BaBSR units by one pass over their children (filtered smart branching);
+* the ball is *certified* when every leaf's bound of every margin exceeds the gap;
+  it holds an *adversarial point* when the minimiser of a leaf's linear bound over the
+  ball changes the Keras model's prediction (checked in its own dtype); otherwise the
+  search stops at its budget (time or leaves) undecided.
+
+Example:
+
+```python
+passes = LeafPasses(twin, np.inf, True, twin.memory_budget, 64)
+verdict = verify_ball(passes, model, x, pred, eps, 0.0, BranchOptions(), deadline)
+verdict.status     # "certified", "adversarial" or "unknown"
+```
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from keras_roll.compile.bounds import capture, logit_margins
+from keras_roll.compile.bounds.ibp import Boxes
+from keras_roll.compile.bounds.rules import Box, bound_rule
+from keras_roll.compile.bounds.splits import (
+    SplitRelaxedOps,
+    root_boxes,
+    split_layout,
+    split_lower_bounds,
+)
+from keras_roll.compile.structure import structure_of
+from keras_roll.geometry import steepest_directions
+from keras_roll.robust.adversarial import clearly_other, model_outputs
+from keras_roll.robust.arguments import BranchOptions
+from keras_roll.robust.attacks import ball_attack
+from keras_roll.robust.bounds import arithmetic_of
+
+__all__ = ["BallVerdict", "LeafPasses", "verify_ball"]
+
+
+class LeafPasses:
+    """The compiled bound passes of one twin, norm and guard: the layer bounds of a
+    batch of leaves (`boxes`) and their final bounds with the multipliers' gradient
+    (`bounds`)."""
+
+    def __init__(self, twin, p, guarded: bool, budget: int, batch: int):
+        self.twin, self.p, self.budget, self.batch = twin, p, budget, batch
+        self.structure = structure_of(twin.program)
+        self.arithmetic = arithmetic_of(twin, guarded)
+        zero = tf.zeros([1, *twin.input_shape], tf.float64)
+        values = capture(twin.interpreter, zero)
+        self.layout = split_layout(self.structure, values)
+        out = values.value(self.structure, self.structure.output_key)
+        self.rows = int(np.prod(out.shape[1:])) - 1  # the margins f_y - f_j
+        self.relaxed = tuple(i for i, node in enumerate(self.structure.nodes)
+                             if not bound_rule(node.op).linear)
+        shape = [1, *twin.input_shape]
+        f64 = tf.float64
+        self.boxes = tf.function(self._boxes, autograph=False, input_signature=[
+            tf.TensorSpec(shape, f64), tf.TensorSpec([], f64),
+            tf.TensorSpec([None, self.layout.size], f64)])
+        self._compiled_bounds = None
+
+    def bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas=None):
+        """`(lower [B, C], d lower / d (betas, alphas), the worst row's input
+        functional, scores, the slopes used)` of a batch of leaves (compiled once:
+        every batch dimension is None); `alphas` `[B, C, size]` lower slopes (NaN,
+        the default: CROWN's)."""
+        if self._compiled_bounds is None:
+            def spec(t):
+                return tf.TensorSpec([None, *t.shape[1:]], t.dtype)
+
+            f64 = tf.float64
+            self._compiled_bounds = tf.function(self._bounds, autograph=False, input_signature=[
+                tf.TensorSpec(x.shape, f64), tf.TensorSpec([1], tf.int64),
+                tf.TensorSpec([], f64), *[tf.nest.map_structure(spec, s) for s in
+                                          (tuple(los), tuple(his), tuple(deltas))],
+                tf.TensorSpec([None, self.layout.size], f64),
+                tf.TensorSpec([None, self.rows, self.layout.size], f64),
+                tf.TensorSpec([None, self.rows, self.layout.size], f64)])
+        if alphas is None:
+            alphas = np.full(np.shape(betas), np.nan)
+        return self._compiled_bounds(x, pred, eps, tuple(los), tuple(his), tuple(deltas),
+                                     tf.constant(splits, tf.float64),
+                                     tf.constant(betas, tf.float64),
+                                     tf.constant(alphas, tf.float64))
+
+    def _boxes(self, x, eps, splits):
+        values = capture(self.twin.interpreter, x)
+        lines = SplitRelaxedOps(values, self.layout, splits)
+        res = root_boxes(self.structure, values, eps, self.p, self.arithmetic, self.budget,
+                         lines, examples=self.batch)
+        lead = tf.shape(splits)[:1]
+        keys = [self.structure.nodes[i].inputs[0] for i in self.relaxed]
+
+        def full(t):
+            return tf.broadcast_to(t, tf.concat([lead, tf.shape(t)[1:]], 0))
+
+        los = tuple(full(res.boxes[k].lo) for k in keys)
+        his = tuple(full(res.boxes[k].hi) for k in keys)
+        # the rounding bounds that exist (their places are the same in every call)
+        self.delta_slots = tuple(i for i, d in enumerate(res.deltas) if d is not None)
+        self.nodes = len(res.deltas)
+        deltas = tuple(full(res.deltas[i]) for i in self.delta_slots)
+        return los, his, deltas, lines.empty
+
+    def _bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas):
+        lm = logit_margins(self.twin.interpreter, x, pred)
+        keys = [self.structure.nodes[i].inputs[0] for i in self.relaxed]
+        full = [None] * self.nodes
+        for i, d in zip(self.delta_slots, deltas):
+            full[i] = d
+        boxes = Boxes({k: Box(lo, hi) for k, lo, hi in zip(keys, los, his)}, full)
+        out = lm.values.value(self.structure, self.structure.output_key)
+        rows = tf.reshape(lm.rows, tf.concat([tf.shape(lm.rows)[:2], tf.shape(out)[1:]], 0))
+        with tf.GradientTape() as tape:
+            tape.watch([betas, alphas])
+            res = split_lower_bounds(self.structure, lm.values, rows, boxes, self.layout,
+                                     splits, betas, eps, self.p, alphas)
+            lower = lm.margins + res.lower
+            total = tf.reduce_sum(tf.where(tf.math.is_finite(lower), lower, 0.0))
+        grads = tape.gradient(total, [betas, alphas],
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        worst = tf.argmin(lower, axis=1, output_type=tf.int32)
+        g = tf.gather(res.lam_input, worst, axis=1, batch_dims=1)
+        return lower, tf.concat(grads, -1), g, res.scores, res.alphas
+
+
+PGD_STEPS = 40  # steps of the attack at a fixed radius from the leaves' optima
+ATTACK_STARTS = 8  # leaves per batch whose optima start the attack
+
+
+def _padded(a: np.ndarray, n: int) -> np.ndarray:
+    """`a` with its first row repeated up to `n` rows."""
+    if a.shape[0] == n:
+        return a
+    return np.concatenate([a, np.repeat(a[:1], n - a.shape[0], axis=0)])
+
+
+ALPHA_RATE = 0.1  # Adam's step on the lower slopes (ReLU's lie in [0, 1])
+
+
+class _Adam:
+    """Projected Adam ascent on `[beta | alpha]` rows: the multipliers stay >= 0; the
+    bound pass clips the slopes to their range (the slopes it used replace them)."""
+
+    def __init__(self, params: np.ndarray, beta_rate: float, alpha_rate: float):
+        self.m, self.v, self.t = np.zeros_like(params), np.zeros_like(params), 0
+        self.rates = (beta_rate, alpha_rate)
+
+    def step(self, params: np.ndarray, grad: np.ndarray, size: int) -> np.ndarray:
+        self.t += 1
+        self.m = 0.9 * self.m + 0.1 * grad
+        self.v = 0.999 * self.v + 0.001 * grad * grad
+        step = (self.m / (1 - 0.9 ** self.t)) / (np.sqrt(self.v / (1 - 0.999 ** self.t)) + 1e-12)
+        out = params.copy()
+        out[..., :size] = np.maximum(params[..., :size] + self.rates[0] * step[..., :size], 0)
+        out[..., size:] = params[..., size:] + self.rates[1] * step[..., size:]
+        return out
+
+
+class BallVerdict(NamedTuple):
+    """What `verify_ball` found.
+
+    Attributes:
+        status: "certified", "adversarial" or "unknown" (budget spent).
+        point: the adversarial point (model dtype, as float64), or None.
+        leaves: leaves bounded.
+        lower: the smallest margin bound over the open leaves (inf when certified).
+        passes: batched bound passes run (each bounds up to `options.batch` leaves).
+        attack_steps: gradient steps of the attacks from the leaves' optima (per start).
+    """
+
+    status: str
+    point: np.ndarray | None
+    leaves: int
+    lower: float
+    passes: int = 0
+    attack_steps: int = 0
+
+
+class _Ball:
+    """One branch and bound over the ball of radius `eps` around `x`."""
+
+    def __init__(self, passes: LeafPasses, model, x, pred, eps, gap, options: BranchOptions):
+        self.passes, self.model, self.options = passes, model, options
+        self.x, self.pred, self.eps, self.gap = x, int(pred), float(eps), gap
+        self.xt = tf.constant(x[None], tf.float64)
+        self.pt = tf.constant([int(pred)], tf.int64)
+        self.et = tf.constant(float(eps), tf.float64)
+        self.root = None
+        self.repeated: dict = {}  # rows -> the root's boxes repeated
+        self.leaves = self.calls = self.attack_steps = 0
+
+    def layer_boxes(self, splits: np.ndarray):
+        if self.root is not None and not self.options.refine:
+            n = splits.shape[0]
+            return (*self._root_rows(n), np.zeros(n, bool))
+        los, his, deltas, empty = self.passes.boxes(self.xt, self.et, tf.constant(splits))
+        if self.root is None:
+            self.root = (los, his, deltas, empty)
+        return los, his, deltas, np.asarray(empty)
+
+    def _root_rows(self, rows: int) -> tuple:
+        """The ball's `(los, his, deltas)` repeated for `rows` leaves (kept per size)."""
+        if rows not in self.repeated:
+            self.repeated[rows] = tuple(tuple(tf.repeat(t, rows, axis=0) for t in part)
+                                        for part in self.root[:3])
+        return self.repeated[rows]
+
+    def evaluate(self, splits: np.ndarray, params: np.ndarray):
+        """Bounds a batch of leaves: `(lower [n, C], params, g [n, *in], scores [n, N])`;
+        `params` `[n, C, 2 N]` are the split multipliers `beta` and the lower slopes
+        `alpha` (NaN: CROWN's), raised by `options.beta_steps` Adam steps (the slopes
+        only with `options.alpha`; every iterate is sound, the best bound is kept)."""
+        n, size = splits.shape
+        rows = 1 << max(0, (n - 1).bit_length())
+        s = _padded(splits.astype(np.float64), rows)
+        par = _padded(params, rows)
+        los, his, deltas, empty = self.layer_boxes(s)
+        st = tf.constant(s)
+        adam = _Adam(par, self.options.beta_rate, ALPHA_RATE if self.options.alpha else 0.0)
+        best = np.full(par.shape[:2], -np.inf)
+        steps = self.options.beta_steps if self.options.alpha or np.any(splits) else 0
+        for t in range(steps + 1):
+            lower, grad, g, scores, used = self.passes.bounds(
+                self.xt, self.pt, self.et, los, his, deltas, st, tf.constant(par[..., :size]),
+                tf.constant(par[..., size:]))
+            self.calls += 1
+            par[..., size:] = used.numpy()
+            lower = np.where(empty[:, None], np.inf, lower.numpy())
+            best = np.maximum(best, lower)
+            if t == steps or np.all(best.min(axis=1) > self.gap):
+                break
+            par = adam.step(par, grad.numpy(), size)
+        self.leaves += n
+        return best[:n], par[:n], g.numpy()[:n], scores.numpy()[:n]
+
+    def adversarial(self, g: np.ndarray):
+        """The first leaf optimum (the linear bound's minimiser over the ball) that the
+        model classifies as another class, else the first such point of a projected
+        gradient attack from the optima of up to `ATTACK_STARTS` leaves; or None."""
+        flat = g.reshape(g.shape[0], -1)[:ATTACK_STARTS]
+        live = np.any(flat != 0, axis=1)
+        if not live.any():
+            return None
+        u = steepest_directions(flat[live], self.p_norm, -np.ones(int(live.sum())))
+        pts = self.x[None] + self.eps * u.reshape(-1, *self.x.shape)
+        found = self._flipped(pts)
+        if found is None:
+            self.attack_steps += PGD_STEPS * len(pts)
+            pts = _padded(pts, ATTACK_STARTS)  # one batch size: the loop compiles once
+            out = ball_attack(self.model, self.x, pts - self.x[None], self.pred,
+                              self.eps * (1 - 1e-6), self.p_norm, PGD_STEPS)
+            hit = np.isfinite(out.reshape(len(out), -1)).all(axis=1)
+            found = out[np.argmax(hit)] if hit.any() else None
+        return found
+
+    def _flipped(self, pts: np.ndarray):
+        """The first of `pts` (cast to the model's dtype) whose prediction clearly
+        differs, as float64, or None (a point the cast moved out of the ball is still
+        an adversarial point, at its own distance)."""
+        dtype = np.dtype(self.model.inputs[0].dtype)
+        pts = pts.astype(dtype)
+        flip = clearly_other(model_outputs(self.model, pts), np.full(len(pts), self.pred))
+        return pts[np.argmax(flip)].astype(np.float64) if flip.any() else None
+
+    @property
+    def p_norm(self):
+        return self.passes.p
+
+    def run(self, deadline: float) -> BallVerdict:
+        n = self.passes.layout.size
+        splits = np.zeros((1, n), np.int8)
+        betas = np.zeros((1, self.passes.rows, n))
+        betas = np.concatenate([betas, np.full_like(betas, np.nan)], -1)  # CROWN's slopes
+        lower, betas, g, scores = self.evaluate(splits, betas)
+        frontier = [(lower, splits, betas, scores, g)]
+        while True:
+            for _, _, _, _, gs in frontier[-1:]:
+                order = np.argsort(frontier[-1][0].min(axis=1))  # the lowest bounds first
+                point = self.adversarial(gs[order])
+                if point is not None:
+                    return self._verdict("adversarial", point, -np.inf)
+            low, sp, be, sc = [np.concatenate([f[i] for f in frontier]) for i in range(4)]
+            worst = low.min(axis=1)
+            open_ = worst <= self.gap
+            if not open_.any():
+                return self._verdict("certified", None, np.inf)
+            low, sp, be, sc, worst = low[open_], sp[open_], be[open_], sc[open_], worst[open_]
+            splittable = sc.max(axis=1) > 0
+            if not splittable.any() or time.monotonic() > deadline \
+                    or self.leaves >= self.options.max_leaves:
+                return self._verdict("unknown", None, float(worst.min()))
+            order = np.argsort(np.where(splittable, worst, np.inf))
+            take = order[:max(1, min(int(splittable.sum()), self.options.batch // 2))]
+            rest = np.setdiff1d(np.arange(len(worst)), take)
+            children = self._children(sp[take], be[take],
+                                      self._units(sp[take], be[take], sc[take]))
+            new = self.evaluate(*children)
+            frontier = [(low[rest], sp[rest], be[rest], sc[rest], np.zeros((0,))),
+                        (new[0], children[0], new[1], new[3], new[2])]
+
+    def _verdict(self, status: str, point, lower: float) -> BallVerdict:
+        return BallVerdict(status, point, self.leaves, lower, self.calls, self.attack_steps)
+
+    def _units(self, splits, params, scores) -> np.ndarray:
+        """The unit to split in each leaf: BaBSR's best, or among the
+        `options.candidates` best by BaBSR, the one whose worse child bounds highest in
+        one pass on the ball's layer bounds (FSB: De Palma et al., "Improved Branch and
+        Bound for Neural Network Verification via Lagrangian Decomposition", 2021)."""
+        k = min(self.options.candidates, scores.shape[1])
+        if k <= 1 or self.root is None:
+            return np.argmax(scores, axis=1)
+        m = len(splits)
+        cand = np.argsort(-scores, axis=1)[:, :k]
+        rows, units = np.repeat(np.arange(m), k), cand.ravel()
+        up, down = splits[rows].copy(), splits[rows].copy()
+        up[np.arange(m * k), units], down[np.arange(m * k), units] = 1, -1
+        worst = self._estimate(np.concatenate([up, down]),
+                               np.concatenate([params[rows], params[rows]])).min(axis=1)
+        value = np.minimum(worst[:m * k], worst[m * k:]).reshape(m, k)
+        value = np.where(np.take_along_axis(scores, cand, 1) > 0, value, -np.inf)
+        return cand[np.arange(m), np.argmax(value, axis=1)]
+
+    def _estimate(self, splits: np.ndarray, params: np.ndarray) -> np.ndarray:
+        """`[n, C]` bounds of leaves in one pass on the ball's layer bounds (cut by
+        their splits), with the given multipliers and slopes."""
+        n, size = splits.shape
+        rows = 1 << max(0, (n - 1).bit_length())
+        s, par = _padded(splits.astype(np.float64), rows), _padded(params, rows)
+        los, his, deltas = self._root_rows(rows)
+        lower, *_ = self.passes.bounds(self.xt, self.pt, self.et, los, his, deltas, s,
+                                       par[..., :size], par[..., size:])
+        self.calls += 1
+        return lower.numpy()[:n]
+
+    @staticmethod
+    def _children(splits, params, units):
+        rows = np.arange(len(units))
+        up, down = splits.copy(), splits.copy()
+        up[rows, units], down[rows, units] = 1, -1
+        return np.concatenate([up, down]), np.concatenate([params, params])
+
+
+def verify_ball(passes: LeafPasses, model, x: np.ndarray, pred: int, eps: float, gap: float,
+                options: BranchOptions, deadline: float) -> BallVerdict:
+    """Branch and bound over the ball of radius `eps` around one input `x`."""
+    return _Ball(passes, model, x, pred, eps, gap, options).run(deadline)
