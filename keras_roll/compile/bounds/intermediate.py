@@ -233,7 +233,7 @@ def probe_seconds(structure: ProgramStructure, values: Values, budget: int = DEF
     _, k, _ = layer_plan(structure, values, last, budget, b)
     key = structure.nodes[last].inputs[0]
 
-    @tf.function
+    @tf.function(autograph=False)
     def chunk():
         eye = tf.one_hot(tf.range(k) % n, n, dtype=values.x.dtype)
         res = pull_back(structure, values, key, tf.reshape(eye, [1, k, *shape]), relax=lines)
