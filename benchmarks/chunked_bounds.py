@@ -16,7 +16,8 @@ probes, the intermediate choice).
 
 `--compare` runs everything twice in the same process, interleaved: "before" is the
 pass as it was (both signs of `+-I` pulled back at every layer, the rounding terms
-summed from a `[B, C, n]` product, `robust_radius` one image per call on CNN-S), "now"
+summed from a `[B, C, n]` product, the rows of stable units pulled back too,
+`robust_radius` one image per call on CNN-S), "now"
 the current one; each variant has its own copy of the model (its own traced functions).
 The process's peak RSS is printed last (`resource.getrusage`): run one budget and one
 variant per process to read the peak RSS of that budget.
@@ -42,6 +43,7 @@ from absl import app, flags  # noqa: E402
 
 import keras_roll  # noqa: E402
 import keras_roll.compile.bounds.crown as crown  # noqa: E402
+import keras_roll.compile.bounds.ibp as ibp  # noqa: E402
 import keras_roll.compile.bounds.methods as methods  # noqa: E402
 import keras_roll.robust.api as robust_api  # noqa: E402
 import keras_roll.robust.bounds as robust_bounds  # noqa: E402
@@ -83,16 +85,16 @@ def _variant(name: str):
     if name == "now":
         yield
         return
-    saved = (crown.abs_sum, methods.relaxation_refiner, robust_bounds.relaxation_refiner,
+    saved = (ibp.abs_sum, methods.relaxation_refiner, robust_bounds.relaxation_refiner,
              robust_bounds._MIN_ROWS)
-    old = functools.partial(crown.relaxation_refiner, affine_shortcut=False)
-    crown.abs_sum, methods.relaxation_refiner, robust_bounds.relaxation_refiner = (
+    old = functools.partial(crown.relaxation_refiner, affine_shortcut=False, skip_stable=False)
+    ibp.abs_sum, methods.relaxation_refiner, robust_bounds.relaxation_refiner = (
         _old_abs_sum, old, old)
     robust_bounds._MIN_ROWS = 2**62  # one chunk holds the widest layer: one image per call
     try:
         yield
     finally:
-        (crown.abs_sum, methods.relaxation_refiner, robust_bounds.relaxation_refiner,
+        (ibp.abs_sum, methods.relaxation_refiner, robust_bounds.relaxation_refiner,
          robust_bounds._MIN_ROWS) = saved
 
 

@@ -163,11 +163,12 @@ def _affine_add_cnn():
 
 def _layer_boxes(twin, structure, x, p, shortcut, guard=True, budget=2**40):
     """The CROWN pass's boxes of every value (relative to `x`) and the activations' input
-    keys, with or without the affine shortcut."""
+    keys, with or without the affine shortcut, every unit's rows pulled back (stable
+    units too: `skip_stable=False`)."""
     values = capture(twin.interpreter, tf.convert_to_tensor(x))
     eps = tf.fill([x.shape[0]], tf.constant(EPS, tf.float64))
     refine = relaxation_refiner(structure, values, RelaxedOps(values), eps, p, budget,
-                                x.shape[0], affine_shortcut=shortcut)
+                                x.shape[0], affine_shortcut=shortcut, skip_stable=False)
     boxes = interval_pass(structure, values, eps, arithmetic_of(twin, guard), refine=refine)
     keys = [n.inputs[0] for n in structure.nodes if isinstance(n.op, Activation)]
     return values, boxes.boxes, keys

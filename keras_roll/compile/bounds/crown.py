@@ -47,14 +47,15 @@ from keras_roll.compile.bounds.rules import (
     plain_relu,
 )
 from keras_roll.compile.bounds.traversal import Values, pull_back
-from keras_roll.compile.chunking import map_chunks, plan_chunks
+from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.rules.activations import Activation
 from keras_roll.compile.rules.base import NO_RECORD
 from keras_roll.compile.structure import ProgramStructure
 from keras_roll.geometry import dual_norm
 
 __all__ = ["RelaxedForm", "RelaxedOps", "affine_in_input", "layer_plan", "layer_rows_per_chunk",
-           "lower_offset", "relaxation_refiner", "relaxed_form", "relaxed_lower_bounds"]
+           "lower_offset", "open_units", "relaxation_refiner", "relaxed_form",
+           "relaxed_lower_bounds"]
 
 _U64 = 2.0**-53  # the unit roundoff of float64 (the lines' safety, as in rules.py)
 
@@ -296,15 +297,73 @@ def layer_plan(structure: ProgramStructure, values: Values, index: int, budget: 
     return signs, layer_rows_per_chunk(values, index, n, budget, b, signs), b
 
 
+def open_units(node, lines: RelaxedOps, index: int, box: Box) -> tuple:
+    """`(lower, upper)`, `[n]` bool each: the units of op `index`'s input whose lower
+    (upper) bound CROWN must compute, the union over the batch. A plain ReLU needs
+    both only where the interval `box` (relative to `x`) holds 0 strictly inside,
+    and the upper one where it is positive (the magnitude that later ops' rounding
+    bounds scale with); elsewhere its lines are one of its pieces, exact whatever
+    the bounds, and the interval stays the unit's bound (sound). Any other relaxed
+    op needs them all.
+
+    Example:
+
+    ```python
+    lower, upper = open_units(node, lines, index, box)   # rows of +e_j, of -e_j
+    ```
+    """
+    z0 = lines.values.inputs[index][0]
+    flat = tf.reshape(z0, [tf.shape(z0)[0], -1])
+    if not (isinstance(node.op, Activation) and plain_relu(node.op)):
+        every = tf.ones(tf.shape(flat)[1:], tf.bool)
+        return every, every
+    lo, hi = tf.reshape(z0 + box.lo, tf.shape(flat)), tf.reshape(z0 + box.hi, tf.shape(flat))
+    return tf.reduce_any((lo < 0) & (hi > 0), 0), tf.reduce_any(hi > 0, 0)
+
+
+def _row_bounds(bounds_of, units, plus, affine: bool, k: int, lo, hi):
+    """Refines the flat bounds `lo, hi` (`[B, n]`) by `bounds_of(lam)` of the rows
+    `+e_j` (where `plus`) or `-e_j` of the `units` (`[r]` each, dynamic `r`; `affine`:
+    `hi = -lo` from the `+e_j` rows), `k` rows per pull-back at most, one pull-back
+    at a time in one traced loop whatever `r`. Rows past `r` in the last chunk
+    repeat earlier ones (max / min make that harmless)."""
+    n, dtype = int(lo.shape[1]), lo.dtype
+    total = tf.size(units)
+    chunks = (total + k - 1) // k
+    per = (total + tf.maximum(chunks, 1) - 1) // tf.maximum(chunks, 1)  # balanced, <= k
+
+    def body(i, lo_t, hi_t):
+        rows = (i * per + tf.range(per)) % total
+        unit, up = tf.gather(units, rows)[:, None], tf.gather(plus, rows)[:, None]
+        sign = tf.where(up, tf.constant(1.0, dtype), tf.constant(-1.0, dtype))
+        low = tf.transpose(bounds_of(sign * tf.one_hot(unit[:, 0], n, dtype=dtype)))
+        big = tf.constant(np.inf, dtype)
+        lo_t = tf.tensor_scatter_nd_max(lo_t, unit, low if affine else tf.where(up, low, -big))
+        hi_t = tf.tensor_scatter_nd_min(hi_t, unit, -low if affine else tf.where(up, big, -low))
+        return i + 1, lo_t, hi_t
+
+    _, lo_t, hi_t = tf.while_loop(lambda i, *_: i < chunks, body,
+                                  (tf.constant(0, tf.int32), tf.transpose(lo), tf.transpose(hi)),
+                                  parallel_iterations=1)
+    return tf.transpose(lo_t), tf.transpose(hi_t)
+
+
 def relaxation_refiner(structure: ProgramStructure, values: Values, lines: RelaxedOps,
                        eps, p, budget: int, examples: int,
                        loss: Callable[[list], RoundingLoss] = RoundingLoss,
-                       affine_shortcut: bool = True):
+                       affine_shortcut: bool = True, skip_stable: bool = True):
     """`interval_pass`'s `refine` for CROWN: the relaxation's bounds of a nonlinear op's
     input (`+-I` rows pulled back, in chunks of at most `budget` bytes for `examples`
-    examples, run one at a time in one traced loop: `map_chunks`), intersected with its
-    interval; the op's lines are set from the result. `loss` sums the rounding terms
-    (as `relaxed_lower_bounds`).
+    examples, run one at a time in one traced loop), intersected with its interval; the
+    op's lines are set from the result. `loss` sums the rounding terms (as
+    `relaxed_lower_bounds`).
+
+    Only the rows of units that are not stable on their interval are pulled back
+    (`open_units`, `skip_stable=True`, as auto_LiRPA does), and the upper rows of the
+    positive ones (the magnitude the rounding bounds of later ops see): a stable
+    unit's lines are exact whatever its bounds, and it keeps its interval. The loop's
+    graph does not depend on how many units are open. An affine input (below) keeps
+    every unit's rows: they are cheap and exact.
 
     An input that is an affine function of the model input alone (`affine_in_input`,
     the first layer's pre-activation) needs no relaxation: its pull-back is exact, and
@@ -326,24 +385,25 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
         if n == 0:
             return box
         signs, k, _ = layer_plan(structure, values, index, budget, examples, affine_shortcut)
-        dtype = values.x.dtype
+        every = tf.ones([n], tf.bool)
+        need_lo, need_hi = (open_units(node, lines, index, box) if skip_stable and signs == 2
+                            else (every, every))
+        if signs == 1:
+            need_hi = tf.zeros([n], tf.bool)
+        units = tf.cast(tf.concat([tf.where(need_lo)[:, 0], tf.where(need_hi)[:, 0]], 0),
+                        tf.int32)
+        plus = tf.range(tf.size(units)) < tf.reduce_sum(tf.cast(need_lo, tf.int32))
 
-        def chunk(start):
-            # Rows start .. start + k - 1 of [I; -I] (rows past signs * n repeat earlier
-            # ones and are dropped). One copy for the batch: the functionals stay shared
-            # until an activation makes them per example (broadcasting does the rest).
-            rows = start + tf.range(k)
-            sign = tf.where(rows < n, tf.constant(1.0, dtype), tf.constant(-1.0, dtype))
-            eye = sign[:, None] * tf.one_hot(rows % n, n, dtype=dtype)
-            lam = tf.reshape(eye, [1, k, *shape])
+        def bounds_of(eye):  # [rows, n] -> [B, rows]
+            lam = tf.reshape(eye, tf.concat([[1, tf.shape(eye)[0]], shape], 0))
             low = relaxed_lower_bounds(structure, values, key, lam, lines, deltas, eps, p,
                                        loss)
-            return tf.broadcast_to(low, [tf.shape(low)[0], k])
+            return tf.broadcast_to(low, [flat[0], tf.shape(eye)[0]])
 
-        low = map_chunks(chunk, signs * n, k, dtype)  # [B, signs * n]
-        lo = tf.reshape(low[:, :n], [-1, *shape])
-        hi = -tf.reshape(low[:, n:] if signs == 2 else low, [-1, *shape])
-        tight = Box(tf.maximum(box.lo, lo), tf.minimum(box.hi, hi))
+        flat = [tf.shape(box.lo)[0], n]
+        lo, hi = _row_bounds(bounds_of, units, plus, signs == 1, k, tf.reshape(box.lo, flat),
+                             tf.reshape(box.hi, flat))
+        tight = Box(tf.reshape(lo, tf.shape(box.lo)), tf.reshape(hi, tf.shape(box.hi)))
         lines.set(index, node, tight)
         return tight
 
