@@ -317,7 +317,8 @@ def open_units(node, lines: RelaxedOps, index: int, box: Box) -> tuple:
     if not (isinstance(node.op, Activation) and plain_relu(node.op)):
         every = tf.ones(tf.shape(flat)[1:], tf.bool)
         return every, every
-    lo, hi = tf.reshape(z0 + box.lo, tf.shape(flat)), tf.reshape(z0 + box.hi, tf.shape(flat))
+    n = tf.shape(flat)[1]
+    lo, hi = tf.reshape(z0 + box.lo, [-1, n]), tf.reshape(z0 + box.hi, [-1, n])
     return tf.reduce_any((lo < 0) & (hi > 0), 0), tf.reduce_any(hi > 0, 0)
 
 
@@ -326,7 +327,8 @@ def _row_bounds(bounds_of, units, plus, affine: bool, k: int, lo, hi):
     `+e_j` (where `plus`) or `-e_j` of the `units` (`[r]` each, dynamic `r`; `affine`:
     `hi = -lo` from the `+e_j` rows), `k` rows per pull-back at most, one pull-back
     at a time in one traced loop whatever `r`. Rows past `r` in the last chunk
-    repeat earlier ones (max / min make that harmless)."""
+    repeat earlier ones (max / min make that harmless). The bounds' batch grows to
+    the pull-back's where that is larger (the subdomains of split lines)."""
     n, dtype = int(lo.shape[1]), lo.dtype
     total = tf.size(units)
     chunks = (total + k - 1) // k
@@ -337,6 +339,9 @@ def _row_bounds(bounds_of, units, plus, affine: bool, k: int, lo, hi):
         unit, up = tf.gather(units, rows)[:, None], tf.gather(plus, rows)[:, None]
         sign = tf.where(up, tf.constant(1.0, dtype), tf.constant(-1.0, dtype))
         low = tf.transpose(bounds_of(sign * tf.one_hot(unit[:, 0], n, dtype=dtype)))
+        b = tf.maximum(tf.shape(lo_t)[1], tf.shape(low)[1])
+        lo_t, hi_t = tf.broadcast_to(lo_t, [n, b]), tf.broadcast_to(hi_t, [n, b])
+        low = tf.broadcast_to(low, [tf.shape(low)[0], b])
         big = tf.constant(np.inf, dtype)
         lo_t = tf.tensor_scatter_nd_max(lo_t, unit, low if affine else tf.where(up, low, -big))
         hi_t = tf.tensor_scatter_nd_min(hi_t, unit, -low if affine else tf.where(up, big, -low))
@@ -344,6 +349,8 @@ def _row_bounds(bounds_of, units, plus, affine: bool, k: int, lo, hi):
 
     _, lo_t, hi_t = tf.while_loop(lambda i, *_: i < chunks, body,
                                   (tf.constant(0, tf.int32), tf.transpose(lo), tf.transpose(hi)),
+                                  shape_invariants=(tf.TensorShape([]), tf.TensorShape([n, None]),
+                                                    tf.TensorShape([n, None])),
                                   parallel_iterations=1)
     return tf.transpose(lo_t), tf.transpose(hi_t)
 
@@ -398,12 +405,11 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
             lam = tf.reshape(eye, tf.concat([[1, tf.shape(eye)[0]], shape], 0))
             low = relaxed_lower_bounds(structure, values, key, lam, lines, deltas, eps, p,
                                        loss)
-            return tf.broadcast_to(low, [flat[0], tf.shape(eye)[0]])
+            return tf.broadcast_to(low, [tf.shape(low)[0], tf.shape(eye)[0]])
 
-        flat = [tf.shape(box.lo)[0], n]
-        lo, hi = _row_bounds(bounds_of, units, plus, signs == 1, k, tf.reshape(box.lo, flat),
-                             tf.reshape(box.hi, flat))
-        tight = Box(tf.reshape(lo, tf.shape(box.lo)), tf.reshape(hi, tf.shape(box.hi)))
+        lo, hi = _row_bounds(bounds_of, units, plus, signs == 1, k,
+                             tf.reshape(box.lo, [-1, n]), tf.reshape(box.hi, [-1, n]))
+        tight = Box(tf.reshape(lo, [-1, *shape]), tf.reshape(hi, [-1, *shape]))
         lines.set(index, node, tight)
         return tight
 
