@@ -145,6 +145,7 @@ class LeafPasses:
 
 PGD_STEPS = 40  # steps of the attack at a fixed radius from the leaves' optima
 ATTACK_STARTS = 8  # leaves per batch whose optima start the attack
+MAX_DEPTH = 6  # units split at once in one leaf (2^MAX_DEPTH children)
 
 
 def _padded(a: np.ndarray, n: int) -> np.ndarray:
@@ -312,8 +313,8 @@ class _Ball:
             order = np.argsort(np.where(splittable, worst, np.inf))
             take = order[:max(1, min(int(splittable.sum()), self.options.batch // 2))]
             rest = np.setdiff1d(np.arange(len(worst)), take)
-            children = self._children(sp[take], be[take],
-                                      self._units(sp[take], be[take], sc[take]))
+            units = self._deeper(self._units(sp[take], be[take], sc[take]), sc[take])
+            children = self._children(sp[take], be[take], units)
             new = self.evaluate(*children)
             frontier = [(low[rest], sp[rest], be[rest], sc[rest], np.zeros((0,))),
                         (new[0], children[0], new[1], new[3], new[2])]
@@ -352,12 +353,30 @@ class _Ball:
         self.calls += 1
         return lower.numpy()[:n]
 
+    def _deeper(self, first: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        """`[m, d]` units to split in each of `m` leaves: `first`, then the next best by
+        BaBSR, as many (`d`) as keep the `m 2^d` children within one batch (a small
+        frontier fills the batch at once instead of one level per pass)."""
+        m = len(first)
+        rows = np.arange(m)
+        rest = scores.copy()
+        rest[rows, first] = 0.0
+        depth = int(np.log2(max(1, self.options.batch // m)))
+        depth = min(depth, MAX_DEPTH, 1 + int((rest > 0).sum(axis=1).min()))
+        more = np.argsort(-rest, axis=1)[:, :max(0, depth - 1)]
+        return np.concatenate([first[:, None], more], axis=1)
+
     @staticmethod
     def _children(splits, params, units):
-        rows = np.arange(len(units))
-        up, down = splits.copy(), splits.copy()
-        up[rows, units], down[rows, units] = 1, -1
-        return np.concatenate([up, down]), np.concatenate([params, params])
+        """The `2^d m` children of `m` leaves split on `units` `[m, d]`: every sign
+        pattern of the `d` units (pattern-major: child `k m + i` is leaf `i`'s `k`-th)."""
+        m, d = units.shape
+        signs = 1 - 2 * ((np.arange(2 ** d)[:, None] >> np.arange(d)) & 1)  # [2^d, d]
+        kids = np.repeat(splits[None], 2 ** d, axis=0)
+        rows = np.arange(m)
+        for k in range(d):
+            kids[:, rows, units[:, k]] = signs[:, k:k + 1]
+        return kids.reshape(-1, splits.shape[1]), np.tile(params, (2 ** d, 1, 1))
 
 
 def verify_ball(passes: LeafPasses, model, x: np.ndarray, pred: int, eps: float, gap: float,
