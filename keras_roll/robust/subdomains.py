@@ -306,15 +306,11 @@ class _Ball:
             if not open_.any():
                 return self._verdict("certified", None, np.inf)
             low, sp, be, sc, worst = low[open_], sp[open_], be[open_], sc[open_], worst[open_]
-            splittable = sc.max(axis=1) > 0
-            if not splittable.any() or time.monotonic() > deadline \
-                    or self.leaves >= self.options.max_leaves:
+            if time.monotonic() > deadline or self.leaves >= self.options.max_leaves:
                 return self._verdict("unknown", None, float(worst.min()))
-            order = np.argsort(np.where(splittable, worst, np.inf))
-            take = order[:max(1, min(int(splittable.sum()), self.options.batch // 2))]
+            take = np.argsort(worst)[:max(1, self.options.batch // 2)]  # the lowest first
             rest = np.setdiff1d(np.arange(len(worst)), take)
-            units = self._deeper(self._units(sp[take], be[take], sc[take]), sc[take])
-            children = self._children(sp[take], be[take], units)
+            children = self._next(sp[take], be[take], sc[take])
             new = self.evaluate(*children)
             frontier = [(low[rest], sp[rest], be[rest], sc[rest], np.zeros((0,))),
                         (new[0], children[0], new[1], new[3], new[2])]
@@ -353,15 +349,30 @@ class _Ball:
         self.calls += 1
         return lower.numpy()[:n]
 
-    def _deeper(self, first: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    def _next(self, splits, params, scores):
+        """`(splits, params)` of the leaves that replace the `m` leaves taken: the
+        children of those with a unit left to split, and those without (every unstable
+        unit split: a linear program whose bound only its multipliers can still raise)
+        again, for more steps from their multipliers and slopes."""
+        can = scores.max(axis=1) > 0
+        parts = []
+        if can.any():
+            first = self._units(splits[can], params[can], scores[can])
+            units = self._deeper(first, scores[can], len(can))
+            parts.append(self._children(splits[can], params[can], units))
+        if not can.all():
+            parts.append((splits[~can], params[~can]))
+        return tuple(np.concatenate(part) for part in zip(*parts))
+
+    def _deeper(self, first: np.ndarray, scores: np.ndarray, taken: int) -> np.ndarray:
         """`[m, d]` units to split in each of `m` leaves: `first`, then the next best by
-        BaBSR, as many (`d`) as keep the `m 2^d` children within one batch (a small
-        frontier fills the batch at once instead of one level per pass)."""
+        BaBSR, as many (`d`) as keep the `2^d m` children of `taken >= m` leaves within
+        one batch (a small frontier fills the batch at once, not one level per pass)."""
         m = len(first)
         rows = np.arange(m)
         rest = scores.copy()
         rest[rows, first] = 0.0
-        depth = int(np.log2(max(1, self.options.batch // m)))
+        depth = int(np.log2(max(1, self.options.batch // taken)))
         depth = min(depth, MAX_DEPTH, 1 + int((rest > 0).sum(axis=1).min()))
         more = np.argsort(-rest, axis=1)[:, :max(0, depth - 1)]
         return np.concatenate([first[:, None], more], axis=1)
