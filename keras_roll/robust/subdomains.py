@@ -14,6 +14,10 @@ in the manner of alpha,beta-CROWN (Wang et al., NeurIPS 2021):
 * the leaves with the lowest bounds are split first, on the unit with the best BaBSR
   score (the offset its upper line costs the bound), or (`candidates > 1`) on the best
   of the top BaBSR units by one pass over their children (filtered smart branching);
+  while the frontier is small, each leaf is split on that unit and the next best by
+  BaBSR at once (up to `MAX_DEPTH` units, `2^d` children: the batch fills in one
+  pass); a leaf with every unstable unit split is bounded again, its multipliers
+  raised further from where they were;
 * the ball is *certified* when every leaf's bound of every margin exceeds the gap;
   it holds an *adversarial point* when the minimiser of a leaf's linear bound over the
   ball changes the Keras model's prediction (checked in its own dtype); otherwise the
