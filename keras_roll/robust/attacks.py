@@ -17,7 +17,10 @@ NeurIPS 2021):
 * known adversarial points (the region walk's, the relaxation's, earlier attacks')
   are starts: one untargeted run from each where it is not the closest, then the
   first restart from the closest so far, so these runs only shrink their norms; the
-  other restarts target the other classes from `x`;
+  other restarts target the other classes from `x`, nearest first by the linear
+  estimate: the first `FULL_TARGETS` with `AttackOptions.steps` steps, the later ones
+  short scouting runs (`scout_steps`), which catch a nearer class the estimate ranks
+  low (often in l1);
 * then `AttackOptions.polish` runs from the best point so far, toward its class (for
   l_inf alternating sign and smooth steps; the last with a fine schedule);
 * every point found is moved to the first clear flip by the norm's own projection
