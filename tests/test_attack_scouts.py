@@ -22,16 +22,16 @@ from keras_roll.robust.attacks import FULL_TARGETS, run_attack
 pytestmark = pytest.mark.graph  # the attack's loop of steps: much faster compiled
 NORMS = (1, 2, np.inf)
 BOX = (0.0, 1.0)
-OPTS = dict(steps=40, scout_steps=15, polish=2, probe_steps=10, probe_budget=40)
+OPTS = dict(steps=25, scout_steps=10, polish=2, probe_steps=10, probe_budget=30)
 
 
 @pytest.fixture(scope="module")
 def net():
-    """A 8-16-16-5 ReLU net and 6 inputs in [0, 1]^8 (seeded)."""
+    """A 8-16-16-5 ReLU net and 4 inputs in [0, 1]^8 (seeded)."""
     keras.utils.set_random_seed(3)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
                               keras.layers.Dense(16, activation="relu"), keras.layers.Dense(5)])
-    x = np.random.default_rng(4).uniform(0.2, 0.8, size=(6, 8)).astype(np.float32)
+    x = np.random.default_rng(4).uniform(0.2, 0.8, size=(4, 8)).astype(np.float32)
     return model, x
 
 
@@ -61,9 +61,9 @@ def test_points_flip_stay_in_the_box_and_report_their_norm(net, p):
     assert set(spent.tolist()) <= {full, full + opts.polish * opts.steps}
 
 
-@pytest.mark.parametrize("p", NORMS)
-def test_scouts_and_starts_never_make_the_result_worse(net, p):
+def test_scouts_and_starts_never_make_the_result_worse(net):
     model, x = net
+    p = np.inf  # the schedule is the same in every norm; the box matters most in l_inf
     without = minimal_norm_attack(model, x, p, domain=BOX,
                                   options=AttackOptions(restarts=1 + FULL_TARGETS, **OPTS))
     scouted = minimal_norm_attack(model, x, p, domain=BOX,
