@@ -145,12 +145,14 @@ def batch_polymorphic(fn):
 def _signature(value):
     """What of one argument leaf decides a trace, the batch size left out: a tensor's
     (or array's, which `tf.function` takes as a tensor) dtype and trailing shape, a
-    variable's dtype and shape, another value itself. Never an object's identity, so
-    that the signatures seen stay few however many calls there are."""
+    variable's dtype and shape, a composite tensor's spec, another value itself. Never an
+    object's identity, so that the signatures seen stay few however many calls there are."""
     if isinstance(value, (tf.Tensor, np.ndarray)):
         return type(value), value.dtype, tuple(value.shape[1:]) if value.ndim else ()
     if isinstance(value, tf.Variable):
         return tf.Variable, value.dtype, tuple(value.shape)
+    if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):  # by spec, batch included
+        return type(value), tf.type_spec_from_value(value)
     try:
         hash(value)
     except TypeError:
