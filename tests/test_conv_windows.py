@@ -1,0 +1,136 @@
+"""CROWN's layer bounds of a "valid" convolution's units pulled back through their
+receptive fields (`keras_roll.compile.bounds.windows`) equal those of the whole
+network's pull-back (every unit's rows, `windows=False, skip_stable=False`) to float64
+rounding, in one chunk and in several, with and without the rounding guard, under
+both rigors of `robust_radius`; every box holds the values at points sampled in the
+ball; convolutions with "same" padding fall back to the dense rows.
+
+The subject is a small CNN with a leading `Rescaling` and three "valid" ReLU
+convolutions (strides 2, 1, 1) before a dense ReLU layer, float64 weights."""
+
+from __future__ import annotations
+
+import functools
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_roll.robust.bounds as robust_bounds
+from keras_roll.compile.bounds import BoundMethod, capture
+from keras_roll.compile.bounds.crown import RelaxedOps, relaxation_refiner
+from keras_roll.compile.bounds.ibp import interval_pass
+from keras_roll.compile.bounds.windows import conv_windows
+from keras_roll.compile.rules import Activation
+from keras_roll.compile.structure import structure_of
+from keras_roll.compile.twin import linearize
+from keras_roll.robust.bounds import arithmetic_of
+
+L = keras.layers
+B = 2
+
+
+def _cnn(padding="valid"):
+    keras.utils.set_random_seed(3)
+    inp = keras.Input((12, 12, 1))
+    h = L.Rescaling(0.5)(inp)
+    h = L.Conv2D(3, 3, strides=2, padding=padding, activation="relu")(h)
+    h = L.Conv2D(4, 2, padding=padding, activation="relu")(h)
+    h = L.Conv2D(3, 2, padding=padding, activation="relu")(h)
+    h = L.Dense(6, activation="relu")(L.Flatten()(h))
+    return keras.Model(inp, L.Dense(4)(h))
+
+
+@functools.lru_cache(maxsize=2)
+def _setup(padding="valid"):
+    twin = linearize(_cnn(padding)).at_dtype("float64")
+    x = np.random.default_rng(0).uniform(0, 1, (B, 12, 12, 1))
+    values = capture(twin.interpreter, tf.convert_to_tensor(x))
+    return twin, structure_of(twin.program), x, values
+
+
+def _refiner(windows):
+    return functools.partial(relaxation_refiner, windows=windows, skip_stable=windows)
+
+
+def _boxes(eps, windows, p=np.inf, guard=False, budget=2**40):
+    """`({key: (lo, hi)}, keys)` of every activation input (numpy)."""
+    twin, structure, _, values = _setup()
+    keys = [n.inputs[0] for n in structure.nodes if isinstance(n.op, Activation)]
+    radii = tf.fill([B], tf.constant(eps, tf.float64))
+    refine = _refiner(windows)(structure, values, RelaxedOps(values), radii, p, budget, B)
+    boxes = interval_pass(structure, values, radii, arithmetic_of(twin, guard),
+                          refine=refine).boxes
+    return {k: (boxes[k].lo.numpy(), boxes[k].hi.numpy()) for k in keys}, keys
+
+
+def test_windows_of_valid_convolutions_only():
+    """The second and third convolutions' units get windows (5x5 and 7x7 of the 12x12
+    input); the first one's (affine in the input), the dense layer's and any unit
+    after a "same" convolution do not."""
+    _, structure, _, values = _setup()
+    keys = [n.inputs[0] for n in structure.nodes if isinstance(n.op, Activation)]
+    plans = [conv_windows(structure, values, k) for k in keys]
+    assert plans[3] is None  # the dense layer's input
+    assert [v.plan[structure.input_key] for v in plans[1:3]] == [((5, 5), (2, 2)),
+                                                                 ((7, 7), (2, 2))]
+    assert plans[0].positions == 25  # window (3, 3): valid, but the refiner's shortcut
+    _, same, _, same_values = _setup("same")
+    assert all(conv_windows(same, same_values, n.inputs[0]) is None
+               for n in same.nodes if isinstance(n.op, Activation))
+
+
+@pytest.mark.parametrize("p", [np.inf, 2])
+def test_windowed_bounds_are_the_dense_bounds(p):
+    """Every activation input's box equals the dense pull-back's to float64 rounding
+    (without the guard), in one chunk and in several (a 48 kB budget: three chunks or
+    four)."""
+    eps = 0.15 if p == np.inf else 0.6
+    ref, keys = _boxes(eps, windows=False, p=p)
+    for budget in (2**40, 48000):
+        got, _ = _boxes(eps, windows=True, p=p, budget=budget)
+        for k in keys:
+            for side in (0, 1):
+                np.testing.assert_allclose(got[k][side], ref[k][side], rtol=1e-10, atol=1e-13)
+    z = ref[keys[2]]
+    assert np.any(z[0] + 1e-9 < 0) and np.any(z[1] > 1e-9)  # the ball is not trivial
+
+
+def test_windowed_boxes_hold_sampled_values():
+    """200 points sampled in the l_inf ball (with two corners) stay inside every
+    activation input's box of the windowed pass with the rounding guard."""
+    twin, _, x, values = _setup()
+    eps = 0.15
+    got, keys = _boxes(eps, windows=True, guard=True)
+    u = np.random.default_rng(1).uniform(-1, 1, (200, *x.shape))
+    u[0], u[1] = 1.0, -1.0
+    pts = (x[None] + eps * u).reshape(-1, *x.shape[1:])
+    v = capture(twin.interpreter, tf.convert_to_tensor(pts))
+    structure = structure_of(twin.program)
+    for k in keys:
+        z = v.value(structure, k).numpy().reshape(200, B, -1)
+        d = z - values.value(structure, k).numpy().reshape(1, B, -1)
+        assert np.all(d >= got[k][0].reshape(1, B, -1) - 1e-12)
+        assert np.all(d <= got[k][1].reshape(1, B, -1) + 1e-12)
+
+
+@pytest.mark.parametrize("mode", ["strict", "float64"])
+def test_robust_radius_passes_under_both_rigors(mode):
+    """The compiled pass of `robust_radius` (`relaxed_margins`' function) gives the same
+    lower bounds and linear form with and without windows, under the worst-case
+    guard and under rigor "float64" (whose noise terms are cut into the windows)."""
+    twin, _, x, _ = _setup()
+    args = (tf.constant(x), tf.constant([0, 1], tf.int64), tf.constant([0.1, 0.15],
+                                                                         tf.float64))
+    out = {}
+    saved = robust_bounds.relaxation_refiner
+    for windows in (True, False):
+        robust_bounds.relaxation_refiner = _refiner(windows)
+        try:
+            out[windows] = [t.numpy() for t in robust_bounds._bounds_fn(
+                twin, np.inf, BoundMethod.RELAXATION, mode, 2**26, B, None, *args)]
+        finally:
+            robust_bounds.relaxation_refiner = saved
+    for got, ref in zip(out[True], out[False]):
+        np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-13)
