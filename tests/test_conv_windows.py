@@ -66,16 +66,15 @@ def _boxes(eps, windows, p=np.inf, guard=False, budget=2**40):
 
 
 def test_windows_of_valid_convolutions_only():
-    """The second and third convolutions' units get windows (5x5 and 7x7 of the 12x12
-    input); the first one's (affine in the input), the dense layer's and any unit
-    after a "same" convolution do not."""
+    """Every convolution's units get windows (3x3, 5x5 and 7x7 of the 12x12 input); the
+    dense layer's and any unit after a "same" convolution do not."""
     _, structure, _, values = _setup()
     keys = [n.inputs[0] for n in structure.nodes if isinstance(n.op, Activation)]
     plans = [conv_windows(structure, values, k) for k in keys]
     assert plans[3] is None  # the dense layer's input
     assert [v.plan[structure.input_key] for v in plans[1:3]] == [((5, 5), (2, 2)),
                                                                  ((7, 7), (2, 2))]
-    assert plans[0].positions == 25  # window (3, 3): valid, but the refiner's shortcut
+    assert plans[0].positions == 25 and plans[0].plan[structure.input_key][0] == (3, 3)
     _, same, _, same_values = _setup("same")
     assert all(conv_windows(same, same_values, n.inputs[0]) is None
                for n in same.nodes if isinstance(n.op, Activation))
