@@ -17,7 +17,8 @@ probes, the intermediate choice).
 `--compare` runs everything twice in the same process, interleaved: "before" is the
 pass as it was (both signs of `+-I` pulled back at every layer, the rounding terms
 summed from a `[B, C, n]` product, the rows of stable units pulled back too,
-`robust_radius` one image per call on CNN-S), "now"
+`robust_radius` one image per call on CNN-S, no receptive-field windows; with
+`--before=dense`: today's pass with dense rows instead of windows), "now"
 the current one; each variant has its own copy of the model (its own traced functions).
 The process's peak RSS is printed last (`resource.getrusage`): run one budget and one
 variant per process to read the peak RSS of that budget.
@@ -63,6 +64,8 @@ flags.DEFINE_bool("run", False, "Also run the compiled pass twice and time it.")
 flags.DEFINE_enum("method", "relaxation", ["relaxation", "crown_ibp"],
                   "The bound method: CROWN at every layer, or intervals then CROWN.")
 flags.DEFINE_bool("compare", False, "Also run the previous passes ('before'), interleaved.")
+flags.DEFINE_enum("before", "old", ["old", "dense"], "With --compare, 'before' is: 'old', the "
+                  "passes of the first chunked round; 'dense', today's without windows.")
 flags.DEFINE_integer("radius_images", 0, "Test images timed with robust_radius (l_inf).")
 flags.DEFINE_string("data", "/work/shared/data/mnist.npz", "mnist.npz for --radius_images.")
 flags.DEFINE_integer("epochs", 0, "Training epochs on 10,000 images first (0: random weights).")
@@ -87,10 +90,14 @@ def _variant(name: str):
         return
     saved = (ibp.abs_sum, methods.relaxation_refiner, robust_bounds.relaxation_refiner,
              robust_bounds._MIN_ROWS)
-    old = functools.partial(crown.relaxation_refiner, affine_shortcut=False, skip_stable=False)
-    ibp.abs_sum, methods.relaxation_refiner, robust_bounds.relaxation_refiner = (
-        _old_abs_sum, old, old)
-    robust_bounds._MIN_ROWS = 2**62  # one chunk holds the widest layer: one image per call
+    if FLAGS.before == "dense":
+        old = functools.partial(crown.relaxation_refiner, windows=False)
+    else:
+        old = functools.partial(crown.relaxation_refiner, affine_shortcut=False,
+                                skip_stable=False, windows=False)
+        ibp.abs_sum = _old_abs_sum
+        robust_bounds._MIN_ROWS = 2**62  # one chunk holds the widest layer: one image a call
+    methods.relaxation_refiner = robust_bounds.relaxation_refiner = old
     try:
         yield
     finally:

@@ -120,6 +120,17 @@ class ConvWindows:
         shape = values.value(structure, key).shape
         self.positions = int(shape[1]) * int(shape[2])
         self.channels = int(shape[3])
+        sizes = {k: int(np.prod(size)) * int(values.value(structure, k).shape[3])
+                 for k, (size, _) in plan.items() if k != key}
+        self.largest = max(sizes.values())
+        self.entries = sum(sizes.values())  # per row: the windows of the values below
+
+    def items_per_chunk(self, budget: int, examples: int) -> int:
+        """(Example, position) pairs per pull-back: their `2 C` rows' functionals fit
+        `budget` bytes (3 float64 copies of the largest window, as the dense rows')."""
+        return plan_chunks(1, examples * self.positions,
+                           3 * self.values.x.dtype.size * 2 * self.channels * self.largest,
+                           budget, batch_size=1, min_directions=1).per_chunk
 
     def crop(self, t: tf.Tensor, key: int) -> tf.Tensor:
         """`[B * P, *window, C]`: the windows of value `key`'s tensor `t` (`[B, H, W, C]`
@@ -174,10 +185,7 @@ class ConvWindows:
         dtype = self.values.x.dtype
         eye = np.eye(c)
         rows = tf.constant(np.concatenate([eye, -eye])[None, :, None, None, :], dtype)
-        largest = max(int(np.prod(size)) * int(self.values.value(self.structure, k).shape[3])
-                      for k, (size, _) in self.plan.items())
-        fit = plan_chunks(1, examples * positions, 3 * dtype.size * 2 * c * largest, budget,
-                          batch_size=1, min_directions=1).per_chunk
+        fit = self.items_per_chunk(budget, examples)
         total = tf.shape(self.values.x)[0] * positions
         chunks = (total + fit - 1) // fit
         per = (total + chunks - 1) // tf.maximum(chunks, 1)
