@@ -11,8 +11,8 @@ layer bounds, `crown_cost`'s estimated work of both methods and, with `--run`, t
 wall and process CPU time of two compiled passes (the first also optimizes the graph).
 `--radius_images=n` also times `robust_radius` with its defaults in l_inf on `n` test
 images (`--data`; after one untimed image that traces), per image, wall and CPU;
-`--stages` splits its CPU time among its stages (certify, walk, attack, bound passes,
-probes, the intermediate choice).
+`--intermediate` sets its intermediate bounds; `--stages` splits its CPU time among its
+stages (certify, walk, attack, bound passes, probes, the intermediate choice).
 
 `--compare` runs everything twice in the same process, interleaved: "before" is the
 pass as it was (both signs of `+-I` pulled back at every layer, the rounding terms
@@ -69,6 +69,8 @@ flags.DEFINE_enum("before", "old", ["old", "dense"], "With --compare, 'before' i
 flags.DEFINE_integer("radius_images", 0, "Test images timed with robust_radius (l_inf).")
 flags.DEFINE_string("data", "/work/shared/data/mnist.npz", "mnist.npz for --radius_images.")
 flags.DEFINE_integer("epochs", 0, "Training epochs on 10,000 images first (0: random weights).")
+flags.DEFINE_enum("intermediate", "auto", ["auto", "crown", "intervals"],
+                  "robust_radius's intermediate bounds with --radius_images.")
 flags.DEFINE_bool("stages", False, "With --radius_images: CPU seconds per image of each of "
                   "robust_radius's stages (certify, walk, attack, bound passes, probes).")
 
@@ -215,10 +217,12 @@ def _radius(models):
     for name, model in models.items():
         with _variant(name):
             _, wall, cpu = _timed(lambda model=model: keras_roll.robust_radius(
-                model, xte[:1], yte[:1], norms=(np.inf,), verbose=False))
+                model, xte[:1], yte[:1], norms=(np.inf,), verbose=False,
+                intermediate=FLAGS.intermediate))
             with _stage_timer() as stages:
                 rr, wall_n, cpu_n = _timed(lambda model=model: keras_roll.robust_radius(
-                    model, xte[1:n + 1], yte[1:n + 1], norms=(np.inf,), verbose=False))
+                    model, xte[1:n + 1], yte[1:n + 1], norms=(np.inf,), verbose=False,
+                    intermediate=FLAGS.intermediate))
         lowers[name] = rr.lower[np.inf]
         shown = np.array2string(lowers[name], precision=4, max_line_width=200)
         print(f"{FLAGS.model} robust_radius l_inf, {name}: first image (tracing) {wall:.1f} s "

@@ -181,11 +181,10 @@ def crown_cost(structure: ProgramStructure, values: Values, rows: int,
             continue
         view = conv_windows(structure, values, node.inputs[0])
         if view is not None:  # every unit's rows through its receptive field
-            fit = view.items_per_chunk(budget, b)
-            rows = 2 * view.channels
-            elements += b * view.positions * rows * view.entries
+            fit, both = view.items_per_chunk(budget, b), 2 * view.channels
+            elements += b * view.positions * both * view.entries
             pullbacks += -(-b * view.positions // fit)
-            widest = max(widest, 3 * itemsize * fit * rows * view.largest)
+            widest = max(widest, 3 * itemsize * fit * both * view.largest)
             continue
         signs, k, b_i = layer_plan(structure, values, i, budget, b)
         chunks = -(-signs * n // k)
