@@ -3,7 +3,8 @@ receptive fields (`keras_roll.compile.bounds.windows`) equal those of the whole
 network's pull-back (every unit's rows, `windows=False, skip_stable=False`) to float64
 rounding, in one chunk and in several, with and without the rounding guard, under
 both rigors of `robust_radius`; every box holds the values at points sampled in the
-ball; convolutions with "same" padding fall back to the dense rows.
+ball; convolutions with "same" padding fall back to the dense rows; a batch
+normalization between convolutions keeps the windows; `crown_cost` counts them.
 
 The subject is a small CNN with a leading `Rescaling` and three "valid" ReLU
 convolutions (strides 2, 1, 1) before a dense ReLU layer, float64 weights."""
@@ -149,3 +150,33 @@ def test_cost_counts_the_windows():
         intermediate.conv_windows = saved
     assert ibp == dense_ibp
     assert ibp.elements < crown.elements < dense.elements
+
+
+def test_batch_norm_between_convolutions():
+    """A channels-last `BatchNormalization` (with moved statistics) between two "valid"
+    convolutions keeps the windows, with the dense pull-back's bounds."""
+    keras.utils.set_random_seed(4)
+    inp = keras.Input((9, 9, 1))
+    h = L.Conv2D(3, 3, strides=2, activation="relu")(inp)
+    bn = L.BatchNormalization()
+    h = L.Conv2D(4, 2, activation="relu")(bn(h))
+    model = keras.Model(inp, L.Dense(3)(L.Flatten()(h)))
+    rng = np.random.default_rng(5)
+    bn.set_weights([rng.uniform(0.5, 2, 3), rng.normal(size=3), rng.normal(size=3),
+                    rng.uniform(0.5, 2, 3)])
+    twin = linearize(model).at_dtype("float64")
+    structure = structure_of(twin.program)
+    values = capture(twin.interpreter, tf.constant(rng.uniform(0, 1, (B, 9, 9, 1))))
+    key = [n.inputs[0] for n in structure.nodes if isinstance(n.op, Activation)][1]
+    assert conv_windows(structure, values, key) is not None
+    radii = tf.fill([B], tf.constant(0.2, tf.float64))
+    got = []
+    for windows in (True, False):
+        refine = _refiner(windows)(structure, values, RelaxedOps(values), radii, np.inf,
+                                   2**40, B)
+        box = interval_pass(structure, values, radii, arithmetic_of(twin, True),
+                            refine=refine).boxes[key]
+        got.append((box.lo.numpy(), box.hi.numpy()))
+    assert np.any(got[1][0] < -1e-9)  # some unit can turn negative
+    for a, b in zip(*got):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13)
