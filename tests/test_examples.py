@@ -467,20 +467,6 @@ def test_data_lives_in_common():
     assert not hasattr(input_pipeline, "Data") or input_pipeline.Data is data.Data
 
 
-def test_the_command_line_turns_on_op_determinism():
-    """`app.run` (every `python -m examples.<name>`) turns op determinism on before
-    `main`; `train_and_evaluate` in Python leaves it to the caller."""
-    probe = ("from examples.common import app\n"
-             "def main(fv):\n"
-             "    import tensorflow as tf\n"
-             "    from tensorflow.python.framework import config\n"
-             "    print('determinism', config.is_op_determinism_enabled())\n"
-             "app.run(lambda fv: app.define_run_flags(fv, out='x'), main)\n")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=_env(), text=True,
-                         capture_output=True, timeout=300).stdout
-    assert "determinism True" in out, out
-
-
 @pytest.mark.parametrize("module, name", [
     (mnist, "mnist_vanilla"), (mnist, "mnist_roll"), (mnist, "mnist_exact"),
     (mnist, "mnist_lam_grid"), (toy2d, "toy2d"), (jv, "japanese_vowel_vanilla"),
@@ -522,12 +508,16 @@ def test_command_line_errors_are_one_line(idx_folder, tmp_path):
     """Bad flags stop the example before any work, with one line and no traceback: a
     layer name the built model lacks (an absl validator; the Caltech-256 validators
     print the same way and are checked in-process in test_caltech256_example.py), and
-    a problem `main` finds before its work (a `UsageError`)."""
+    a problem `main` finds before its work (a `UsageError`). `app.run` (every
+    `python -m examples.<name>`) has turned op determinism on before `main`;
+    `train_and_evaluate` in Python leaves it to the caller."""
     usage = ("from absl import flags\n"
              "from examples.common import app\n"
              "def define(fv):\n"
              "    app.define_run_flags(fv, out='x')\n"
              "def main(fv):\n"
+             "    from tensorflow.python.framework import config\n"
+             "    print('determinism', config.is_op_determinism_enabled())\n"
              "    raise app.UsageError('no data in ' + fv.out + '; pass --data_dir')\n"
              "app.run(define, main)\n")
     runs = [([sys.executable, "-m", "examples.mnist", f"--data_dir={idx_folder}",
@@ -537,11 +527,14 @@ def test_command_line_errors_are_one_line(idx_folder, tmp_path):
              f"FATAL Usage error: no data in {tmp_path}; pass --data_dir")]
     procs = [subprocess.Popen(argv, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for argv, _ in runs]
+    outs = []
     for proc, (_, expected) in zip(procs, runs):
-        _, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=300)
+        outs.append(out)
         assert proc.returncode == 1, err[-2000:]
         assert "Traceback" not in err and expected in err, err[-2000:]
         assert len([line for line in err.splitlines() if line.startswith("FATAL")]) == 1
+    assert "determinism True" in outs[1], outs[1]
 
 
 # Runs an example's __main__ as `python -m` does and reports, on exit, whether
