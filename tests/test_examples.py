@@ -659,7 +659,7 @@ def test_mnist_on_another_idx_data_set(idx_folder, tmp_path, capsys):
     """No MNIST in the titles: the data set's name (its folder's), its 5 classes and the
     normalisation of its training split; every model's full row; the last-epoch
     warning; the faithfulness table and figure of its explanations; a rerun reuses the
-    stored result."""
+    stored result, also when the data moved."""
     out = tmp_path / "out"
     argv = [f"--data_dir={idx_folder}", f"--out={out}", "--quick", "--noroll", *TINY,
             "--faithfulness=10"]
@@ -705,14 +705,20 @@ def test_mnist_on_another_idx_data_set(idx_folder, tmp_path, capsys):
     moved_run = mnist.main(parse(mnist.define_flags, argv_moved))
     assert moved_run.rows[0]["train_time_s"] == row["train_time_s"]
     assert "vanilla: reusing" in capsys.readouterr().out
-    # One more model in the same --out: the tables gather it with the stored vanilla.
-    roll = mnist.main(parse(mnist.define_flags, [*argv_moved, "--novanilla", "--roll",
-                                                 "--lam=0.5", "--C=1", "--samples=2",
-                                                 "--faithfulness=0"]))
+
+
+@pytest.mark.slow  # a second model trained; the gathering: test_tables_gather_every_stored_...
+def test_mnist_gathers_a_new_model_with_the_stored_one(idx_folder, tmp_path):
+    """One more model in the same --out: the tables gather it with the stored vanilla."""
+    argv = [f"--data_dir={idx_folder}", f"--out={tmp_path / 'out'}", "--quick", *TINY,
+            "--faithfulness=0"]
+    mnist.main(parse(mnist.define_flags, [*argv, "--noroll"]))
+    roll = mnist.main(parse(mnist.define_flags, [*argv, "--novanilla", "--roll", "--lam=0.5",
+                                                 "--C=1", "--samples=2"]))
     assert [r["tag"] for r in roll.rows] == ["vanilla", "roll_lam0.5_C1_gamma100_s2"]
-    _, runs_shown, _ = _check_table(out, "runs", n_rows=2)
+    _, runs_shown, _ = _check_table(tmp_path / "out", "runs", n_rows=2)
     assert [r[0] for r in runs_shown] == ["Vanilla", "ROLL (lam=0.5, C=1, gamma=100, 2 axes)"]
-    _, table_shown, _ = _check_table(out, "table1", n_rows=3)
+    _, table_shown, _ = _check_table(tmp_path / "out", "table1", n_rows=3)
     assert table_shown[0][0] == "Vanilla"
 
 
