@@ -51,6 +51,10 @@ flags.DEFINE_integer("steps", AttackOptions().steps, "Attack steps per run.")
 flags.DEFINE_integer("restarts", AttackOptions().restarts, "Attack runs per image.")
 flags.DEFINE_integer("polish", AttackOptions().polish, "Runs from the best point after the "
                      "restarts.")
+flags.DEFINE_integer("scout_steps", AttackOptions().scout_steps, "Steps of the short targeted "
+                     "runs after the first two.")
+flags.DEFINE_integer("probe_budget", AttackOptions().probe_budget, "Steps of the probes at "
+                     "fixed radii per image.")
 flags.DEFINE_list("norms", ["linf", "l2", "l1"], "Norms attacked.")
 flags.DEFINE_string("save", None, "Optional .npz: the weights, images, labels and upper "
                     "bounds, for a comparison with other attack libraries on the same "
@@ -100,10 +104,12 @@ def main(argv):
     del argv
     model, x, y, note = trained()
     n = x.shape[0]
-    opts = AttackOptions(steps=FLAGS.steps, restarts=FLAGS.restarts, polish=FLAGS.polish)
+    opts = AttackOptions(steps=FLAGS.steps, restarts=FLAGS.restarts, polish=FLAGS.polish,
+                         scout_steps=FLAGS.scout_steps, probe_budget=FLAGS.probe_budget)
     print(f"machine: {os.cpu_count()} CPU cores (shared), TensorFlow {tf.__version__}")
     print(f"network: CNN-S, {note}; {n} images; attack {opts.steps} steps x "
-          f"{opts.restarts} runs + {opts.polish} polishing runs")
+          f"{opts.restarts} runs (scouts: {opts.scout_steps} steps) + {opts.polish} "
+          f"polishing runs")
     saved = {"x": x, "y": y}
     for i, w in enumerate(model.get_weights()):
         saved[f"weight_{i}"] = w

@@ -17,7 +17,10 @@ NeurIPS 2021):
 * known adversarial points (the region walk's, the relaxation's, earlier attacks')
   are starts: one untargeted run from each where it is not the closest, then the
   first restart from the closest so far, so these runs only shrink their norms; the
-  other restarts target the other classes from `x`;
+  other restarts target the other classes from `x`, nearest first by the linear
+  estimate: the first `FULL_TARGETS` with `AttackOptions.steps` steps, the later ones
+  short scouting runs (`scout_steps`), which catch a nearer class the estimate ranks
+  low (often in l1);
 * then `AttackOptions.polish` runs from the best point so far, toward its class (for
   l_inf alternating sign and smooth steps; the last with a fine schedule);
 * every point found is moved to the first clear flip by the norm's own projection
@@ -67,6 +70,7 @@ __all__ = ["AttackOptions", "ball_attack", "minimal_norm_attack", "probe_attack"
 
 NOISE = 0.5  # restarts start within this share of the best radius around x
 FINE = (0.1, 0.2)  # the last polishing run's step size and gamma, as shares of the options'
+FULL_TARGETS = 2  # targeted runs with `AttackOptions.steps`; the later ones are scouts
 
 
 class AttackOptions(NamedTuple):
@@ -78,7 +82,9 @@ class AttackOptions(NamedTuple):
             other output) from the best known adversarial point (or `x`); the others
             target the other classes in turn, nearest first by the linear estimate of
             their distance at `x` (from `x`; once every class was targeted, from random
-            points within `NOISE` of the best radius around `x`).
+            points within `NOISE` of the best radius around `x`). The first
+            `FULL_TARGETS` (2) targeted runs take `steps` steps, the later ones
+            `scout_steps`.
         max_seconds: stops starting new runs once this many seconds have passed
             (None: no limit; the first run always completes).
         seed: seed of the restarts' random starts (the runs are deterministic).
@@ -89,12 +95,19 @@ class AttackOptions(NamedTuple):
             (`keras_roll.robust.search.shrink_upper`: projected gradient descent at
             radii bisected between the certified radius and the best point's
             distance, with budgets that grow as the bracket narrows); 0: no probes.
-        probe_budget: the steps all probes of one input may spend together.
+        probe_budget: the steps all probes of one input may spend together (default
+            1000).
         polish: runs after the restarts, each from the best point so far, toward its
             class, with `steps` steps (default 3; 0: none). For l_inf they alternate
             sign and smooth steps, which end in different local minima; the last runs
             with a tenth of the step size and a fifth of `gamma` (`FINE`): it settles
             the point the others reached.
+        scout_steps: steps of the targeted runs after the first `FULL_TARGETS` (default
+            50): short runs toward the classes the linear estimate ranks further away,
+            which find the nearest class where the estimate is wrong (often for l1);
+            the polishing runs then continue from whichever point is closest. They
+            run only when `restarts` exceeds `FULL_TARGETS + 1`; a stronger schedule is
+            `AttackOptions(steps=150, restarts=5, polish=4, probe_budget=400)`.
 
     Example:
 
@@ -112,12 +125,14 @@ class AttackOptions(NamedTuple):
     probe_steps: int = 50
     probe_budget: int = 1000
     polish: int = 3
+    scout_steps: int = 50
 
     def checked(self) -> AttackOptions:
         """The options, or a ValueError naming the bad one."""
-        for name in ("steps", "restarts", "seed", "probe_steps", "probe_budget", "polish"):
+        for name in ("steps", "restarts", "seed", "probe_steps", "probe_budget", "polish",
+                     "scout_steps"):
             v = getattr(self, name)
-            low = 1 if name in ("steps", "restarts") else 0
+            low = 1 if name in ("steps", "restarts", "scout_steps") else 0
             if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < low:
                 raise ValueError(f"AttackOptions.{name} must be an integer >= {low}, got "
                                  f"{v!r}.")
@@ -195,8 +210,8 @@ def minimal_norm_attack(model, x, p=2, *, pred=None, start=None, domain=None,
             distance. Points that do not clearly change the class are ignored.
         domain: None (no bounds), or `(low, high)`: numbers or arrays broadcastable to
             the input shape, in the model's input units; every point stays inside.
-        options: an `AttackOptions` (default: 100 steps, 3 runs, then probes at fixed
-            radii).
+        options: an `AttackOptions` (default: 100 steps, 3 runs, 3 polishing runs,
+            then probes at fixed radii).
         lower: `[B]` radii known to hold no adversarial point (certified), which
             bound the probes' brackets from below (default: none).
 
@@ -336,8 +351,9 @@ def _restarts(runner, best, best_norm) -> np.ndarray:
                                    runner.hi)
         eps0 = np.where(np.isfinite(best_norm) & (r == 0), best_norm, 0.0)
         smooth = r % 2 == 1  # l_inf: every other run steps along the smooth direction
-        pts, dist = runner.run(every, d0, eps0, target, options.steps, False, smooth)
-        spent += options.steps
+        steps = options.steps if r <= FULL_TARGETS else options.scout_steps
+        pts, dist = runner.run(every, d0, eps0, target, steps, False, smooth)
+        spent += steps
         _keep(best, best_norm, every, pts, dist)
     return spent
 

@@ -14,6 +14,10 @@ in the manner of alpha,beta-CROWN (Wang et al., NeurIPS 2021):
 * the leaves with the lowest bounds are split first, on the unit with the best BaBSR
   score (the offset its upper line costs the bound), or (`candidates > 1`) on the best
   of the top BaBSR units by one pass over their children (filtered smart branching);
+  while the frontier is small, each leaf is split on that unit and the next best by
+  BaBSR at once (up to `MAX_DEPTH` units, `2^d` children: the batch fills in one
+  pass); a leaf with every unstable unit split is bounded again, its multipliers
+  raised further from where they were;
 * the ball is *certified* when every leaf's bound of every margin exceeds the gap;
   it holds an *adversarial point* when the minimiser of a leaf's linear bound over the
   ball changes the Keras model's prediction (checked in its own dtype); otherwise the
@@ -145,6 +149,7 @@ class LeafPasses:
 
 PGD_STEPS = 40  # steps of the attack at a fixed radius from the leaves' optima
 ATTACK_STARTS = 8  # leaves per batch whose optima start the attack
+MAX_DEPTH = 6  # units split at once in one leaf (2^MAX_DEPTH children)
 
 
 def _padded(a: np.ndarray, n: int) -> np.ndarray:
@@ -305,15 +310,11 @@ class _Ball:
             if not open_.any():
                 return self._verdict("certified", None, np.inf)
             low, sp, be, sc, worst = low[open_], sp[open_], be[open_], sc[open_], worst[open_]
-            splittable = sc.max(axis=1) > 0
-            if not splittable.any() or time.monotonic() > deadline \
-                    or self.leaves >= self.options.max_leaves:
+            if time.monotonic() > deadline or self.leaves >= self.options.max_leaves:
                 return self._verdict("unknown", None, float(worst.min()))
-            order = np.argsort(np.where(splittable, worst, np.inf))
-            take = order[:max(1, min(int(splittable.sum()), self.options.batch // 2))]
+            take = np.argsort(worst)[:max(1, self.options.batch // 2)]  # the lowest first
             rest = np.setdiff1d(np.arange(len(worst)), take)
-            children = self._children(sp[take], be[take],
-                                      self._units(sp[take], be[take], sc[take]))
+            children = self._next(sp[take], be[take], sc[take])
             new = self.evaluate(*children)
             frontier = [(low[rest], sp[rest], be[rest], sc[rest], np.zeros((0,))),
                         (new[0], children[0], new[1], new[3], new[2])]
@@ -352,12 +353,45 @@ class _Ball:
         self.calls += 1
         return lower.numpy()[:n]
 
+    def _next(self, splits, params, scores):
+        """`(splits, params)` of the leaves that replace the `m` leaves taken: the
+        children of those with a unit left to split, and those without (every unstable
+        unit split: a linear program whose bound only its multipliers can still raise)
+        again, for more steps from their multipliers and slopes."""
+        can = scores.max(axis=1) > 0
+        parts = []
+        if can.any():
+            first = self._units(splits[can], params[can], scores[can])
+            units = self._deeper(first, scores[can], len(can))
+            parts.append(self._children(splits[can], params[can], units))
+        if not can.all():
+            parts.append((splits[~can], params[~can]))
+        return tuple(np.concatenate(part) for part in zip(*parts))
+
+    def _deeper(self, first: np.ndarray, scores: np.ndarray, taken: int) -> np.ndarray:
+        """`[m, d]` units to split in each of `m` leaves: `first`, then the next best by
+        BaBSR, as many (`d`) as keep the `2^d m` children of `taken >= m` leaves within
+        one batch (a small frontier fills the batch at once, not one level per pass)."""
+        m = len(first)
+        rows = np.arange(m)
+        rest = scores.copy()
+        rest[rows, first] = 0.0
+        depth = int(np.log2(max(1, self.options.batch // taken)))
+        depth = min(depth, MAX_DEPTH, 1 + int((rest > 0).sum(axis=1).min()))
+        more = np.argsort(-rest, axis=1)[:, :max(0, depth - 1)]
+        return np.concatenate([first[:, None], more], axis=1)
+
     @staticmethod
     def _children(splits, params, units):
-        rows = np.arange(len(units))
-        up, down = splits.copy(), splits.copy()
-        up[rows, units], down[rows, units] = 1, -1
-        return np.concatenate([up, down]), np.concatenate([params, params])
+        """The `2^d m` children of `m` leaves split on `units` `[m, d]`: every sign
+        pattern of the `d` units (pattern-major: child `k m + i` is leaf `i`'s `k`-th)."""
+        m, d = units.shape
+        signs = 1 - 2 * ((np.arange(2 ** d)[:, None] >> np.arange(d)) & 1)  # [2^d, d]
+        kids = np.repeat(splits[None], 2 ** d, axis=0)
+        rows = np.arange(m)
+        for k in range(d):
+            kids[:, rows, units[:, k]] = signs[:, k:k + 1]
+        return kids.reshape(-1, splits.shape[1]), np.tile(params, (2 ** d, 1, 1))
 
 
 def verify_ball(passes: LeafPasses, model, x: np.ndarray, pred: int, eps: float, gap: float,
