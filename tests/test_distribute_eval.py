@@ -41,6 +41,9 @@ from tests.scripts import run_script
 
 FLOAT32_RTOL = 1e-5  # float32 gradients computed in batches of another size
 FLOAT64_RTOL = 1e-12  # float64 certificates: the same, up to a kernel's rounding
+# the attack's upper bounds: a local search whose float32 steps, rounded differently on
+# a batch of another size, may settle in another local optimum (the search's precision)
+ATTACK_RTOL = 1e-3
 
 
 def _run(out, *flags):
@@ -66,10 +69,9 @@ def _check_runs(arrays, models=("mlp",)):
         if a.dtype.kind not in "fc":
             np.testing.assert_array_equal(a, b, err_msg=two)
             continue
-        # the attack's upper bounds are distances to float32 points found by float32
-        # gradient steps: they follow the float32 gradients' tolerance
-        float64 = one.split("/")[0] in ("certify", "robust_radius") and "/upper" not in one
-        rtol = FLOAT64_RTOL if float64 else FLOAT32_RTOL
+        upper = one.split("/")[0] == "robust_radius" and "/upper" in one
+        float64 = one.split("/")[0] in ("certify", "robust_radius") and not upper
+        rtol = ATTACK_RTOL if upper else FLOAT64_RTOL if float64 else FLOAT32_RTOL
         scale = np.nanmax(np.abs(a)) if a.size else 0.0
         np.testing.assert_allclose(b, a, rtol=rtol, atol=rtol * scale, err_msg=two)
     # the check can fail: the runs computed something, with finite radii
