@@ -11,13 +11,14 @@ layer bounds, `crown_cost`'s estimated work of both methods and, with `--run`, t
 wall and process CPU time of two compiled passes (the first also optimizes the graph).
 `--radius_images=n` also times `robust_radius` with its defaults in l_inf on `n` test
 images (`--data`; after one untimed image that traces), per image, wall and CPU;
-`--stages` splits its CPU time among its stages (certify, walk, attack, bound passes,
-probes, the intermediate choice).
+`--intermediate` sets its intermediate bounds; `--stages` splits its CPU time among its
+stages (certify, walk, attack, bound passes, probes, the intermediate choice).
 
 `--compare` runs everything twice in the same process, interleaved: "before" is the
 pass as it was (both signs of `+-I` pulled back at every layer, the rounding terms
 summed from a `[B, C, n]` product, the rows of stable units pulled back too,
-`robust_radius` one image per call on CNN-S), "now"
+`robust_radius` one image per call on CNN-S, no receptive-field windows; with
+`--before=dense`: today's pass with dense rows instead of windows), "now"
 the current one; each variant has its own copy of the model (its own traced functions).
 The process's peak RSS is printed last (`resource.getrusage`): run one budget and one
 variant per process to read the peak RSS of that budget.
@@ -63,9 +64,13 @@ flags.DEFINE_bool("run", False, "Also run the compiled pass twice and time it.")
 flags.DEFINE_enum("method", "relaxation", ["relaxation", "crown_ibp"],
                   "The bound method: CROWN at every layer, or intervals then CROWN.")
 flags.DEFINE_bool("compare", False, "Also run the previous passes ('before'), interleaved.")
+flags.DEFINE_enum("before", "old", ["old", "dense"], "With --compare, 'before' is: 'old', the "
+                  "passes of the first chunked round; 'dense', today's without windows.")
 flags.DEFINE_integer("radius_images", 0, "Test images timed with robust_radius (l_inf).")
 flags.DEFINE_string("data", "/work/shared/data/mnist.npz", "mnist.npz for --radius_images.")
 flags.DEFINE_integer("epochs", 0, "Training epochs on 10,000 images first (0: random weights).")
+flags.DEFINE_enum("intermediate", "auto", ["auto", "crown", "intervals"],
+                  "robust_radius's intermediate bounds with --radius_images.")
 flags.DEFINE_bool("stages", False, "With --radius_images: CPU seconds per image of each of "
                   "robust_radius's stages (certify, walk, attack, bound passes, probes).")
 
@@ -87,10 +92,14 @@ def _variant(name: str):
         return
     saved = (ibp.abs_sum, methods.relaxation_refiner, robust_bounds.relaxation_refiner,
              robust_bounds._MIN_ROWS)
-    old = functools.partial(crown.relaxation_refiner, affine_shortcut=False, skip_stable=False)
-    ibp.abs_sum, methods.relaxation_refiner, robust_bounds.relaxation_refiner = (
-        _old_abs_sum, old, old)
-    robust_bounds._MIN_ROWS = 2**62  # one chunk holds the widest layer: one image per call
+    if FLAGS.before == "dense":
+        old = functools.partial(crown.relaxation_refiner, windows=False)
+    else:
+        old = functools.partial(crown.relaxation_refiner, affine_shortcut=False,
+                                skip_stable=False, windows=False)
+        ibp.abs_sum = _old_abs_sum
+        robust_bounds._MIN_ROWS = 2**62  # one chunk holds the widest layer: one image a call
+    methods.relaxation_refiner = robust_bounds.relaxation_refiner = old
     try:
         yield
     finally:
@@ -208,10 +217,12 @@ def _radius(models):
     for name, model in models.items():
         with _variant(name):
             _, wall, cpu = _timed(lambda model=model: keras_roll.robust_radius(
-                model, xte[:1], yte[:1], norms=(np.inf,), verbose=False))
+                model, xte[:1], yte[:1], norms=(np.inf,), verbose=False,
+                intermediate=FLAGS.intermediate))
             with _stage_timer() as stages:
                 rr, wall_n, cpu_n = _timed(lambda model=model: keras_roll.robust_radius(
-                    model, xte[1:n + 1], yte[1:n + 1], norms=(np.inf,), verbose=False))
+                    model, xte[1:n + 1], yte[1:n + 1], norms=(np.inf,), verbose=False,
+                    intermediate=FLAGS.intermediate))
         lowers[name] = rr.lower[np.inf]
         shown = np.array2string(lowers[name], precision=4, max_line_width=200)
         print(f"{FLAGS.model} robust_radius l_inf, {name}: first image (tracing) {wall:.1f} s "

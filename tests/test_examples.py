@@ -467,20 +467,6 @@ def test_data_lives_in_common():
     assert not hasattr(input_pipeline, "Data") or input_pipeline.Data is data.Data
 
 
-def test_the_command_line_turns_on_op_determinism():
-    """`app.run` (every `python -m examples.<name>`) turns op determinism on before
-    `main`; `train_and_evaluate` in Python leaves it to the caller."""
-    probe = ("from examples.common import app\n"
-             "def main(fv):\n"
-             "    import tensorflow as tf\n"
-             "    from tensorflow.python.framework import config\n"
-             "    print('determinism', config.is_op_determinism_enabled())\n"
-             "app.run(lambda fv: app.define_run_flags(fv, out='x'), main)\n")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=_env(), text=True,
-                         capture_output=True, timeout=300).stdout
-    assert "determinism True" in out, out
-
-
 @pytest.mark.parametrize("module, name", [
     (mnist, "mnist_vanilla"), (mnist, "mnist_roll"), (mnist, "mnist_exact"),
     (mnist, "mnist_lam_grid"), (toy2d, "toy2d"), (jv, "japanese_vowel_vanilla"),
@@ -522,12 +508,16 @@ def test_command_line_errors_are_one_line(idx_folder, tmp_path):
     """Bad flags stop the example before any work, with one line and no traceback: a
     layer name the built model lacks (an absl validator; the Caltech-256 validators
     print the same way and are checked in-process in test_caltech256_example.py), and
-    a problem `main` finds before its work (a `UsageError`)."""
+    a problem `main` finds before its work (a `UsageError`). `app.run` (every
+    `python -m examples.<name>`) has turned op determinism on before `main`;
+    `train_and_evaluate` in Python leaves it to the caller."""
     usage = ("from absl import flags\n"
              "from examples.common import app\n"
              "def define(fv):\n"
              "    app.define_run_flags(fv, out='x')\n"
              "def main(fv):\n"
+             "    from tensorflow.python.framework import config\n"
+             "    print('determinism', config.is_op_determinism_enabled())\n"
              "    raise app.UsageError('no data in ' + fv.out + '; pass --data_dir')\n"
              "app.run(define, main)\n")
     runs = [([sys.executable, "-m", "examples.mnist", f"--data_dir={idx_folder}",
@@ -537,11 +527,14 @@ def test_command_line_errors_are_one_line(idx_folder, tmp_path):
              f"FATAL Usage error: no data in {tmp_path}; pass --data_dir")]
     procs = [subprocess.Popen(argv, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for argv, _ in runs]
+    outs = []
     for proc, (_, expected) in zip(procs, runs):
-        _, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=300)
+        outs.append(out)
         assert proc.returncode == 1, err[-2000:]
         assert "Traceback" not in err and expected in err, err[-2000:]
         assert len([line for line in err.splitlines() if line.startswith("FATAL")]) == 1
+    assert "determinism True" in outs[1], outs[1]
 
 
 # Runs an example's __main__ as `python -m` does and reports, on exit, whether
@@ -666,7 +659,7 @@ def test_mnist_on_another_idx_data_set(idx_folder, tmp_path, capsys):
     """No MNIST in the titles: the data set's name (its folder's), its 5 classes and the
     normalisation of its training split; every model's full row; the last-epoch
     warning; the faithfulness table and figure of its explanations; a rerun reuses the
-    stored result."""
+    stored result, also when the data moved."""
     out = tmp_path / "out"
     argv = [f"--data_dir={idx_folder}", f"--out={out}", "--quick", "--noroll", *TINY,
             "--faithfulness=10"]
@@ -702,24 +695,31 @@ def test_mnist_on_another_idx_data_set(idx_folder, tmp_path, capsys):
     assert result.tables["faithfulness"] in log
     assert [p.name for p in result.figures] == ["faithfulness.png"]
     assert _is_png(result.figures[0]) and f"Faithfulness curves: {result.figures[0]}" in log
-    again = mnist.main(parse(mnist.define_flags, argv))
+    # (the reruns skip the faithfulness table: the training is what they reuse)
+    again = mnist.main(parse(mnist.define_flags, [*argv, "--faithfulness=0"]))
     assert again.rows[0]["train_time_s"] == row["train_time_s"]  # reused, not retrained
     # The data moved: the stored run names it by fingerprint, so it is still reused.
     moved = tmp_path / "elsewhere" / idx_folder.name
     shutil.copytree(idx_folder, moved)
-    argv_moved = [f"--data_dir={moved}", *argv[1:]]
+    argv_moved = [f"--data_dir={moved}", *argv[1:], "--faithfulness=0"]
     capsys.readouterr()
     moved_run = mnist.main(parse(mnist.define_flags, argv_moved))
     assert moved_run.rows[0]["train_time_s"] == row["train_time_s"]
     assert "vanilla: reusing" in capsys.readouterr().out
-    # One more model in the same --out: the tables gather it with the stored vanilla.
-    roll = mnist.main(parse(mnist.define_flags, [*argv_moved, "--novanilla", "--roll",
-                                                 "--lam=0.5", "--C=1", "--samples=2",
-                                                 "--faithfulness=0"]))
+
+
+@pytest.mark.slow  # a second model trained; the gathering: test_tables_gather_every_stored_...
+def test_mnist_gathers_a_new_model_with_the_stored_one(idx_folder, tmp_path):
+    """One more model in the same --out: the tables gather it with the stored vanilla."""
+    argv = [f"--data_dir={idx_folder}", f"--out={tmp_path / 'out'}", "--quick", *TINY,
+            "--faithfulness=0"]
+    mnist.main(parse(mnist.define_flags, [*argv, "--noroll"]))
+    roll = mnist.main(parse(mnist.define_flags, [*argv, "--novanilla", "--roll", "--lam=0.5",
+                                                 "--C=1", "--samples=2"]))
     assert [r["tag"] for r in roll.rows] == ["vanilla", "roll_lam0.5_C1_gamma100_s2"]
-    _, runs_shown, _ = _check_table(out, "runs", n_rows=2)
+    _, runs_shown, _ = _check_table(tmp_path / "out", "runs", n_rows=2)
     assert [r[0] for r in runs_shown] == ["Vanilla", "ROLL (lam=0.5, C=1, gamma=100, 2 axes)"]
-    _, table_shown, _ = _check_table(out, "table1", n_rows=3)
+    _, table_shown, _ = _check_table(tmp_path / "out", "table1", n_rows=3)
     assert table_shown[0][0] == "Vanilla"
 
 

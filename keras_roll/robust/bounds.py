@@ -136,18 +136,23 @@ class _ProbableLoss(RoundingLoss):
     the model's rounding in Higham & Mary's model plus the twin's rigorous error (as
     method 1's logit margins, `keras_roll.robust.region`); a bound is safe where either
     holds, so the smaller is subtracted. Used for the margins' final pull-back and for
-    CROWN's bounds of every unit (`relaxation_refiner`'s `loss`)."""
+    CROWN's bounds of every unit (`relaxation_refiner`'s `loss`, also on windows)."""
 
     def __init__(self, deltas, rounding: _NoiseRounding):
         super().__init__(deltas)
         self.rounding = rounding
         self.noise, self.twin = [], []
+        # `fn(tensor, key)` that cuts the noise terms into the windows of a windowed
+        # pull-back (`keras_roll.compile.bounds.windows`), set by its caller.
+        self.crop = None
 
     def visit(self, node, index, lam):
         if self.delta(index) is None:
             return None
         super().visit(node, index, lam)
         e, w = self.rounding.noise[node.output]
+        if self.crop is not None:
+            e, w = self.crop(e, node.output), self.crop(w, node.output)
         self.noise.append(abs_sum(tf.square(lam), tf.square(e)))
         self.twin.append(abs_sum(lam, w))
         return None

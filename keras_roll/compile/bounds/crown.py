@@ -47,6 +47,7 @@ from keras_roll.compile.bounds.rules import (
     plain_relu,
 )
 from keras_roll.compile.bounds.traversal import Values, pull_back
+from keras_roll.compile.bounds.windows import conv_windows
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.rules.activations import Activation
 from keras_roll.compile.rules.base import NO_RECORD
@@ -355,10 +356,31 @@ def _row_bounds(bounds_of, units, plus, affine: bool, k: int, lo, hi):
     return tf.transpose(lo_t), tf.transpose(hi_t)
 
 
+def _window_pull(structure: ProgramStructure, key: int, p, loss):
+    """`ConvWindows.bounds`'s `pull`: CROWN's lower bounds of the rows on the windows,
+    with `loss`'s own per-op tensors cut the same way (a loss with a `crop`)."""
+
+    def pull(cut, cut_lines, cut_deltas, rows, radii, at):
+        ops = RelaxedOps(cut)
+        ops.lines = cut_lines
+
+        def cut_loss(d):
+            rounding = loss(d)
+            if hasattr(rounding, "crop"):
+                rounding.crop = at
+            return rounding
+
+        return relaxed_lower_bounds(structure, cut, key, rows, ops, cut_deltas, radii, p,
+                                    cut_loss)
+
+    return pull
+
+
 def relaxation_refiner(structure: ProgramStructure, values: Values, lines: RelaxedOps,
                        eps, p, budget: int, examples: int,
                        loss: Callable[[list], RoundingLoss] = RoundingLoss,
-                       affine_shortcut: bool = True, skip_stable: bool = True):
+                       affine_shortcut: bool = True, skip_stable: bool = True,
+                       windows: bool = True):
     """`interval_pass`'s `refine` for CROWN: the relaxation's bounds of a nonlinear op's
     input (`+-I` rows pulled back, in chunks of at most `budget` bytes for `examples`
     examples, run one at a time in one traced loop), intersected with its interval; the
@@ -371,6 +393,11 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
     unit's lines are exact whatever its bounds, and it keeps its interval. The loop's
     graph does not depend on how many units are open. An affine input (below) keeps
     every unit's rows: they are cheap and exact.
+
+    The units of a "valid" convolution (`keras_roll.compile.bounds.windows`) pull all
+    their rows back through their receptive fields instead (`windows=True`): the same
+    bounds for a fraction of the work, stable units included (tighter than their
+    intervals; auto_LiRPA's "patches" serve the same purpose).
 
     An input that is an affine function of the model input alone (`affine_in_input`,
     the first layer's pre-activation) needs no relaxation: its pull-back is exact, and
@@ -392,6 +419,15 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
         if n == 0:
             return box
         signs, k, _ = layer_plan(structure, values, index, budget, examples, affine_shortcut)
+        view = (conv_windows(structure, values, key) if windows
+                and type(lines) is RelaxedOps and not lines.slopes else None)
+        if view is not None:
+            lo, hi = view.bounds(lines.lines, deltas, eps, budget, examples,
+                                 _window_pull(structure, key, p, loss))
+            tight = Box(tf.maximum(box.lo, tf.reshape(lo, tf.shape(box.lo))),
+                        tf.minimum(box.hi, tf.reshape(hi, tf.shape(box.hi))))
+            lines.set(index, node, tight)
+            return tight
         every = tf.ones([n], tf.bool)
         need_lo, need_hi = (open_units(node, lines, index, box) if skip_stable and signs == 2
                             else (every, every))
