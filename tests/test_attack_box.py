@@ -48,6 +48,6 @@ def test_l1_in_a_box_skips_coordinates_held_at_a_bound():
     assert np.all(np.isfinite(nb.upper))
     pts = nb.adversarial.astype(np.float32)
     assert np.all((pts >= 0) & (pts <= 1))
-    assert np.all(np.argmax(model.predict(pts, verbose=0), axis=1) == 1)
+    assert np.all(np.argmax(np.asarray(model(pts, training=False)), axis=1) == 1)
     assert np.all(nb.upper >= exact * (1 - 1e-6))  # never below the true minimum
     assert np.all(nb.upper <= exact * 1.03)

@@ -30,7 +30,7 @@ def _two_sided():
 
 
 def _flips(model, pts):
-    return np.argmax(model.predict(pts.astype(np.float32), verbose=0), axis=1) != 0
+    return np.argmax(np.asarray(model(pts.astype(np.float32), training=False)), axis=1) != 0
 
 
 @pytest.mark.parametrize("p", (1, 2, np.inf))

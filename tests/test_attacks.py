@@ -4,8 +4,8 @@
   `min_j (f_y - f_j) / ||w_y - w_j||_q`; with a box domain (l_inf) it is found by
   bisection on the radius of the best box-clipped sign step.
 * A 2-D ReLU net: the minimal distance by brute force on a fine grid.
-* Every point is checked with `model.predict` (another batch, another call), its
-  distance recomputed, its place in the domain checked.
+* Every point is checked with the Keras model itself (`model(x)`: another batch,
+  another call), its distance recomputed, its place in the domain checked.
 """
 
 import keras
@@ -37,10 +37,10 @@ def _linear(d=20, classes=4, seed=0):
 
 
 def _check_points(model, x, nb, p, pred):
-    """Every point flips `model.predict`, and `upper` is its distance from `x`."""
+    """Every point flips the Keras model's prediction; `upper` is its distance from `x`."""
     found = np.isfinite(nb.upper)
     pts = nb.adversarial[found].astype(np.float32)
-    assert np.all(np.argmax(model.predict(pts, verbose=0), axis=1) != pred[found])
+    assert np.all(np.argmax(np.asarray(model(pts, training=False)), axis=1) != pred[found])
     np.testing.assert_allclose(_norm(pts.astype(np.float64) - x[found], p), nb.upper[found],
                                rtol=1e-12)
 
@@ -106,7 +106,7 @@ def net2d():
     h = 0.004
     g = np.arange(-2.0, 2.0 + h / 2, h)
     grid = np.stack(np.meshgrid(g, g, indexing="ij"), -1).reshape(-1, 2)
-    labels = np.argmax(model.predict(grid.astype(np.float32), batch_size=65536, verbose=0),
+    labels = np.argmax(np.asarray(model(grid.astype(np.float32), training=False)),
                        axis=1)
     return model, grid, labels, h
 
@@ -116,7 +116,7 @@ def test_2d_net_never_below_the_brute_force_minimum(net2d, p):
     model, grid, labels, h = net2d
     x = np.random.default_rng(5).uniform(-0.8, 0.8, size=(10, 2)).astype(np.float32)
     x64 = x.astype(np.float64)
-    pred = np.argmax(model.predict(x, verbose=0), axis=1)
+    pred = np.argmax(np.asarray(model(x, training=False)), axis=1)
     nb = minimal_norm_attack(model, x, p)
     _check_points(model, x64, nb, p, pred)
     cell = _norm(np.array([[h, h]]), p)[0]  # a boundary point is within a cell of the grid's
@@ -131,10 +131,10 @@ def test_2d_net_never_below_the_brute_force_minimum(net2d, p):
 def test_starts_from_a_known_point_and_only_shrinks_it():
     model, w, b = _linear(seed=6)
     x = np.random.default_rng(7).normal(size=(6, 20)).astype(np.float32)
-    pred = np.argmax(model.predict(x, verbose=0), axis=1)
+    pred = np.argmax(np.asarray(model(x, training=False)), axis=1)
     far = minimal_norm_attack(model, x, 2, options=AttackOptions(steps=5, restarts=1))
     start = x + 3.0 * (far.adversarial - x)  # further out along the same line
-    still = np.argmax(model.predict(start.astype(np.float32), verbose=0), axis=1) != pred
+    still = np.argmax(np.asarray(model(start.astype(np.float32), training=False)), axis=1) != pred
     nb = minimal_norm_attack(model, x, 2, start=start,
                              options=AttackOptions(steps=20, restarts=1))
     assert np.all(nb.upper[still] <= _norm(start - x, 2)[still])
@@ -182,7 +182,7 @@ def _check_result(model, x, rr, p):
     found = np.isfinite(rr.upper[p])
     assert found.all()
     pts = rr.adversarial[p].astype(np.float32)
-    assert np.all(np.argmax(model.predict(pts, verbose=0), axis=1) != rr.predicted)
+    assert np.all(np.argmax(np.asarray(model(pts, training=False)), axis=1) != rr.predicted)
     np.testing.assert_allclose(_norm(pts.astype(np.float64) - x, p), rr.upper[p], rtol=1e-12)
     assert np.all(rr.lower[p] <= rr.upper[p])
 
@@ -232,13 +232,13 @@ def test_robust_radius_attack_in_layer_units(cnn):
 @pytest.mark.parametrize("p", NORMS)
 def test_probes_only_shrink_and_every_point_flips(cnn, p):
     """`probe_attack` from the attack's points: never farther, every point changes the
-    float32 prediction (`model.predict`), its distance is `upper`; the steps counted
+    float32 prediction (`model(x)`), its distance is `upper`; the steps counted
     are within the budget."""
     from keras_roll.robust.attacks import probe_attack, run_attack
 
     model, x = cnn
     x64 = x.astype(np.float64)
-    pred = np.argmax(model.predict(x, verbose=0), axis=1)
+    pred = np.argmax(np.asarray(model(x, training=False)), axis=1)
     opts = AttackOptions(steps=30, restarts=2, probe_steps=10, probe_budget=60, polish=1)
     nb, steps = run_attack(model, x, p, options=opts, probes=False)
     assert np.all(steps == 60 + 30 * np.isfinite(nb.upper))  # the polish: rows with a point

@@ -22,7 +22,7 @@ DUAL = {1: np.inf, 2: 2, np.inf: 1}
 
 
 def _flips(model, pts, pred):
-    return np.argmax(model.predict(pts.astype(np.float32), verbose=0), axis=1) != pred
+    return np.argmax(np.asarray(model(pts.astype(np.float32), training=False)), axis=1) != pred
 
 
 @pytest.mark.parametrize("p", (1, 2))
@@ -62,7 +62,7 @@ def test_polish_only_shrinks_the_restarts_points(p):
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(24, activation="relu"),
                               keras.layers.Dense(24, activation="relu"), keras.layers.Dense(4)])
     x = np.random.default_rng(8).normal(size=(10, 6)).astype(np.float32)
-    pred = np.argmax(model.predict(x, verbose=0), axis=1)
+    pred = np.argmax(np.asarray(model(x, training=False)), axis=1)
     opts = dict(steps=30, restarts=2, probe_steps=0)
     before = minimal_norm_attack(model, x, p, options=AttackOptions(**opts, polish=0))
     after = minimal_norm_attack(model, x, p, options=AttackOptions(**opts, polish=2))

@@ -50,7 +50,10 @@ def _grid(x, eps, p, n=241):
     return x + pts
 
 
-@pytest.mark.parametrize("p,refine", [(np.inf, True), (2, False), (np.inf, False)])
+# (l_inf, no refinement) slow: its two halves run by default, l_inf in (inf, True)
+# and the unrefined boxes in (2, False).
+@pytest.mark.parametrize("p,refine", [(np.inf, True), (2, False),
+                                      pytest.param(np.inf, False, marks=pytest.mark.slow)])
 def test_random_splits_and_multipliers_stay_sound(p, refine):
     model = _mlp((10, 10), 0.0, 2, 3, 5)
     stages = affine_stack(model)

@@ -76,7 +76,9 @@ def _boxes(eps, skip, guard=False):
     return boxes, acts, lines
 
 
-@pytest.mark.parametrize("p", [np.inf, 2])
+# l2 slow: the same skipping of stable units as l_inf, with another dual norm in the
+# first layer's bound (test_alpha_crown's l2 cases cover that norm by default).
+@pytest.mark.parametrize("p", [np.inf, pytest.param(2, marks=pytest.mark.slow)])
 def test_final_bounds_are_those_of_every_row(p):
     """Without rounding terms, the margins' lower bounds with stable units skipped are
     those of the pass that pulls back every unit's rows (to float64 rounding), in one

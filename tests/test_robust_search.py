@@ -317,7 +317,7 @@ def test_upper_never_below_the_milp_and_records_the_methods():
     upper, lower = rr.upper[np.inf], rr.lower[np.inf]
     assert np.all(np.isfinite(upper))
     pts = rr.adversarial[np.inf].astype(np.float32)
-    assert np.all(np.argmax(model.predict(pts, verbose=0), axis=1) != rr.predicted)
+    assert np.all(np.argmax(np.asarray(model(pts, training=False)), axis=1) != rr.predicted)
     flat = x.astype(np.float64)
     exact = np.array([exact_milp(stages, flat[i], rr.predicted[i], np.inf,
                                  upper[i] * (1 + 1e-6), 4)[1] for i in range(len(x))])

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 __all__ = ["batch_polymorphic", "cached", "compiled_call"]
@@ -104,7 +105,9 @@ def batch_polymorphic(fn):
     wrapper traces the first call of each signature (the tensors' dtypes and shapes
     past the leading axis, the other arguments' values) with the leading axis of
     every tensor argument relaxed to None, so that later batch sizes reuse that
-    graph; `reduce_retracing` relaxes the other axes as before.
+    graph; `reduce_retracing` relaxes the other axes as before. While functions run
+    eagerly (`tf.config.run_functions_eagerly(True)`) nothing is traced ahead: `fn`
+    runs its Python, and a graph traced for nothing would cost what the call does.
 
     Args:
         fn: a `tf.function` whose tensor arguments all lead with the batch axis
@@ -125,6 +128,8 @@ def batch_polymorphic(fn):
     traced: set = set()
 
     def call(*args):
+        if tf.config.functions_run_eagerly():  # `fn` runs its Python: nothing to trace
+            return fn(*args)
         key = tuple(_signature(v) for v in tf.nest.flatten(args))
         if key not in traced:
             with lock:
@@ -138,18 +143,30 @@ def batch_polymorphic(fn):
 
 
 def _signature(value):
-    """What of one argument leaf decides a trace, the batch size left out."""
-    if isinstance(value, tf.Tensor):
-        return value.dtype, tuple(value.shape[1:]) if value.shape.rank else ()
+    """What of one argument leaf decides a trace, the batch size left out: a tensor's
+    (or array's, which `tf.function` takes as a tensor) dtype and trailing shape, a
+    variable's dtype and shape, a composite tensor's spec, another value itself. Never an
+    object's identity, so that the signatures seen stay few however many calls there are."""
+    if isinstance(value, (tf.Tensor, np.ndarray)):
+        return type(value), value.dtype, tuple(value.shape[1:]) if value.ndim else ()
+    if isinstance(value, tf.Variable):
+        return tf.Variable, value.dtype, tuple(value.shape)
+    if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):  # by spec, batch included
+        return type(value), tf.type_spec_from_value(value)
     try:
         hash(value)
     except TypeError:
-        return type(value), id(value)
+        raise TypeError(
+            f"batch_polymorphic: an argument of type {type(value).__name__} ({value!r:.80}) "
+            f"is neither a tensor, an array nor hashable, and tf.function cannot trace it: "
+            f"pass it as a tensor or as an immutable value (a tuple, not a set or a list "
+            f"inside an object).") from None
     return type(value), value
 
 
 def _batch_spec(value):
-    """A tensor's `tf.TensorSpec` with its leading axis None; other values as given."""
-    if isinstance(value, tf.Tensor) and value.shape.rank:
-        return tf.TensorSpec([None, *value.shape[1:]], value.dtype)
+    """A tensor's (or array's) `tf.TensorSpec` with its leading axis None; other values
+    as given."""
+    if isinstance(value, (tf.Tensor, np.ndarray)) and value.ndim:
+        return tf.TensorSpec([None, *value.shape[1:]], tf.as_dtype(value.dtype))
     return value
