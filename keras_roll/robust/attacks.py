@@ -103,8 +103,9 @@ class AttackOptions(NamedTuple):
             with a tenth of the step size and a fifth of `gamma` (`FINE`): it settles
             the point the others reached.
         scout_steps: steps of the targeted runs after the first `FULL_TARGETS` (default
-            50): short runs toward the classes the linear estimate ranks further away,
-            which find the nearest class where the estimate is wrong (often for l1);
+            50, never more than `steps`): short runs toward the classes the linear
+            estimate ranks further away, which find the nearest class where the
+            estimate is wrong (often for l1);
             the polishing runs then continue from whichever point is closest. They
             run only when `restarts` exceeds `FULL_TARGETS + 1`; a stronger schedule is
             `AttackOptions(steps=150, restarts=5, polish=4, probe_budget=400)`.
@@ -351,7 +352,7 @@ def _restarts(runner, best, best_norm) -> np.ndarray:
                                    runner.hi)
         eps0 = np.where(np.isfinite(best_norm) & (r == 0), best_norm, 0.0)
         smooth = r % 2 == 1  # l_inf: every other run steps along the smooth direction
-        steps = options.steps if r <= FULL_TARGETS else options.scout_steps
+        steps = options.steps if r <= FULL_TARGETS else min(options.steps, options.scout_steps)
         pts, dist = runner.run(every, d0, eps0, target, steps, False, smooth)
         spent += steps
         _keep(best, best_norm, every, pts, dist)
