@@ -142,9 +142,6 @@ class _ProbableLoss(RoundingLoss):
         super().__init__(deltas)
         self.rounding = rounding
         self.noise, self.twin = [], []
-        # `fn(tensor, key)` that cuts the noise terms into the windows of a windowed
-        # pull-back (`keras_roll.compile.bounds.windows`), set by its caller.
-        self.crop = None
 
     def visit(self, node, index, lam):
         if self.delta(index) is None:

@@ -358,7 +358,7 @@ def _row_bounds(bounds_of, units, plus, affine: bool, k: int, lo, hi):
 
 def _window_pull(structure: ProgramStructure, key: int, p, loss):
     """`ConvWindows.bounds`'s `pull`: CROWN's lower bounds of the rows on the windows,
-    with `loss`'s own per-op tensors cut the same way (a loss with a `crop`)."""
+    with `loss`'s own per-op tensors cut the same way (`RoundingLoss.crop`)."""
 
     def pull(cut, cut_lines, cut_deltas, rows, radii, at):
         ops = RelaxedOps(cut)
@@ -366,8 +366,7 @@ def _window_pull(structure: ProgramStructure, key: int, p, loss):
 
         def cut_loss(d):
             rounding = loss(d)
-            if hasattr(rounding, "crop"):
-                rounding.crop = at
+            rounding.crop = at
             return rounding
 
         return relaxed_lower_bounds(structure, cut, key, rows, ops, cut_deltas, radii, p,

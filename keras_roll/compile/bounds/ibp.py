@@ -184,6 +184,9 @@ class RoundingLoss:
     def __init__(self, deltas: list):
         self.deltas = deltas
         self.strict: list = []
+        # `fn(tensor, key)` that cuts a subclass's own per-op tensors the way `deltas`
+        # were cut, in a pull-back on windows (`keras_roll.compile.bounds.windows`)
+        self.crop = None
 
     def delta(self, index: int):
         """Op `index`'s rounding bound, or None (no rounding, or not bounded yet)."""
