@@ -111,8 +111,8 @@ def conv_windows(structure: ProgramStructure, values, key: int) -> ConvWindows |
 
 
 class ConvWindows:
-    """The windows of one value's units (`conv_windows`): `crop` cuts a value into
-    them, `bounds` pulls the units' rows back through them."""
+    """The windows of one value's units (`conv_windows`): `bounds` pulls the units'
+    rows back through them, a chunk of (example, position) pairs at a time."""
 
     def __init__(self, structure, values, key, plan: dict, path: list):
         self.structure, self.values, self.key = structure, values, key
@@ -132,11 +132,10 @@ class ConvWindows:
                            3 * self.values.x.dtype.size * 2 * self.channels * self.largest,
                            budget, batch_size=1, min_directions=1).per_chunk
 
-    def crop(self, t: tf.Tensor, key: int) -> tf.Tensor:
-        """`[B * P, *window, C]`: the windows of value `key`'s tensor `t` (`[B, H, W, C]`
-        or broadcastable to the value), example by example, positions row-major."""
+    def _patches(self, t: tf.Tensor, key: int) -> tf.Tensor:
+        """`[b * P, *window, C]`: the windows of value `key`'s tensor `t` (`[b, H, W, C]`,
+        any `b` examples), example by example, positions row-major."""
         ref = self.values.value(self.structure, key)
-        t = tf.broadcast_to(t, tf.shape(ref))
         size, stride = self.plan[key]
         patches = tf.image.extract_patches(t, sizes=[1, *size, 1], strides=[1, *stride, 1],
                                            rates=[1, 1, 1, 1], padding="VALID")
@@ -147,9 +146,14 @@ class ConvWindows:
         `items` (`[m]`), and the cutter `fn(tensor, key)` of any other tensor."""
         s, v = self.structure, self.values
         n = len(s.nodes)
+        # only the chunk's examples are cut into windows: `items` index (example,
+        # position) pairs, and a chunk holds few of the batch's examples
+        examples, local = tf.unique(items // self.positions)
+        picked = local * self.positions + items % self.positions
 
         def at(t, key):
-            return tf.gather(self.crop(t, key), items)
+            t = tf.broadcast_to(t, tf.shape(v.value(s, key)))
+            return tf.gather(self._patches(tf.gather(t, examples), key), picked)
 
         inputs, outputs = [None] * n, [None] * n
         cut_lines, cut_deltas = {}, [None] * len(deltas)
