@@ -3,7 +3,7 @@ receptive fields (`keras_roll.compile.bounds.windows`) equal those of the whole
 network's pull-back (every unit's rows, `windows=False, skip_stable=False`) to float64
 rounding, in one chunk and in several, with and without the rounding guard, under
 both rigors of `robust_radius`; every box holds the values at points sampled in the
-ball; convolutions with "same" padding fall back to the dense rows; a batch
+ball; convolutions with "same" padding get windows too; a batch
 normalization between convolutions keeps the windows; `crown_cost` counts them.
 
 The subject is a small CNN with a leading `Rescaling` and three "valid" ReLU
@@ -74,12 +74,12 @@ def test_windows_of_valid_convolutions_only():
     keys = [n.inputs[0] for n in structure.nodes if isinstance(n.op, Activation)]
     plans = [conv_windows(structure, values, k) for k in keys]
     assert plans[3] is None  # the dense layer's input
-    assert [v.plan[structure.input_key] for v in plans[1:3]] == [((5, 5), (2, 2)),
-                                                                 ((7, 7), (2, 2))]
-    assert plans[0].positions == 25 and plans[0].plan[structure.input_key][0] == (3, 3)
-    _, same, _, same_values = _setup("same")
-    assert all(conv_windows(same, same_values, n.inputs[0]) is None
-               for n in same.nodes if isinstance(n.op, Activation))
+    assert [v.plan[structure.input_key][1:] for v in plans[1:3]] == [((5, 5), (2, 2)),
+                                                                     ((7, 7), (2, 2))]
+    assert plans[0].positions == 25 and plans[0].plan[structure.input_key].size == (3, 3)
+    _, same, _, same_values = _setup("same")  # "same" convolutions: windows past the border
+    assert conv_windows(same, same_values, [n.inputs[0] for n in same.nodes
+                                            if isinstance(n.op, Activation)][1]) is not None
 
 
 @pytest.mark.parametrize("p", [np.inf, 2])

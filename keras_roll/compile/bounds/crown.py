@@ -422,7 +422,7 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
                 and type(lines) is RelaxedOps and not lines.slopes else None)
         if view is not None:
             lo, hi = view.bounds(lines.lines, deltas, eps, budget, examples,
-                                 _window_pull(structure, key, p, loss))
+                                 _window_pull(view.windowed, key, p, loss))
             tight = Box(tf.maximum(box.lo, tf.reshape(lo, tf.shape(box.lo))),
                         tf.minimum(box.hi, tf.reshape(hi, tf.shape(box.hi))))
             lines.set(index, node, tight)

@@ -1,23 +1,28 @@
 """CROWN's layer bounds of a convolution's units, pulled back through the part of the
 network each unit sees (its receptive field) instead of the whole network.
 
-A unit of a convolution with "valid" padding depends only on a window of the input
-(and of every value between): the window of a `k x k` kernel at stride `s` over a
-window of `w x w` positions covers `(w - 1) s + k` input positions, at stride `s`
-times the window's. Pulling the rows `+-e_j` of that unit back through the network
-restricted to its windows gives the same functionals as the whole pull-back (they are
-zero outside the windows, so the relaxation's offsets, the rounding terms and the dual
-norm at the input are the same sums, in another order), at the cost of the windows
-only: on the MNIST CNNs of `benchmarks.cnn_models` about a tenth of the work of the
-second layer's bounds (auto_LiRPA's "patches" mode serves the same purpose).
+A unit of a convolution depends only on a window of the input (and of every value
+between): the window of a `k x k` kernel at stride `s` over a window of `w x w`
+positions covers `(w - 1) s + k` input positions, at stride `s` times the window's,
+starting `s` times the window's start less the padding before the input. Pulling the
+rows `+-e_j` of that unit back through the network restricted to its windows gives
+the same functionals as the whole pull-back (they are zero outside the windows, so
+the relaxation's offsets, the rounding terms and the dual norm at the input are the
+same sums, in another order), at the cost of the windows only (auto_LiRPA's
+"patches" mode serves the same purpose). Where a window reaches past the border of
+its value (zero padding), its rows there are zero: those positions are constants,
+not functions of the input. Where a value is read by several ops (a residual
+`Add`'s shortcut and its convolutions), its window is the union of theirs.
 
-`conv_windows` finds the windows of a value (a chain of single-input ops back to the
-model input: ReLU-family activations, "valid" 2-D convolutions without dilation,
-scalar rescalings and channels-last batch normalizations; None for anything else,
-where the caller pulls back dense rows). `ConvWindows.bounds` runs the caller's
-pull-back (CROWN's, `keras_roll.compile.bounds.crown.relaxation_refiner`) of every
-unit's `+e_j` and `-e_j` rows on the windows, a chunk of (example, position) pairs at
-a time within the memory budget, in one traced loop.
+Which ops are local is their rules' business: `Op.local` (`keras_roll.compile.rules.
+base.Local`) gives the span, stride and padding of an op's positions and its linear
+part on windows; ops without it (dense layers, global pooling, "same" average
+pooling) keep the dense rows. `conv_windows` finds the windows of a value;
+`ConvWindows.bounds` runs the caller's pull-back (CROWN's, `keras_roll.compile.
+bounds.crown.relaxation_refiner`) of every unit's `+e_j` and `-e_j` rows on the
+windows (over `ConvWindows.windowed`, the program with every linear op replaced by
+its map on windows), a chunk of (example, position) pairs at a time within the
+memory budget, in one traced loop.
 
 Example:
 
@@ -30,52 +35,95 @@ if view is not None:
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Callable
+from typing import NamedTuple
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.bounds.traversal import Values
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.rules.activations import Activation
-from keras_roll.compile.rules.affine import Identity
+from keras_roll.compile.rules.base import NO_RECORD, Local, Op, Tangent, apply_linear
 from keras_roll.compile.structure import ProgramStructure
 
 __all__ = ["ConvWindows", "conv_windows"]
 
 
-def _same_window(op) -> bool:
-    """Whether `op` maps every position to the same position (elementwise, per channel)."""
-    if isinstance(op, (Activation, Identity)):
-        return True
-    layer = getattr(op, "layer", None)
-    if isinstance(layer, keras.layers.Rescaling):
-        return np.ndim(layer.scale) == 0
-    if isinstance(layer, keras.layers.BatchNormalization):
-        axes = [layer.axis] if isinstance(layer.axis, int) else list(layer.axis)
-        return axes in ([-1], [3])
-    return False
+class _Window(NamedTuple):
+    """The positions of a value that the key's position `p` reads, per spatial axis:
+    `p * stride + start` to `p * stride + start + size - 1` (may pass the border)."""
+
+    start: tuple
+    size: tuple
+    stride: tuple
 
 
-def _input_window(op, size, stride):
-    """`(size, stride)` of `op`'s input window under its output's, or None."""
-    if _same_window(op):
-        return size, stride
-    layer = getattr(op, "layer", None)
-    if (type(layer) is keras.layers.Conv2D and layer.padding == "valid"
-            and tuple(layer.dilation_rate) == (1, 1)
-            and layer.data_format == "channels_last" and not isinstance(op, Activation)):
-        return (tuple((w - 1) * t + k for w, t, k in zip(size, layer.strides,
-                                                          layer.kernel_size)),
-                tuple(s * t for s, t in zip(stride, layer.strides)))
-    return None
+def _input_window(out: _Window, local: Local) -> _Window:
+    """The window an op's input needs for the window `out` of its output."""
+    return _Window(tuple(a * s - b for a, s, b in zip(out.start, local.strides, local.before)),
+                   tuple((n - 1) * s + k for n, s, k in zip(out.size, local.strides, local.span)),
+                   tuple(t * s for t, s in zip(out.stride, local.strides)))
+
+
+def _union(a: _Window | None, b: _Window) -> _Window | None:
+    """The smallest window holding `a` and `b` (None if their strides differ)."""
+    if a is None:
+        return b
+    if a.stride != b.stride:
+        return None
+    start = tuple(min(x, y) for x, y in zip(a.start, b.start))
+    end = tuple(max(x + n, y + m) for x, n, y, m in zip(a.start, a.size, b.start, b.size))
+    return _Window(start, tuple(e - s for e, s in zip(end, start)), a.stride)
+
+
+def _plan(structure: ProgramStructure, values, key: int):
+    """`(windows {key: _Window}, {index: (Local, window its inputs need)}, path)` of the
+    ops value `key` depends on, or None where one of them is not local."""
+    plan = {key: _Window((0, 0), (1, 1), (1, 1))}
+    needs, path = {}, []
+    for index in range(structure.producer.get(key, -1), -1, -1):
+        node = structure.nodes[index]
+        if node.output not in plan:
+            continue
+        shape = tuple(values.inputs[index][0].shape[1:])
+        if (values.masks[index] is not None or len(shape) != 3 or None in shape
+                or any(tuple(v.shape[1:]) != shape for v in values.inputs[index])):
+            return None
+        local = node.op.local(shape)
+        if local is None or len(local.span) != 2:
+            return None
+        need = _input_window(plan[node.output], local)
+        for k in node.inputs:
+            plan[k] = _union(plan.get(k), need)
+            if plan[k] is None:
+                return None
+        needs[index] = (local, need)
+        path.append(index)
+    if structure.input_key not in plan:
+        return None
+    for index in path:  # a relaxed op passes its rows on unchanged: no crop
+        node = structure.nodes[index]
+        if isinstance(node.op, Activation) and plan[node.inputs[0]] != needs[index][1]:
+            return None
+    return plan, needs, path
+
+
+def _inside(window: _Window, grid, shape) -> np.ndarray:
+    """`[P, *size, 1]`: 1 where the window of position `p` of the key's `grid` lies in
+    the value's spatial `shape`, 0 on the padding."""
+    axes = [((np.arange(g) * t + a)[:, None] + np.arange(n)[None] >= 0)
+            & ((np.arange(g) * t + a)[:, None] + np.arange(n)[None] < m)
+            for g, a, n, t, m in zip(grid, window.start, window.size, window.stride, shape)]
+    inside = axes[0][:, None, :, None] & axes[1][None, :, None, :]
+    return inside.reshape(-1, *window.size, 1).astype(np.float64)
 
 
 def conv_windows(structure: ProgramStructure, values, key: int) -> ConvWindows | None:
     """The windows of the units of value `key` (`[B, H, W, C]`), or None where some op it
-    depends on is not local (see the module docstring) or no window is smaller than
-    its value.
+    depends on is not local (`Op.local`) or the windows are no smaller than the values.
 
     Example:
 
@@ -85,45 +133,75 @@ def conv_windows(structure: ProgramStructure, values, key: int) -> ConvWindows |
     """
     if values.value(structure, key).shape.rank != 4 or values.x.shape.rank != 4:
         return None
-    plan = {key: ((1, 1), (1, 1))}
-    path = []
-    for index in range(structure.producer.get(key, -1), -1, -1):
-        node = structure.nodes[index]
-        if node.output not in plan:
-            continue
-        if len(node.inputs) != 1 or values.masks[index] is not None:
-            return None
-        window = _input_window(node.op, *plan[node.output])
-        if window is None or plan.get(node.inputs[0], window) != window:
-            return None
-        plan[node.inputs[0]] = window
-        path.append(index)
-    if structure.input_key not in plan:
+    found = _plan(structure, values, key)
+    if found is None:
         return None
-    grid = tuple(values.value(structure, key).shape[1:3])
-    for k, (size, stride) in plan.items():
-        shape = values.value(structure, k).shape[1:3]
-        if tuple((n - w) // s + 1 for n, w, s in zip(shape, size, stride)) != grid:
-            return None
-    if plan[structure.input_key][0] == tuple(values.x.shape[1:3]):
-        return None  # the windows are the whole input: nothing saved
-    return ConvWindows(structure, values, key, plan, path)
+    plan = found[0]
+    below = [k for k in plan if k != key]
+    cut = sum(int(np.prod(plan[k].size)) * int(values.value(structure, k).shape[3])
+              for k in below)
+    whole = sum(int(np.prod(values.value(structure, k).shape[1:])) for k in below)
+    if cut >= whole:
+        return None  # the windows are no smaller than the values: nothing saved
+    return ConvWindows(structure, values, key, *found)
+
+
+class _OnWindow(Op):
+    """A linear op on windows: its input windows cut to what it needs (`crop`: start and
+    size per spatial axis), zero on the padding (the record: `[m, *size, 1]`), then its
+    map on windows (`Local.window_map`) or its own tangent (elementwise)."""
+
+    def __init__(self, op: Op, local: Local, crop: tuple):
+        super().__init__(op.layer, op.name)
+        self.op, self.local, self.crop = op, local, crop
+
+    def tangent(self, tangents, record, mask):
+        batch = tf.shape(record)[0]
+        (a, b), (n, m) = self.crop
+        cut = [Tangent(t.per_example(batch)[:, :, a:a + n, b:b + m] * record[:, None])
+               for t in tangents]
+        if self.local.window_map is None:
+            return self.op.tangent(cut, NO_RECORD, None)
+        return apply_linear(self.local.window_map, cut), None
 
 
 class ConvWindows:
     """The windows of one value's units (`conv_windows`): `bounds` pulls the units'
-    rows back through them, a chunk of (example, position) pairs at a time."""
+    rows back through them, a chunk of (example, position) pairs at a time.
 
-    def __init__(self, structure, values, key, plan: dict, path: list):
+    Attributes:
+        windowed: the program's structure with every linear op on the way replaced by
+            its map on windows: the structure the caller's pull-back walks.
+        positions, channels: the value's positions (`H W`) and channels.
+        largest, entries: the largest window of a value below (elements) and their
+            sum: the memory and the work of one row.
+    """
+
+    def __init__(self, structure, values, key, plan: dict, needs: dict, path: list):
         self.structure, self.values, self.key = structure, values, key
         self.plan, self.path = plan, path
         shape = values.value(structure, key).shape
-        self.positions = int(shape[1]) * int(shape[2])
+        grid = (int(shape[1]), int(shape[2]))
+        self.positions = grid[0] * grid[1]
         self.channels = int(shape[3])
-        sizes = {k: int(np.prod(size)) * int(values.value(structure, k).shape[3])
-                 for k, (size, _) in plan.items() if k != key}
+        sizes = {k: int(np.prod(w.size)) * int(values.value(structure, k).shape[3])
+                 for k, w in plan.items() if k != key}
         self.largest = max(sizes.values())
         self.entries = sum(sizes.values())  # per row: the windows of the values below
+        self.inside = {k: _inside(w, grid, values.value(structure, k).shape[1:3])
+                       for k, w in plan.items()}
+        nodes, self.crops = list(structure.nodes), {}
+        for index in path:
+            node = structure.nodes[index]
+            if isinstance(node.op, Activation):
+                continue  # relaxed: the caller's lines, cut to the window
+            local, need = needs[index]
+            have = plan[node.inputs[0]]
+            crop = (tuple(s - t for s, t in zip(need.start, have.start)), need.size)
+            self.crops[index] = (node.inputs[0], crop)
+            nodes[index] = dataclasses.replace(node, op=_OnWindow(node.op, local, crop))
+        self.windowed = copy.copy(structure)
+        self.windowed.nodes = nodes
 
     def items_per_chunk(self, budget: int, examples: int) -> int:
         """(Example, position) pairs per pull-back: their `2 C` rows' functionals fit
@@ -134,18 +212,30 @@ class ConvWindows:
 
     def _patches(self, t: tf.Tensor, key: int) -> tf.Tensor:
         """`[b * P, *window, C]`: the windows of value `key`'s tensor `t` (`[b, H, W, C]`,
-        any `b` examples), example by example, positions row-major."""
-        ref = self.values.value(self.structure, key)
-        size, stride = self.plan[key]
-        patches = tf.image.extract_patches(t, sizes=[1, *size, 1], strides=[1, *stride, 1],
+        any `b` examples), example by example, positions row-major, zero past the
+        border."""
+        w = self.plan[key]
+        grid = self.values.value(self.structure, self.key).shape[1:3]
+        shape = t.shape[1:3]
+        lo = [max(0, -a) for a in w.start]
+        hi = [max(0, a + (g - 1) * s + n - m)
+              for a, g, s, n, m in zip(w.start, grid, w.stride, w.size, shape)]
+        t = tf.pad(t, [[0, 0], [lo[0], hi[0]], [lo[1], hi[1]], [0, 0]])
+        first = [a + p for a, p in zip(w.start, lo)]
+        span = [(g - 1) * s + n for g, s, n in zip(grid, w.stride, w.size)]
+        t = t[:, first[0]:first[0] + span[0], first[1]:first[1] + span[1]]
+        patches = tf.image.extract_patches(t, sizes=[1, *w.size, 1],
+                                           strides=[1, *w.stride, 1],
                                            rates=[1, 1, 1, 1], padding="VALID")
-        return tf.reshape(patches, [-1, *size, int(ref.shape[3])])
+        return tf.reshape(patches, [-1, *w.size, int(t.shape[3])])
 
     def _cropped(self, lines: dict, deltas: list, items):
-        """The `Values`, lines (`{index: tensors}`) and rounding bounds of the windows
-        `items` (`[m]`), and the cutter `fn(tensor, key)` of any other tensor."""
+        """The `Values` (the windows' shapes; the pull-back reads no value, only lines,
+        rounding bounds and records), lines (`{index: tensors}`) and rounding bounds
+        of the windows `items` (`[m]`), and the cutter `fn(tensor, key)` of any other
+        tensor."""
         s, v = self.structure, self.values
-        n = len(s.nodes)
+        n, dtype = len(s.nodes), v.x.dtype
         # only the chunk's examples are cut into windows: `items` index (example,
         # position) pairs, and a chunk holds few of the batch's examples
         examples, local = tf.unique(items // self.positions)
@@ -155,17 +245,25 @@ class ConvWindows:
             t = tf.broadcast_to(t, tf.shape(v.value(s, key)))
             return tf.gather(self._patches(tf.gather(t, examples), key), picked)
 
-        inputs, outputs = [None] * n, [None] * n
+        def shape_of(key):
+            return tf.zeros([1, *self.plan[key].size, int(v.value(s, key).shape[3])], dtype)
+
+        inputs, outputs, records = [None] * n, [None] * n, list(v.records)
         cut_lines, cut_deltas = {}, [None] * len(deltas)
         for i in self.path:
             node = s.nodes[i]
-            inputs[i] = [at(v.inputs[i][0], node.inputs[0])]
-            outputs[i] = at(v.outputs[i], node.output)
+            inputs[i] = [shape_of(k) for k in node.inputs]
+            outputs[i] = shape_of(node.output)
             if i in lines:
                 cut_lines[i] = tuple(at(t, node.output) for t in lines[i])
             if i < len(deltas) and deltas[i] is not None:
                 cut_deltas[i] = at(deltas[i], node.output)
-        cut = Values(at(v.x, s.input_key), tuple(inputs), tuple(outputs), v.records, v.masks)
+            if i in self.crops:
+                key, ((a, b), (h, w)) = self.crops[i]
+                inside = self.inside[key][:, a:a + h, b:b + w]
+                records[i] = tf.gather(tf.constant(inside, dtype), items % self.positions)
+        cut = Values(shape_of(s.input_key), tuple(inputs), tuple(outputs), tuple(records),
+                     v.masks)
         return cut, cut_lines, cut_deltas, at
 
     def bounds(self, lines: dict, deltas: list, eps, budget: int, examples: int,
@@ -182,8 +280,9 @@ class ConvWindows:
             budget: bytes of functionals per pull-back.
             examples: examples per call at most (the plan's balance).
             pull: `pull(values, lines, deltas, rows, eps, cut) -> [m, 2C]`, the lower
-                bounds of the shared rows `[1, 2C, 1, 1, C]` of the value in the windows
-                (`cut(tensor, key)` cuts any other per-example tensor the same way).
+                bounds of the rows `[m, 2C, 1, 1, C]` of the value in the windows
+                over `self.windowed` (`cut(tensor, key)` cuts any other per-example
+                tensor the same way).
         """
         c, positions = self.channels, self.positions
         dtype = self.values.x.dtype
@@ -201,7 +300,8 @@ class ConvWindows:
             items = (i * per + tf.range(per)) % total
             cut, cut_lines, cut_deltas, at = self._cropped(lines, deltas, items)
             r = tf.gather(radii, items) if radii.shape.rank else radii
-            low = pull(cut, cut_lines, cut_deltas, rows, r, at)
+            per_item = tf.broadcast_to(rows, [per, 2 * c, 1, 1, c])  # the ops' records are
+            low = pull(cut, cut_lines, cut_deltas, per_item, r, at)   # per item
             return i + 1, tf.tensor_scatter_nd_update(out, items[:, None], low)
 
         _, out = tf.while_loop(lambda i, _: i < chunks, body,

@@ -21,6 +21,7 @@ from keras_roll.compile.rules.base import (
     Neurons,
     Op,
     Tangent,
+    elementwise,
     flatten_directions,
     flatten_examples,
 )
@@ -103,6 +104,9 @@ class Activation(Op):
         z = inputs[0]
         record = ActivationRecord(z, self.slope(z), mask)
         return tf.cast(self.fn(z), z.dtype), record
+
+    def local(self, shape):
+        return elementwise(shape)
 
     def tangent(self, tangents, record, mask):
         t = tangents[0]

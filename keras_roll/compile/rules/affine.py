@@ -25,10 +25,12 @@ from keras_roll.compile.rules.activations import activation_ops
 from keras_roll.compile.rules.base import (
     NO_RECORD,
     Linear,
+    Local,
     Op,
     Tangent,
     WeightedSum,
     apply_linear,
+    elementwise,
     merge_batch,
     split_batch,
 )
@@ -85,6 +87,9 @@ class LayerCall(Op):
                 out = Tangent(out.value, out.shared, axes=axes)
         return out, None
 
+    def local(self, shape):
+        return _layer_local(self.layer, shape)
+
     @property
     def keeps_axes(self) -> bool:
         """Whether the layer keeps every input axis's flat index (a row-major reshape)."""
@@ -121,6 +126,26 @@ class LayerCall(Op):
             size = n + (sum(pads[d]) if d < rank else 0)
             out = out * size + coords[d] + (pads[d][0] if d < rank else 0)
         return tf.where(t.axes >= 0, out, -1)
+
+_ELEMENTWISE_MERGES = ("Add", "Subtract", "Average")
+
+
+def _layer_local(layer, shape) -> Local | None:
+    """The `Local` of a linear layer call on channels-last images: merges (elementwise),
+    2-D zero padding (a shift) and "valid" 2-D average pooling; else None."""
+    L = keras.layers
+    if isinstance(layer, (L.Add, L.Subtract, L.Average)) or (
+            not isinstance(layer, L.Layer) and type(layer).__name__ in _ELEMENTWISE_MERGES):
+        return elementwise(shape)
+    pads = _zero_padding(layer)
+    if pads is not None and len(pads) == 2:
+        return Local((1, 1), (1, 1), tuple(a for a, _ in pads), lambda xs: xs[0])
+    if (isinstance(layer, L.AveragePooling2D) and layer.padding == "valid"
+            and layer.data_format == "channels_last"):
+        return Local(tuple(layer.pool_size), tuple(layer.strides), (0, 0),
+                     lambda xs: call_layer(layer, xs, None))
+    return None
+
 
 def _zero_padding(layer):
     """`((before, after), ...)` per spatial dimension of a channels-last ZeroPadding
@@ -163,6 +188,9 @@ class Identity(Op):
 
     affine = True
 
+    def local(self, shape):
+        return elementwise(shape)
+
     def forward(self, inputs, mask):
         return inputs[0], NO_RECORD
 
@@ -182,7 +210,7 @@ def _cast(v, like):
 
 
 def _with_bias(layer, linear, kernels, bias, bias_shape=None, rows=None, one_hot=None,
-               channel_last_kernel=False):
+               channel_last_kernel=False, local=None):
     """ops: `[Linear(x -> linear(x, kernels()) + bias), *activation ops]`.
 
     `linear(x, ks)` applies the kernels `ks` (a list) to `x`: sums of products,
@@ -217,7 +245,8 @@ def _with_bias(layer, linear, kernels, bias, bias_shape=None, rows=None, one_hot
                  rows=None if rows is None else (lambda idx: rows(idx)), one_hot=one_hot,
                  scaled=scaled if channel_last_kernel else None,
                  weighted_sum=WeightedSum(linear, kernels,
-                                          None if bias is None else bias_value))
+                                          None if bias is None else bias_value),
+                 local=local)
     return [lin, *activation_ops(layer, layer.activation)]
 
 
@@ -254,7 +283,29 @@ def _conv_rule(layer):
                       (lambda: layer.bias) if layer.use_bias else None, bias_shape,
                       one_hot=_conv_taps(layer),
                       channel_last_kernel=layer.data_format == "channels_last"
-                      and getattr(layer, "groups", 1) == 1)
+                      and getattr(layer, "groups", 1) == 1, local=_conv_local(layer))
+
+
+def _conv_local(layer):
+    """`Linear`'s `local` of a channels-last 2-D convolution ("valid" or "same", any
+    stride or dilation, groups=1): its kernel's span and padding; else None."""
+    if (layer.rank != 2 or layer.data_format != "channels_last"
+            or getattr(layer, "groups", 1) != 1 or layer.padding not in ("valid", "same")):
+        return None
+
+    def window_map(xs):
+        kernel = tf.cast(layer.kernel, xs[0].dtype)
+        return ops.conv(xs[0], kernel, strides=list(layer.strides), padding="valid",
+                        dilation_rate=layer.dilation_rate, data_format="channels_last")
+
+    def local(shape):
+        geometry = _conv_geometry(layer, shape[:2])
+        if geometry is None:
+            return None
+        spans = tuple((k - 1) * d + 1 for k, d in zip(layer.kernel_size, layer.dilation_rate))
+        return Local(spans, tuple(layer.strides), tuple(geometry[0]), window_map)
+
+    return local
 
 
 def _conv_taps(layer):

@@ -159,6 +159,50 @@ class Neurons(NamedTuple):
     piece: tf.Tensor
 
 
+class Local(NamedTuple):
+    """How an op's output positions read its input's, on channels-last images: output
+    position `p` (per spatial axis) reads the input positions `p * stride - before`
+    to `p * stride - before + span - 1` only; positions outside the input are zeros
+    (padding). An op declares it with `Op.local`; CROWN's layer bounds then pull a
+    unit's rows back through its receptive field alone
+    (`keras_roll.compile.bounds.windows`).
+
+    Attributes:
+        span: per spatial axis, the input positions one output position reads.
+        strides: per spatial axis, the input step between output positions.
+        before: per spatial axis, the zero padding before the input.
+        window_map: `fn([N, *window, C] tensors) -> [N, *out, C']`, the op's linear
+            part on windows of its inputs that already hold their padding ("valid"
+            on the window), or None for an op whose own `tangent` applies to any
+            window (elementwise, per channel).
+
+    Example:
+
+    ```python
+    Local((3, 3), (2, 2), (1, 1), lambda xs: tf.nn.conv2d(xs[0], k, 2, "VALID"))
+    ```
+    """
+
+    span: tuple
+    strides: tuple
+    before: tuple
+    window_map: Any = None
+
+
+def elementwise(shape) -> Local:
+    """The `Local` of an op that maps every position to itself (per channel) on inputs
+    of per-example shape `shape` (`[*spatial, C]`).
+
+    Example:
+
+    ```python
+    elementwise((8, 8, 16)).span        # (1, 1)
+    ```
+    """
+    rank = len(shape) - 1
+    return Local((1,) * rank, (1,) * rank, (0,) * rank)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class NoRecord(Record):
     """The record of an op without an activation pattern (it records nothing)."""
@@ -223,6 +267,12 @@ class Op:
         """Per-example shape of the neuron tensor, from a record with static shapes."""
         return None
 
+    def local(self, shape) -> Local | None:
+        """How the op's output positions read its inputs' (`Local`), for channels-last
+        inputs of per-example shape `shape` (`[*spatial, C]`, static), or None where
+        an output position may read any input position (the default)."""
+        return None
+
 
 class WeightedSum(NamedTuple):
     """An affine op written as sums of products with its weights.
@@ -276,6 +326,8 @@ class Linear(Op):
         weighted_sum: a `WeightedSum` when the op is sums of products with its
             weights (Dense, convolutions), so that analyses can apply the same
             sums to other weights (their absolute values, for rounding bounds).
+        local: `fn(shape) -> Local or None`, the op's locality on channels-last
+            inputs of per-example shape `shape` (`Op.local`), or None (not local).
 
     Example:
 
@@ -290,8 +342,9 @@ class Linear(Op):
 
     def __init__(self, layer, linear, forward=None, name=None, rows=None,
                  training_dependent=False, one_hot=None, scaled=None, channel_scale=None,
-                 weighted_sum: WeightedSum | None = None):
+                 weighted_sum: WeightedSum | None = None, local=None):
         super().__init__(layer, name, training_dependent=training_dependent)
+        self._local = local
         self._linear = linear
         self._forward = forward
         self._rows = rows
@@ -319,6 +372,9 @@ class Linear(Op):
         if self._scaled is None:
             return None
         return self._tangent(tangents, scale)
+
+    def local(self, shape) -> Local | None:
+        return None if self._local is None else self._local(tuple(shape))
 
     @property
     def can_scale(self) -> bool:

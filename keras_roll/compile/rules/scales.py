@@ -13,11 +13,12 @@ rules is in docs/design.md, section "Rules".
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import ops
 
 from keras_roll.compile.keras_internals import normalization_statistics
-from keras_roll.compile.rules.base import Linear
+from keras_roll.compile.rules.base import Linear, elementwise
 from keras_roll.compile.rules.registry import register_rule
 
 __all__ = ["batch_norm_parts", "normalization_parts", "rescaling_parts"]
@@ -79,8 +80,13 @@ def _batch_norm_rule(layer):
             inv *= tf.cast(layer.gamma, work)
         return tf.cast(inv, dtype)
 
+    def local(shape):  # per channel of the last axis: elementwise on any window
+        axes = [layer.axis] if isinstance(layer.axis, int) else list(layer.axis)
+        last = [a % (len(shape) + 1) for a in axes] == [len(shape)]
+        return elementwise(shape) if last else None
+
     return Linear(layer, linear, training_dependent=True,  # batch statistics in training
-                  channel_scale=channel_scale)
+                  channel_scale=channel_scale, local=local)
 
 
 def rescaling_parts(layer, x):
@@ -106,7 +112,12 @@ def _rescaling_rule(layer):
     def linear(xs):
         return xs[0] * rescaling_parts(layer, xs[0])[0]
 
-    return Linear(layer, linear, forward=forward)
+    def local(shape):  # a scalar scale, or one per channel of the last axis
+        scale = np.shape(keras.ops.convert_to_numpy(layer.scale))
+        per_channel = len(scale) == 1 and keras.config.image_data_format() == "channels_last"
+        return elementwise(shape) if len(scale) == 0 or per_channel else None
+
+    return Linear(layer, linear, forward=forward, local=local)
 
 
 def normalization_parts(layer, x):
@@ -130,4 +141,9 @@ def _normalization_rule(layer):
         _, std = normalization_parts(layer, xs[0])
         return xs[0] * std if layer.invert else xs[0] / std
 
-    return Linear(layer, linear, forward=forward)
+    def local(shape):  # statistics per channel of the last axis (or one for all)
+        axes = layer.axis if isinstance(layer.axis, (tuple, list)) else (layer.axis,)
+        axes = [a % (len(shape) + 1) for a in axes if a is not None]
+        return elementwise(shape) if axes in ([], [len(shape)]) else None
+
+    return Linear(layer, linear, forward=forward, local=local)
