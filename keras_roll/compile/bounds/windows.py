@@ -147,19 +147,20 @@ def conv_windows(structure: ProgramStructure, values, key: int) -> ConvWindows |
 
 
 class _OnWindow(Op):
-    """A linear op on windows: its input windows cut to what it needs (`crop`: start and
-    size per spatial axis), zero on the padding (the record: `[m, *size, 1]`), then its
-    map on windows (`Local.window_map`) or its own tangent (elementwise)."""
+    """A linear op on windows: each input's window cut to what the op needs (`crops`:
+    start and size per spatial axis, per input), zero on the padding (the record: a
+    `[m, *size, 1]` mask per input), then its map on windows (`Local.window_map`) or
+    its own tangent (elementwise)."""
 
-    def __init__(self, op: Op, local: Local, crop: tuple):
+    def __init__(self, op: Op, local: Local, crops: tuple):
         super().__init__(op.layer, op.name)
-        self.op, self.local, self.crop = op, local, crop
+        self.op, self.local, self.crops = op, local, crops
 
     def tangent(self, tangents, record, mask):
-        batch = tf.shape(record)[0]
-        (a, b), (n, m) = self.crop
-        cut = [Tangent(t.per_example(batch)[:, :, a:a + n, b:b + m] * record[:, None])
-               for t in tangents]
+        batch = tf.shape(record[0])[0]
+        cut = []
+        for t, ((a, b), (n, m)), inside in zip(tangents, self.crops, record):
+            cut.append(Tangent(t.per_example(batch)[:, :, a:a + n, b:b + m] * inside[:, None]))
         if self.local.window_map is None:
             return self.op.tangent(cut, NO_RECORD, None)
         return apply_linear(self.local.window_map, cut), None
@@ -196,10 +197,10 @@ class ConvWindows:
             if isinstance(node.op, Activation):
                 continue  # relaxed: the caller's lines, cut to the window
             local, need = needs[index]
-            have = plan[node.inputs[0]]
-            crop = (tuple(s - t for s, t in zip(need.start, have.start)), need.size)
-            self.crops[index] = (node.inputs[0], crop)
-            nodes[index] = dataclasses.replace(node, op=_OnWindow(node.op, local, crop))
+            crops = tuple((tuple(s - t for s, t in zip(need.start, plan[k].start)), need.size)
+                          for k in node.inputs)
+            self.crops[index] = crops
+            nodes[index] = dataclasses.replace(node, op=_OnWindow(node.op, local, crops))
         self.windowed = copy.copy(structure)
         self.windowed.nodes = nodes
 
@@ -259,9 +260,10 @@ class ConvWindows:
             if i < len(deltas) and deltas[i] is not None:
                 cut_deltas[i] = at(deltas[i], node.output)
             if i in self.crops:
-                key, ((a, b), (h, w)) = self.crops[i]
-                inside = self.inside[key][:, a:a + h, b:b + w]
-                records[i] = tf.gather(tf.constant(inside, dtype), items % self.positions)
+                records[i] = tuple(
+                    tf.gather(tf.constant(self.inside[k][:, a:a + h, b:b + w], dtype),
+                              items % self.positions)
+                    for k, ((a, b), (h, w)) in zip(node.inputs, self.crops[i]))
         cut = Values(shape_of(s.input_key), tuple(inputs), tuple(outputs), tuple(records),
                      v.masks)
         return cut, cut_lines, cut_deltas, at
