@@ -127,15 +127,11 @@ class LayerCall(Op):
             out = out * size + coords[d] + (pads[d][0] if d < rank else 0)
         return tf.where(t.axes >= 0, out, -1)
 
-_ELEMENTWISE_MERGES = ("Add", "Subtract", "Average")
-
-
 def _layer_local(layer, shape) -> Local | None:
     """The `Local` of a linear layer call on channels-last images: merges (elementwise),
     2-D zero padding (a shift) and "valid" 2-D average pooling; else None."""
     L = keras.layers
-    if isinstance(layer, (L.Add, L.Subtract, L.Average)) or (
-            not isinstance(layer, L.Layer) and type(layer).__name__ in _ELEMENTWISE_MERGES):
+    if type(layer).__name__ in ("Add", "Subtract", "Average"):  # the layers, or x + y
         return elementwise(shape)
     pads = _zero_padding(layer)
     if pads is not None and len(pads) == 2:
@@ -282,30 +278,23 @@ def _conv_linear(layer):
 
 
 def _conv_by_convolutions(layer):
-    """A stride-1, undilated channels-last 2-D convolution whose input gradient is a convolution of
-    the padded output gradient with the flipped kernel (the same sums):
-    TensorFlow's `Conv2DBackpropInput` kernel on CPU is up to 50 times slower than
-    the forward convolution on small images with many channels (ResNet-18's last
-    stages at 32x32), and every backward pass (gradients, CROWN's pull-backs) runs it."""
+    """A stride-1 undilated channels-last 2-D convolution whose input gradient is a
+    convolution of the padded output gradient with the flipped kernel (the same sums):
+    TensorFlow's CPU `Conv2DBackpropInput` is up to 50 times slower than the forward
+    convolution on small images with many channels (ResNet-18's late stages at 32x32)."""
     spans = [k - 1 for k in layer.kernel_size]
     padding = layer.padding.upper()
 
     @tf.custom_gradient
     def conv(x, kernel):
         def grad(dy):
-            spatial = x.shape[1:3]
-            if None in spatial:
-                dx = tf.compat.v1.nn.conv2d_backprop_input(tf.shape(x), kernel, dy,
-                                                           [1, 1, 1, 1], padding)
-            else:  # dx[j] = sum_t dy[j + b - t] w[t]: dy padded by k-1-b before
-                before = _conv_geometry(layer, spatial)[0] if padding == "SAME" else [0, 0]
-                pads = [[0, 0]] + [[k - b, b if padding == "SAME" else k]
-                                   for k, b in zip(spans, before)] + [[0, 0]]
-                flipped = tf.transpose(tf.reverse(kernel, [0, 1]), [0, 1, 3, 2])
-                dx = tf.nn.conv2d(tf.pad(dy, pads), flipped, 1, "VALID")
-            dk = tf.compat.v1.nn.conv2d_backprop_filter(x, tf.shape(kernel), dy, [1, 1, 1, 1],
-                                                        padding)
-            return dx, dk
+            # dx[j] = sum_t dy[j + b - t] w[t]: dy padded by k-1-b before, where x was
+            # padded by b before and a after ("SAME" at stride 1: b = (k-1)//2, a = k-1-b)
+            same = padding == "SAME"
+            pads = [[0, 0]] + [[k - k // 2, k // 2] if same else [k, k] for k in spans] + [[0, 0]]
+            flipped = tf.transpose(tf.reverse(kernel, [0, 1]), [0, 1, 3, 2])
+            dk = tf.compat.v1.nn.conv2d_backprop_filter(x, tf.shape(kernel), dy, [1] * 4, padding)
+            return tf.nn.conv2d(tf.pad(dy, pads), flipped, 1, "VALID"), dk
 
         return tf.nn.conv2d(x, kernel, 1, padding), grad
 
