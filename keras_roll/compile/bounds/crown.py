@@ -393,7 +393,7 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
     graph does not depend on how many units are open. An affine input (below) keeps
     every unit's rows: they are cheap and exact.
 
-    The units of a "valid" convolution (`keras_roll.compile.bounds.windows`) pull all
+    The units of a convolution (`keras_roll.compile.bounds.windows`) pull all
     their rows back through their receptive fields instead (`windows=True`): the same
     bounds for a fraction of the work, stable units included (tighter than their
     intervals; auto_LiRPA's "patches" serve the same purpose).
