@@ -264,6 +264,7 @@ class _Run:
         found = search_certified(values, known, rr.upper[p][idx[sub]], guess,
                                  self.search.bisect_tol, progress=self._finished,
                                  values_at_lower=at_known,
+                                 value_at_zero=np.min(m, axis=1) - gap,
                                  root_at_zero=np.where(np.isfinite(root0), root0, np.nan))
         lo = found.lower
         rr.bound_passes[p][idx[sub]] += found.passes
