@@ -286,7 +286,9 @@ class _State:
         near_lo = lo * reach >= est * (1.0 + AIM * self.tol)
         aimed = np.where(near_hi, hi / reach,
                          np.where(near_lo, lo * reach, est * (1.0 - AIM * self.tol)))
-        return np.where(np.isfinite(est) & (est > lo) & (est < hi) & ~slow, aimed, pick)
+        # Brent's safeguard (`slow`) spares a closing probe: it ends the search either way.
+        ok = np.isfinite(est) & (est > lo) & (est < hi) & (~slow | near_hi | near_lo)
+        return np.where(ok, aimed, pick)
 
     def update(self, idx, eps, value, root) -> None:
         first = np.isnan(self.f_lo[idx])
