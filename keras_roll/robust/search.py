@@ -73,7 +73,7 @@ SLOPE_MAX = 5.0  # the largest slope assumed from one failed point
 SLOPES = (0.5, 20.0)
 # Beyond this steepness of `h` (its secant slope; about -1 where the roots steer
 # well) the loss model steers instead.
-STEEP = 4.0
+STEEP = 8.0
 # The first probe, as a share of the affine map's root (or of `hi` if smaller): where
 # trained networks' passes stop certifying, typically 0.35-0.55 of either.
 FIRST = 0.45
