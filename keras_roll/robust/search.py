@@ -19,7 +19,20 @@ is about -1 (`rho` moves only through the intermediate bounds), and probes just 
 its estimate of `R`, so that the probe's own root usually closes the bracket: two to
 four passes per example where bisection needed ten or more.
 
-**Without a root** (interval bounds, or where the root gives nothing), a missing `hi`
+**Where `h` is steep** (larger trained CNNs: near `R` the intermediate bounds loosen
+so fast that `h` falls with slope -35 to -100, and each root overshoots `R` many
+times over), the roots steer badly: the secants crawl up from below. There, and where
+the passes have no root, a model of the relaxation's loss steers instead
+(`_LossModel`): with `m0` the margin at `eps = 0`, `g = log(1 - v / m0)` grows
+roughly linearly in `log eps` (the loss grows like a power of the radius, eps^1.5 to
+eps^5), is negative where certified and 0 at `R`; its zero is estimated by inverse
+quadratic interpolation through the nearest certified and failed probes, else
+Illinois false position, else a step of an assumed slope, and probed a quarter of
+`tol` below the estimate, or, once an end is that close, where the probe closes the
+bracket whichever way it goes. On CNN-L this takes 5-7 passes per radius instead
+of 11-12.
+
+**Bracketing** (without roots or `m0`, and as the safeguard), a missing `hi`
 is found by growing; a bracket wider than `WIDE` is halved in log space (`v` is far
 from linear over it: flat while few units are unstable, then falling fast); a narrow
 one shrinks by the Illinois variant of false position on `v` (Dahlquist & Bjorck,
@@ -37,7 +50,8 @@ were spent before).
 Example:
 
 ```python
-res = search_certified(values, lower=np.zeros(b), upper=upper, scale=np.ones(b), tol=1e-3)
+res = search_certified(values, lower=np.zeros(b), upper=upper, scale=np.ones(b), tol=1e-3,
+                       value_at_zero=margins)
 res.lower, res.passes        # certified radii, bound passes spent per example
 ```
 """
