@@ -45,6 +45,7 @@ from keras_roll.compile.bounds.ibp import Boxes
 from keras_roll.compile.bounds.rules import Box, bound_rule
 from keras_roll.compile.bounds.splits import (
     SplitRelaxedOps,
+    leaf_forms,
     root_boxes,
     split_layout,
     split_lower_bounds,
@@ -55,6 +56,7 @@ from keras_roll.robust.adversarial import clearly_other, model_outputs
 from keras_roll.robust.arguments import BranchOptions
 from keras_roll.robust.attacks import ball_attack
 from keras_roll.robust.bounds import arithmetic_of
+from keras_roll.robust.leaf_lp import available, solve_leaves
 
 __all__ = ["BallVerdict", "LeafPasses", "verify_ball"]
 
@@ -80,7 +82,7 @@ class LeafPasses:
         self.boxes = tf.function(self._boxes, autograph=False, input_signature=[
             tf.TensorSpec(shape, f64), tf.TensorSpec([], f64),
             tf.TensorSpec([None, self.layout.size], f64)])
-        self._compiled_bounds = None
+        self._compiled_bounds = self._compiled_forms = None
 
     def bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas=None):
         """`(lower [B, C], d lower / d (betas, alphas), the worst row's input
@@ -125,7 +127,8 @@ class LeafPasses:
         deltas = tuple(full(res.deltas[i]) for i in self.delta_slots)
         return los, his, deltas, lines.empty
 
-    def _bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas):
+    def _setup(self, x, pred, los, his, deltas):
+        """`(logit margins, Boxes of the leaves, the margins' rows)` inside a pass."""
         lm = logit_margins(self.twin.interpreter, x, pred)
         keys = [self.structure.nodes[i].inputs[0] for i in self.relaxed]
         full = [None] * self.nodes
@@ -134,6 +137,31 @@ class LeafPasses:
         boxes = Boxes({k: Box(lo, hi) for k, lo, hi in zip(keys, los, his)}, full)
         out = lm.values.value(self.structure, self.structure.output_key)
         rows = tf.reshape(lm.rows, tf.concat([tf.shape(lm.rows)[:2], tf.shape(out)[1:]], 0))
+        return lm, boxes, rows
+
+    def forms(self, x, pred, los, his, deltas, splits) -> tuple:
+        """The affine forms of a batch of leaves (`leaf_lp.solve_leaves`'s `forms`,
+        numpy): the margins' (with their values at `x`) and the splittable units'
+        (compiled once)."""
+        if self._compiled_forms is None:
+            self._compiled_forms = tf.function(self._forms, autograph=False,
+                                               reduce_retracing=True)
+        return tuple(t.numpy() for t in self._compiled_forms(
+            x, pred, tuple(los), tuple(his), tuple(deltas), tf.constant(splits, tf.float64)))
+
+    def _forms(self, x, pred, los, his, deltas, splits):
+        lm, boxes, rows = self._setup(x, pred, los, his, deltas)
+        res = leaf_forms(self.structure, lm.values, rows, boxes, self.layout, splits, self.p)
+        b = tf.shape(splits)[0]
+        flat = [tf.reshape(t, [b, tf.shape(t)[1], -1]) for t in
+                (res.lam_input, *(lam for _, lam in res.units))]
+        edge = self.layout.flat({i: t - lm.values.inputs[i][0] for i, t in
+                                 zip(self.layout.indices, self.layout.breakpoints)}, [1])[0]
+        return (lm.margins + res.offset, flat[0], tf.concat([o for o, _ in res.units], 1),
+                tf.concat(flat[1:], 1), edge)
+
+    def _bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas):
+        lm, boxes, rows = self._setup(x, pred, los, his, deltas)
         with tf.GradientTape() as tape:
             tape.watch([betas, alphas])
             res = split_lower_bounds(self.structure, lm.values, rows, boxes, self.layout,
@@ -212,7 +240,8 @@ class _Ball:
         self.et = tf.constant(float(eps), tf.float64)
         self.root = None
         self.repeated: dict = {}  # rows -> the root's boxes repeated
-        self.leaves = self.calls = self.attack_steps = 0
+        self.leaves = self.calls = self.attack_steps = self.linear = 0
+        self.solved: set = set()  # the split patterns of the leaves solved as programs
 
     def layer_boxes(self, splits: np.ndarray):
         if self.root is not None and not self.options.refine:
@@ -314,10 +343,46 @@ class _Ball:
                 return self._verdict("unknown", None, float(worst.min()))
             take = np.argsort(worst)[:max(1, self.options.batch // 2)]  # the lowest first
             rest = np.setdiff1d(np.arange(len(worst)), take)
-            children = self._next(sp[take], be[take], sc[take])
+            verdict, params = self._linear_leaves(low[take], sp[take], be[take], sc[take])
+            if verdict is not None:
+                return verdict
+            children = self._next(sp[take], params, sc[take])
             new = self.evaluate(*children)
             frontier = [(low[rest], sp[rest], be[rest], sc[rest], np.zeros((0,))),
                         (new[0], children[0], new[1], new[3], new[2])]
+
+    def _linear_leaves(self, lower, splits, params, scores):
+        """`(verdict or None, params)`: the complete leaves taken (no unstable unit left)
+        solved as linear programs (`leaf_lp`), their multipliers set to the programs'
+        duals (bounded again, they verify each leaf whose minimum exceeds the gap). The
+        verdict is adversarial where a minimiser at most the gap changes the model's
+        class, unknown where it does not or where a leaf solved before is still open
+        (nothing else decides such a leaf)."""
+        complete = scores.max(axis=1) <= 0
+        if not complete.any() or not available(self.p_norm):
+            return None, params
+        idx = np.flatnonzero(complete)
+        keys = [splits[i].tobytes() for i in idx]
+        again = np.array([k in self.solved for k in keys])
+        if again.any():
+            return self._verdict("unknown", None, float(lower[idx[again]].min())), params
+        self.solved.update(keys)
+        n, size = len(idx), splits.shape[1]
+        s = _padded(splits[idx].astype(np.float64), 1 << max(0, (n - 1).bit_length()))
+        los, his, deltas, _ = self.layer_boxes(s)
+        forms = self.passes.forms(self.xt, self.pt, los, his, deltas, s)
+        forms = (*(f[:n] for f in forms[:4]), forms[4])
+        sol = solve_leaves(forms, splits[idx], params[idx, :, :size], lower[idx], self.eps,
+                           self.gap)
+        self.linear += n
+        below = np.isfinite(sol.below)
+        if below.any():
+            point = self._flipped(self.x[None] + sol.points[below].reshape(-1, *self.x.shape))
+            status = "unknown" if point is None else "adversarial"
+            return self._verdict(status, point, float(sol.below.min())), params
+        params = params.copy()
+        params[idx, :, :size] = sol.betas
+        return None, params
 
     def _verdict(self, status: str, point, lower: float) -> BallVerdict:
         return BallVerdict(status, point, self.leaves, lower, self.calls, self.attack_steps)

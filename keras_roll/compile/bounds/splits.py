@@ -43,8 +43,8 @@ from keras_roll.compile.bounds.traversal import Values
 from keras_roll.compile.rules.activations import Activation
 from keras_roll.compile.structure import ProgramStructure
 
-__all__ = ["SplitBounds", "SplitLayout", "SplitRelaxedOps", "root_boxes", "split_layout",
-           "split_lower_bounds"]
+__all__ = ["LeafForms", "SplitBounds", "SplitLayout", "SplitRelaxedOps", "leaf_forms",
+           "root_boxes", "split_layout", "split_lower_bounds"]
 
 
 class SplitLayout(NamedTuple):
@@ -308,3 +308,54 @@ def _set_slopes(lines: SplitRelaxedOps, layout: SplitLayout, alphas: tf.Tensor) 
 def _relaxed(node) -> bool:
     rule = bound_rule(node.op)
     return rule is not None and not rule.linear
+
+
+class LeafForms(NamedTuple):
+    """The affine forms of a batch of subdomains (`leaf_forms`, tensors): on a subdomain
+    where every relaxed unit is stable or split, each form is the value itself
+    (`form(x') = offset + lam_input . (x' - x)`, less the rounding terms).
+
+    Attributes:
+        offset: `[B, C]` the functionals' offsets (relative to `x`).
+        lam_input: `[B, C, *input_shape]` their input functionals.
+        units: per splittable op (`layout.indices`), `(offset [B, n], lam_input
+            [B, n, *input_shape])` of its input's units relative to `x`.
+    """
+
+    offset: tf.Tensor
+    lam_input: tf.Tensor
+    units: tuple
+
+
+def leaf_forms(structure: ProgramStructure, values: Values, rows: tf.Tensor, boxes: Boxes,
+               layout: SplitLayout, splits: tf.Tensor, p) -> LeafForms:
+    """The relaxation's lower forms of `rows . (f(x') - f(x))` and of every splittable
+    unit's input on each subdomain (no multipliers, CROWN's slopes): where a
+    subdomain leaves no unit unstable, the lines are the units' own pieces and the
+    forms are exact, so the subdomain is the polytope of the ball where every split
+    unit's form lies on its side (a linear program; `keras_roll.robust.leaf_lp`).
+
+    Example:
+
+    ```python
+    forms = leaf_forms(structure, values, rows, boxes, layout, splits, np.inf)
+    forms.units[0][1]        # [B, n, *input_shape]: the first op's units
+    ```
+    """
+    lines = SplitRelaxedOps(values, layout, splits)
+    for index, node in enumerate(structure.nodes):
+        key = node.inputs[0] if node.inputs else None
+        if key in boxes.boxes and _relaxed(node):
+            lines.set(index, node, boxes.boxes[key])
+    b = tf.shape(splits)[0]
+    lam = tf.broadcast_to(rows, tf.concat([[b], tf.shape(rows)[1:]], 0))
+    form = relaxed_form(structure, values, structure.output_key, lam, lines, boxes.deltas, p)
+    units = []
+    for index, shape in zip(layout.indices, layout.shapes):
+        n = int(np.prod(shape))
+        eye = tf.broadcast_to(tf.reshape(tf.eye(n, dtype=rows.dtype), [1, n, *shape]),
+                              [b, n, *shape])
+        unit = relaxed_form(structure, values, structure.nodes[index].inputs[0], eye, lines,
+                            boxes.deltas, p)
+        units.append((unit.offset, unit.lam_input))
+    return LeafForms(form.offset, form.lam_input, tuple(units))
