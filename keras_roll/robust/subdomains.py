@@ -55,8 +55,9 @@ from keras_roll.geometry import steepest_directions
 from keras_roll.robust.adversarial import clearly_other, model_outputs
 from keras_roll.robust.arguments import BranchOptions
 from keras_roll.robust.attacks import ball_attack
-from keras_roll.robust.bounds import arithmetic_of
+from keras_roll.robust.bounds import guard_arithmetic, guard_loss
 from keras_roll.robust.leaf_lp import available, solve_leaves
+from keras_roll.robust.region import guard_mode
 
 __all__ = ["BallVerdict", "LeafPasses", "verify_ball"]
 
@@ -66,10 +67,12 @@ class LeafPasses:
     batch of leaves (`boxes`) and their final bounds with the multipliers' gradient
     (`bounds`)."""
 
-    def __init__(self, twin, p, guarded: bool, budget: int, batch: int):
+    def __init__(self, twin, p, guarded, budget: int, batch: int):
         self.twin, self.p, self.budget, self.batch = twin, p, budget, batch
         self.structure = structure_of(twin.program)
-        self.arithmetic = arithmetic_of(twin, guarded)
+        # the rounding guard: True (the worst case), False, or a mode of `guard_mode`
+        self.mode = guarded if isinstance(guarded, str) else guard_mode(guarded)
+        self.arithmetic = guard_arithmetic(twin, self.mode)
         zero = tf.zeros([1, *twin.input_shape], tf.float64)
         values = capture(twin.interpreter, zero)
         self.layout = split_layout(self.structure, values)
@@ -112,7 +115,7 @@ class LeafPasses:
         values = capture(self.twin.interpreter, x)
         lines = SplitRelaxedOps(values, self.layout, splits)
         res = root_boxes(self.structure, values, eps, self.p, self.arithmetic, self.budget,
-                         lines, examples=self.batch)
+                         lines, examples=self.batch, loss=guard_loss(self.arithmetic))
         lead = tf.shape(splits)[:1]
         keys = [self.structure.nodes[i].inputs[0] for i in self.relaxed]
 
@@ -125,19 +128,28 @@ class LeafPasses:
         self.delta_slots = tuple(i for i, d in enumerate(res.deltas) if d is not None)
         self.nodes = len(res.deltas)
         deltas = tuple(full(res.deltas[i]) for i in self.delta_slots)
+        # under "float64", the noise scales of the probabilistic guard ride with them
+        noise = getattr(self.arithmetic.rounding, "noise", None) or {}
+        self.noise_keys = tuple(sorted(noise))
+        deltas += tuple(full(noise[k][j]) for j in (0, 1) for k in self.noise_keys)
         return los, his, deltas, lines.empty
 
     def _setup(self, x, pred, los, his, deltas):
-        """`(logit margins, Boxes of the leaves, the margins' rows)` inside a pass."""
+        """`(logit margins, Boxes of the leaves, the margins' rows, the rounding loss)`
+        inside a pass."""
         lm = logit_margins(self.twin.interpreter, x, pred)
         keys = [self.structure.nodes[i].inputs[0] for i in self.relaxed]
+        deltas, noise = deltas[:len(self.delta_slots)], deltas[len(self.delta_slots):]
+        k = len(self.noise_keys)
+        loss = guard_loss(self.arithmetic, {key: (noise[j], noise[k + j]) for j, key in
+                                            enumerate(self.noise_keys)} if k else None)
         full = [None] * self.nodes
         for i, d in zip(self.delta_slots, deltas):
             full[i] = d
         boxes = Boxes({k: Box(lo, hi) for k, lo, hi in zip(keys, los, his)}, full)
         out = lm.values.value(self.structure, self.structure.output_key)
         rows = tf.reshape(lm.rows, tf.concat([tf.shape(lm.rows)[:2], tf.shape(out)[1:]], 0))
-        return lm, boxes, rows
+        return lm, boxes, rows, loss
 
     def forms(self, x, pred, los, his, deltas, splits) -> tuple:
         """The affine forms of a batch of leaves (`leaf_lp.solve_leaves`'s `forms`,
@@ -150,8 +162,9 @@ class LeafPasses:
             x, pred, tuple(los), tuple(his), tuple(deltas), tf.constant(splits, tf.float64)))
 
     def _forms(self, x, pred, los, his, deltas, splits):
-        lm, boxes, rows = self._setup(x, pred, los, his, deltas)
-        res = leaf_forms(self.structure, lm.values, rows, boxes, self.layout, splits, self.p)
+        lm, boxes, rows, loss = self._setup(x, pred, los, his, deltas)
+        res = leaf_forms(self.structure, lm.values, rows, boxes, self.layout, splits, self.p,
+                         loss)
         b = tf.shape(splits)[0]
         flat = [tf.reshape(t, [b, tf.shape(t)[1], -1]) for t in
                 (res.lam_input, *(lam for _, lam in res.units))]
@@ -161,11 +174,11 @@ class LeafPasses:
                 tf.concat(flat[1:], 1), edge)
 
     def _bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas):
-        lm, boxes, rows = self._setup(x, pred, los, his, deltas)
+        lm, boxes, rows, loss = self._setup(x, pred, los, his, deltas)
         with tf.GradientTape() as tape:
             tape.watch([betas, alphas])
             res = split_lower_bounds(self.structure, lm.values, rows, boxes, self.layout,
-                                     splits, betas, eps, self.p, alphas)
+                                     splits, betas, eps, self.p, alphas, loss)
             lower = lm.margins + res.lower
             total = tf.reduce_sum(tf.where(tf.math.is_finite(lower), lower, 0.0))
         grads = tape.gradient(total, [betas, alphas],
