@@ -83,7 +83,8 @@ class BranchRadius(NamedTuple):
 
 NEAR = 1.5  # probe just below the upper bound first where it is within this of the lower
 PROBE_SHARE = 1 / 32  # the first probe's share of max_seconds in the widest bracket
-FIRST_SHARE = 1 / 8  # the share of the probe just below the upper bound
+FIRST_SHARE = 1 / 2  # the share of the probe just below the upper bound (it closes the
+# bracket where the attack found the minimal point, the common case where U < NEAR L)
 
 
 def _next_probe(lo: float, top: float, first: bool, rtol: float) -> float:
