@@ -71,7 +71,7 @@ class LeafPasses:
         self.twin, self.p, self.budget, self.batch = twin, p, budget, batch
         self.structure = structure_of(twin.program)
         # the rounding guard: True (the worst case), False, or a mode of `guard_mode`
-        self.mode = guarded if isinstance(guarded, str) else guard_mode(guarded)
+        self.mode = guarded if guarded in ("none", "strict", "float64") else guard_mode(guarded)
         self.arithmetic = guard_arithmetic(twin, self.mode)
         zero = tf.zeros([1, *twin.input_shape], tf.float64)
         values = capture(twin.interpreter, zero)
