@@ -283,7 +283,7 @@ class _Run:
         at = idx[sub]
         res = branch_radius(self.model, self.twin, x64[sub], pred[sub], p, rr.lower[p][at],
                             rr.upper[p][at], rr.adversarial[p][at], gap=self._gap(terms),
-                            rtol=self.search.exact_rtol, guard=self.rigor.guarded,
+                            rtol=self.search.exact_rtol, guard=self.rigor,
                             memory_budget=self.budget, options=self.search.branch)
         res.write(rr, p, at)
 
