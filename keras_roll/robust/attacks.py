@@ -109,6 +109,11 @@ class AttackOptions(NamedTuple):
             the polishing runs then continue from whichever point is closest. They
             run only when `restarts` exceeds `FULL_TARGETS + 1`; a stronger schedule is
             `AttackOptions(steps=150, restarts=5, polish=4, probe_budget=400)`.
+        hop: the polishing runs but the last start from the best point plus uniform
+            noise of this share of its distance (in the norm's own measure), with the
+            norm constraint `1 + hop` times the distance (default 0: no noise): basin
+            hopping, which reaches neighbouring local minima the noiseless runs
+            cannot leave (l_inf on CNNs).
 
     Example:
 
@@ -127,6 +132,7 @@ class AttackOptions(NamedTuple):
     probe_budget: int = 1000
     polish: int = 3
     scout_steps: int = 50
+    hop: float = 0.0
 
     def checked(self) -> AttackOptions:
         """The options, or a ValueError naming the bad one."""
@@ -141,6 +147,9 @@ class AttackOptions(NamedTuple):
                 isinstance(self.max_seconds, numbers.Real) and self.max_seconds > 0):
             raise ValueError(f"AttackOptions.max_seconds must be a positive number of seconds "
                              f"or None, got {self.max_seconds!r}.")
+        if not (isinstance(self.hop, numbers.Real) and 0 <= self.hop <= 1):
+            raise ValueError(f"AttackOptions.hop must be a share in [0, 1] of the best "
+                             f"point's distance, got {self.hop!r}.")
         for name, high in (("step_size", 10.0), ("gamma", 0.5)):
             v = getattr(self, name)
             if not (isinstance(v, numbers.Real) and 0 < v <= high):
@@ -380,21 +389,35 @@ def _from_starts(runner, best, best_norm, starts) -> np.ndarray:
     return spent
 
 
+def _hopped(runner, rng, idx, best, best_norm, last):
+    """`(d0, eps0)` of a polishing run: the best points, plus (`AttackOptions.hop`, not
+    on the `last` run) uniform noise of `hop` times their distance in the norm."""
+    d0, hop = best[idx] - runner.x[idx], 0.0 if last else runner.options.hop
+    if hop:
+        noise = rng(idx, d0.shape)
+        scale = hop * best_norm[idx] / np.maximum(lp_norm(noise, runner.p), 1e-300)
+        d0 = d0 + noise * scale.reshape((-1,) + (1,) * (d0.ndim - 1))
+    return d0, best_norm[idx] * (1.0 + hop)
+
+
 def _polish(runner, best, best_norm) -> np.ndarray:
     """`AttackOptions.polish` runs from the best points so far (in place), each only
     shrinking their norm toward the best point's class (for l_inf alternately by sign
-    and by smooth steps: they end in different local minima; the last run with a fine
+    and by smooth steps: they end in different local minima; all but the last from
+    noise around the best point, `AttackOptions.hop`; the last run with a fine
     schedule, `FINE`); returns the steps."""
     spent = np.zeros(best_norm.shape[0], np.int64)
     steps = runner.options.steps
+    rng = ExampleNoise(runner.x, runner.options.seed + 2)
     for k in range(runner.options.polish):
         idx = np.flatnonzero(np.isfinite(best_norm))
         if not idx.size:
             break
+        last = k == runner.options.polish - 1
         target = predict_classes(runner.model, best[idx].astype(runner.dtype))
-        pts, dist = runner.run(idx, best[idx] - runner.x[idx], best_norm[idx], target, steps,
-                               False, k % 2 == 1,
-                               scale=FINE if k == runner.options.polish - 1 else (1.0, 1.0))
+        d0, eps0 = _hopped(runner, rng, idx, best, best_norm, last)
+        pts, dist = runner.run(idx, d0, eps0, target, steps, False, k % 2 == 1,
+                               scale=FINE if last else (1.0, 1.0))
         spent[idx] += steps
         _keep(best, best_norm, idx, pts, dist)
     return spent
