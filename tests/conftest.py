@@ -12,14 +12,18 @@ compiled too, and `KERAS_ROLL_TEST_GRAPH=1` (`make test-all`) compiles every
 function, as users run them.
 
 `--cpu-durations=N` reports the CPU time and the wall time of every file, and the
-N tests that used the most CPU time (their setup, call and teardown together; 0: all).
+N tests that used the most CPU time (their setup, call and teardown together; 0: all),
+then the tests whose test thread sat blocked longest (see below).
 
 Wall-clock durations depend on whatever else runs on the machine; the CPU time
 (all the threads of the test process, and the subprocesses it waited for) does
 much less, so it is the figure to compare when the machine is shared. It works
 under pytest-xdist too (each report carries its CPU time to the controller). A
-test whose wall time is far above its CPU time waits: on a subprocess that is
-still starting, on a lock, on the other worker's cores.
+test whose wall time is far above its CPU time waits, either for a core (the other
+worker, other jobs) or blocked: on a subprocess, on threads it started (tf.data's,
+a thread pool's), on a lock or a disk. Linux's scheduler statistics tell the two
+apart: "blocked" is the test thread's wall time neither running nor waiting for a
+core (`/proc/self/task/<id>/schedstat`; 0 where that file is missing).
 
     python -m pytest -q -m "not slow" -n 2 --dist loadfile --cpu-durations=30
 
@@ -35,12 +39,13 @@ from __future__ import annotations
 
 import os
 import resource
+import threading
 import time
 
 import pytest
 
-_START = pytest.StashKey[float]()
-_TIMES: dict[str, list[float]] = {}  # nodeid: [CPU seconds, wall seconds]
+_START = pytest.StashKey[tuple]()
+_TIMES: dict[str, list[float]] = {}  # nodeid: [CPU seconds, wall seconds, blocked seconds]
 
 LONGEST_FIRST = ("test_roll_exact.py", "test_roll.py", "test_robust.py", "test_errors.py",
                  "test_examples.py", "test_chunked_passes.py", "test_certified_training.py",
@@ -97,38 +102,57 @@ def _cpu() -> float:
     return time.process_time() + children.ru_utime + children.ru_stime
 
 
+def _scheduled() -> float:
+    """Seconds the calling thread has run or waited for a core (0 off Linux)."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+            ran, waited = f.read().split()[:2]
+    except OSError:
+        return 0.0
+    return (int(ran) + int(waited)) * 1e-9
+
+
+def _marks() -> tuple:
+    return _cpu(), _scheduled(), time.perf_counter()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Attach each phase's CPU time to its report (pytest-xdist sends it to the controller)."""
+    """Attach each phase's CPU and blocked time to its report (pytest-xdist sends them to
+    the controller)."""
     outcome = yield
     start = item.stash.get(_START, None)
     if start is not None:  # the report shares the item's list: name the phase
-        outcome.get_result().user_properties.append((f"cpu_s_{call.when}", _cpu() - start))
+        cpu, scheduled, wall = (b - a for a, b in zip(start, _marks()))
+        blocked = max(0.0, wall - scheduled) if scheduled else 0.0
+        outcome.get_result().user_properties.extend(
+            [(f"cpu_s_{call.when}", cpu), (f"blocked_s_{call.when}", blocked)])
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
-    item.stash[_START] = _cpu()
+    item.stash[_START] = _marks()
     yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    item.stash[_START] = _cpu()
+    item.stash[_START] = _marks()
     yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-    item.stash[_START] = _cpu()
+    item.stash[_START] = _marks()
     yield
 
 
 def pytest_runtest_logreport(report):
     """Sum each test's CPU and wall time over its phases (here or in the xdist controller)."""
-    times = _TIMES.setdefault(report.nodeid, [0.0, 0.0])
+    times = _TIMES.setdefault(report.nodeid, [0.0, 0.0, 0.0])
     times[0] += sum(v for k, v in report.user_properties if k == f"cpu_s_{report.when}")
     times[1] += report.duration
+    times[2] += sum(v for k, v in report.user_properties if k == f"blocked_s_{report.when}")
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -150,6 +174,13 @@ def pytest_terminal_summary(terminalreporter, config):
     terminalreporter.write_line("")
     for nodeid in sorted(cpu, key=lambda k: -cpu[k])[: n or None]:
         terminalreporter.write_line(f"{cpu[nodeid]:8.2f} s {wall[nodeid]:8.2f} s  {nodeid}")
+    blocked = {nodeid: t[2] for nodeid, t in _TIMES.items() if t[2] >= 1.0}
+    terminalreporter.write_line(f"\nblocked 1 s or more (test thread neither running nor "
+                                f"waiting for a core): {len(blocked)} tests")
+    terminalreporter.write_line(" blocked        cpu       wall")
+    for nodeid in sorted(blocked, key=lambda k: -blocked[k])[: n or None]:
+        terminalreporter.write_line(f"{blocked[nodeid]:8.2f} s {cpu[nodeid]:8.2f} s "
+                                    f"{wall[nodeid]:8.2f} s  {nodeid}")
 
 
 @pytest.fixture
