@@ -17,8 +17,11 @@ norm, the ratio of keras_roll's upper bound to the best of foolbox's attacks: wi
 the pixel box [0, 1] (against `minimal_norm_attack(domain=(0, 255))`) and with a box
 wide enough to impose nothing (against `robust_radius`, which imposes no domain).
 `--best=<an earlier --out>` only compares. `--out` keeps foolbox's best distances
-(`best_<box>_<norm>`, 0-255 units) and each attack's (`FMN_...`, `DDN_...`, `PGD_...`:
-PGD's bisection includes the others' best).
+(`best_<box>_<norm>`, 0-255 units), each attack's (`FMN_...`, `DDN_...`, `PGD_...`:
+PGD's bisection includes the others' best) and the best points (`points_<box>_<norm>`,
+NHWC, 0-255 units, as float64 of the float32 points foolbox evaluated), which
+`python -m benchmarks.attacks --load=cnn_s.npz --foolbox=foolbox.npz` checks in the Keras
+model under keras_roll's flip criterion.
 """
 
 import argparse
@@ -74,8 +77,9 @@ def distances(net, x, y, adv, norm):
     return np.where(flip, dist, np.inf)
 
 
-def pgd_bisected(net, fm, attack, x, y, best, norm, bisections):
-    """Per image: PGD at radii bisected in [best / 2, best] (0-255 units)."""
+def pgd_bisected(net, fm, attack, x, y, best, points, norm, bisections):
+    """Per image: PGD at radii bisected in [best / 2, best] (0-255 units); updates
+    `points` (`[n, C, H, W]`, [0, 1] units) where it finds a closer one."""
     out = best.copy()
     for i in np.flatnonzero(np.isfinite(best)):
         lo, hi = 0.5 * best[i] / 255.0, best[i] / 255.0
@@ -83,7 +87,8 @@ def pgd_bisected(net, fm, attack, x, y, best, norm, bisections):
             eps = 0.5 * (lo + hi)
             _, adv, _ = attack(fm, x[i:i + 1], y[i:i + 1], epsilons=eps)
             d = distances(net, x[i:i + 1], y[i:i + 1], adv, norm)[0]
-            out[i] = min(out[i], d)
+            if d < out[i]:
+                out[i], points[i] = d, adv[0].detach()
             hi, lo = (eps, lo) if np.isfinite(d) else (hi, eps)
     return out
 
@@ -143,19 +148,26 @@ def main():
         for label in args.norms.split(","):
             norm = NORMS[label]
             minimal, pgd = attacks_of(label, args.steps, args.pgd_steps)
-            best, times = np.full(n, np.inf), []
+            best, times, points = np.full(n, np.inf), [], x.clone()
             for name, attack in minimal.items():
                 start = time.perf_counter()
                 _, adv, _ = attack(fm, x, y, epsilons=None)
                 found = saved[f"{name}_{tag}_{label}"] = distances(net, x, y, adv, norm)
+                closer = torch.tensor(found < best)
+                points[closer] = adv.detach()[closer]
                 best = np.minimum(best, found)
                 times.append(f"{name} {(time.perf_counter() - start) / n:.2f}")
             start = time.perf_counter()
-            with_pgd = pgd_bisected(net, fm, pgd, x, y, best, norm, args.bisections)
+            with_pgd = pgd_bisected(net, fm, pgd, x, y, best, points, norm, args.bisections)
             times.append(f"PGD {(time.perf_counter() - start) / n:.2f}")
             pgd_won = float(np.mean(with_pgd < best))
             saved[f"PGD_{tag}_{label}"] = with_pgd
             best = saved[f"best_{tag}_{label}"] = with_pgd
+            # the best points, NHWC in 0-255 units (NaN where none), for
+            # `python -m benchmarks.attacks --foolbox=...` (the Keras model's verdict)
+            pts = points.permute(0, 2, 3, 1).double().numpy() * 255.0
+            pts[~np.isfinite(best)] = np.nan
+            saved[f"points_{tag}_{label}"] = pts
             print(f"{tag} {label}: s/image {', '.join(times)}; PGD improved "
                   f"{pgd_won:.0%}", flush=True)
             report(d, best, tag, label)

@@ -98,7 +98,7 @@ def patched_passes(roots: bool = True, worst_case_default: bool = False):
 
     search = robust_api.search_certified
 
-    def bracketing(*args, root_at_zero=None, **kwargs):
+    def bracketing(*args, root_at_zero=None, value_at_zero=None, **kwargs):
         return search(*args, **kwargs)
 
     robust_api.relaxed_margins = passes

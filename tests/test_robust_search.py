@@ -61,7 +61,7 @@ def counted(roots: bool = True):
             out = RelaxedMargins(out.lower, nan, nan)
         return out
 
-    def bracketing(*args, root_at_zero=None, **kwargs):
+    def bracketing(*args, root_at_zero=None, value_at_zero=None, **kwargs):
         return search(*args, **kwargs)
 
     robust_api.relaxed_margins = passes

@@ -264,6 +264,7 @@ class _Run:
         found = search_certified(values, known, rr.upper[p][idx[sub]], guess,
                                  self.search.bisect_tol, progress=self._finished,
                                  values_at_lower=at_known,
+                                 value_at_zero=np.min(m, axis=1) - gap,
                                  root_at_zero=np.where(np.isfinite(root0), root0, np.nan))
         lo = found.lower
         rr.bound_passes[p][idx[sub]] += found.passes
@@ -282,7 +283,7 @@ class _Run:
         at = idx[sub]
         res = branch_radius(self.model, self.twin, x64[sub], pred[sub], p, rr.lower[p][at],
                             rr.upper[p][at], rr.adversarial[p][at], gap=self._gap(terms),
-                            rtol=self.search.exact_rtol, guard=self.rigor.guarded,
+                            rtol=self.search.exact_rtol, guard=self.rigor,
                             memory_budget=self.budget, options=self.search.branch)
         res.write(rr, p, at)
 

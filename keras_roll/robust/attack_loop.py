@@ -36,6 +36,7 @@ from keras_roll.robust.adversarial import FLIP_GAP
 __all__ = ["compiled_loop", "dual_norms"]
 
 SMOOTH = 1.0  # l2 length of a smooth l_inf step over the sign step's (at the same eps)
+L1_SMOOTH = 0.4  # l2 length of a smooth l1 step over eps (foolbox's FMN: about 1 / 6)
 
 
 def _flat_norm(v, p):
@@ -86,8 +87,11 @@ def _direction(g, p, smooth):
         size = tf.cast(tf.reduce_prod(tf.shape(g)[1:]), g.dtype)
         n = _flat_norm(g, 2) / (SMOOTH * tf.sqrt(size))
         return tf.where(smooth, g / tf.reshape(tf.maximum(n, 1e-30), unit), tf.sign(g))
-    n = _flat_norm(g, np.inf if p == 1 else 2)
-    return g / tf.reshape(tf.maximum(n, 1e-30), unit)
+    if p == 1:
+        top = tf.reshape(tf.maximum(_flat_norm(g, np.inf), 1e-30), unit)
+        n2 = tf.reshape(tf.maximum(_flat_norm(g, 2), 1e-30) / L1_SMOOTH, unit)
+        return tf.where(smooth, g / n2, g / top)
+    return g / tf.reshape(tf.maximum(_flat_norm(g, 2), 1e-30), unit)
 
 
 def _free(g, point, lo, hi):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
@@ -437,3 +438,35 @@ def interval_bounds(model, x, eps, labels, *, p=np.inf, method: BoundMethod | st
     lower = tf.einsum("bk,bkl->bl", lm.margins + low[:, :rows], columns)
     upper = tf.einsum("bk,bkl->bl", lm.margins - low[:, rows:], columns)
     return MarginBounds(lower, upper)
+
+
+def guard_arithmetic(twin, mode: str) -> Arithmetic:
+    """The `Arithmetic` of the bound passes on `twin` under a guard mode ("none",
+    "strict": the worst case, or "float64": the probabilistic bound with the worst case
+    as a second guard; `keras_roll.robust.region.guard_mode`).
+
+    Example:
+
+    ```python
+    arithmetic = guard_arithmetic(twin, "float64")
+    ```
+    """
+    return _arithmetic(twin, mode)
+
+
+def guard_loss(arithmetic: Arithmetic, noise: dict | None = None):
+    """The `RoundingLoss` factory of the pull-backs under `arithmetic` (the worst case,
+    or under "float64" the probabilistic terms); `noise` (`{value key: (e, w)}`)
+    replaces the noise scales its interval pass recorded, for pull-backs that run in
+    another graph than that pass (the branch and bound's leaves).
+
+    Example:
+
+    ```python
+    loss = guard_loss(arithmetic)
+    lower = relaxed_lower_bounds(structure, values, key, rows, lines, deltas, eps, p, loss)
+    ```
+    """
+    if noise is not None and isinstance(arithmetic.rounding, _NoiseRounding):
+        return functools.partial(_ProbableLoss, rounding=SimpleNamespace(noise=noise))
+    return _loss_of(arithmetic)

@@ -32,6 +32,7 @@ from keras_roll.compile.caches import cached
 from keras_roll.robust.adversarial import lp_norm, predict_classes
 from keras_roll.robust.arguments import BranchOptions
 from keras_roll.robust.attacks import AttackOptions, minimal_norm_attack
+from keras_roll.robust.region import guard_mode
 from keras_roll.robust.subdomains import BallVerdict, LeafPasses, verify_ball
 
 __all__ = ["BallVerdict", "BranchOptions", "BranchRadius", "branch_radius", "verify_ball"]
@@ -82,7 +83,8 @@ class BranchRadius(NamedTuple):
 
 NEAR = 1.5  # probe just below the upper bound first where it is within this of the lower
 PROBE_SHARE = 1 / 32  # the first probe's share of max_seconds in the widest bracket
-FIRST_SHARE = 1 / 8  # the share of the probe just below the upper bound
+FIRST_SHARE = 1 / 2  # the share of the probe just below the upper bound (it closes the
+# bracket where the attack found the minimal point, the common case where U < NEAR L)
 
 
 def _next_probe(lo: float, top: float, first: bool, rtol: float) -> float:
@@ -110,7 +112,7 @@ def _probe_seconds(max_seconds: float, width0: float, lo: float, top: float,
 
 
 def branch_radius(model, twin, x, pred, p, lower, upper, adversarial, *, gap: float = 0.0,
-                  rtol: float = 1e-3, guard: bool = True, memory_budget: int | None = None,
+                  rtol: float = 1e-3, guard=True, memory_budget: int | None = None,
                   options: BranchOptions | None = None) -> BranchRadius:
     """Narrows the brackets `[lower, upper]` of the minimal perturbations by branch and
     bound, one input at a time, within `options.max_seconds` each.
@@ -125,7 +127,9 @@ def branch_radius(model, twin, x, pred, p, lower, upper, adversarial, *, gap: fl
         adversarial: `[B, *input_shape]` the points of `upper`.
         gap: the margin the model's rounded output needs (`region.link_gap`).
         rtol: the search stops where `upper - lower <= rtol * upper`.
-        guard: bound the rounding of the model's evaluation (worst case).
+        guard: the rounding guard of the model's evaluation: a `Rigor` (under "float64"
+            the probabilistic bound, as the relaxation's), True (the worst case) or
+            False (none).
         memory_budget: bytes of functionals per pull-back of the layer bounds.
         options: a `BranchOptions`.
 
@@ -140,8 +144,9 @@ def branch_radius(model, twin, x, pred, p, lower, upper, adversarial, *, gap: fl
     """
     options = (options or BranchOptions()).checked()
     budget = int(memory_budget or twin.memory_budget)
-    passes = cached(twin, ("branch", p, bool(guard), budget, options.batch),
-                    lambda: LeafPasses(twin, p, bool(guard), budget, options.batch))
+    mode = guard_mode(guard)
+    passes = cached(twin, ("branch", p, mode, budget, options.batch),
+                    lambda: LeafPasses(twin, p, mode, budget, options.batch))
     x = np.asarray(x, np.float64)
     lower, upper = np.array(lower, np.float64), np.array(upper, np.float64)
     adversarial = np.array(adversarial, np.float64)

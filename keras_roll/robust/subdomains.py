@@ -45,6 +45,7 @@ from keras_roll.compile.bounds.ibp import Boxes
 from keras_roll.compile.bounds.rules import Box, bound_rule
 from keras_roll.compile.bounds.splits import (
     SplitRelaxedOps,
+    leaf_forms,
     root_boxes,
     split_layout,
     split_lower_bounds,
@@ -54,7 +55,9 @@ from keras_roll.geometry import steepest_directions
 from keras_roll.robust.adversarial import clearly_other, model_outputs
 from keras_roll.robust.arguments import BranchOptions
 from keras_roll.robust.attacks import ball_attack
-from keras_roll.robust.bounds import arithmetic_of
+from keras_roll.robust.bounds import guard_arithmetic, guard_loss
+from keras_roll.robust.leaf_lp import available, solve_leaves
+from keras_roll.robust.region import guard_mode
 
 __all__ = ["BallVerdict", "LeafPasses", "verify_ball"]
 
@@ -64,10 +67,12 @@ class LeafPasses:
     batch of leaves (`boxes`) and their final bounds with the multipliers' gradient
     (`bounds`)."""
 
-    def __init__(self, twin, p, guarded: bool, budget: int, batch: int):
+    def __init__(self, twin, p, guarded, budget: int, batch: int):
         self.twin, self.p, self.budget, self.batch = twin, p, budget, batch
         self.structure = structure_of(twin.program)
-        self.arithmetic = arithmetic_of(twin, guarded)
+        # the rounding guard: True (the worst case), False, or a mode of `guard_mode`
+        self.mode = guarded if guarded in ("none", "strict", "float64") else guard_mode(guarded)
+        self.arithmetic = guard_arithmetic(twin, self.mode)
         zero = tf.zeros([1, *twin.input_shape], tf.float64)
         values = capture(twin.interpreter, zero)
         self.layout = split_layout(self.structure, values)
@@ -80,7 +85,7 @@ class LeafPasses:
         self.boxes = tf.function(self._boxes, autograph=False, input_signature=[
             tf.TensorSpec(shape, f64), tf.TensorSpec([], f64),
             tf.TensorSpec([None, self.layout.size], f64)])
-        self._compiled_bounds = None
+        self._compiled_bounds = self._compiled_forms = None
 
     def bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas=None):
         """`(lower [B, C], d lower / d (betas, alphas), the worst row's input
@@ -110,7 +115,7 @@ class LeafPasses:
         values = capture(self.twin.interpreter, x)
         lines = SplitRelaxedOps(values, self.layout, splits)
         res = root_boxes(self.structure, values, eps, self.p, self.arithmetic, self.budget,
-                         lines, examples=self.batch)
+                         lines, examples=self.batch, loss=guard_loss(self.arithmetic))
         lead = tf.shape(splits)[:1]
         keys = [self.structure.nodes[i].inputs[0] for i in self.relaxed]
 
@@ -123,21 +128,57 @@ class LeafPasses:
         self.delta_slots = tuple(i for i, d in enumerate(res.deltas) if d is not None)
         self.nodes = len(res.deltas)
         deltas = tuple(full(res.deltas[i]) for i in self.delta_slots)
+        # under "float64", the noise scales of the probabilistic guard ride with them
+        noise = getattr(self.arithmetic.rounding, "noise", None) or {}
+        self.noise_keys = tuple(sorted(noise))
+        deltas += tuple(full(noise[k][j]) for j in (0, 1) for k in self.noise_keys)
         return los, his, deltas, lines.empty
 
-    def _bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas):
+    def _setup(self, x, pred, los, his, deltas):
+        """`(logit margins, Boxes of the leaves, the margins' rows, the rounding loss)`
+        inside a pass."""
         lm = logit_margins(self.twin.interpreter, x, pred)
         keys = [self.structure.nodes[i].inputs[0] for i in self.relaxed]
+        deltas, noise = deltas[:len(self.delta_slots)], deltas[len(self.delta_slots):]
+        k = len(self.noise_keys)
+        loss = guard_loss(self.arithmetic, {key: (noise[j], noise[k + j]) for j, key in
+                                            enumerate(self.noise_keys)} if k else None)
         full = [None] * self.nodes
         for i, d in zip(self.delta_slots, deltas):
             full[i] = d
         boxes = Boxes({k: Box(lo, hi) for k, lo, hi in zip(keys, los, his)}, full)
         out = lm.values.value(self.structure, self.structure.output_key)
         rows = tf.reshape(lm.rows, tf.concat([tf.shape(lm.rows)[:2], tf.shape(out)[1:]], 0))
+        return lm, boxes, rows, loss
+
+    def forms(self, x, pred, los, his, deltas, splits) -> tuple:
+        """The affine forms of a batch of leaves (`leaf_lp.solve_leaves`'s `forms`,
+        numpy): the margins' (with their values at `x`) and the splittable units'
+        (compiled once)."""
+        if self._compiled_forms is None:
+            self._compiled_forms = tf.function(self._forms, autograph=False,
+                                               reduce_retracing=True)
+        return tuple(t.numpy() for t in self._compiled_forms(
+            x, pred, tuple(los), tuple(his), tuple(deltas), tf.constant(splits, tf.float64)))
+
+    def _forms(self, x, pred, los, his, deltas, splits):
+        lm, boxes, rows, loss = self._setup(x, pred, los, his, deltas)
+        res = leaf_forms(self.structure, lm.values, rows, boxes, self.layout, splits, self.p,
+                         loss)
+        b = tf.shape(splits)[0]
+        flat = [tf.reshape(t, [b, tf.shape(t)[1], -1]) for t in
+                (res.lam_input, *(lam for _, lam in res.units))]
+        edge = self.layout.flat({i: t - lm.values.inputs[i][0] for i, t in
+                                 zip(self.layout.indices, self.layout.breakpoints)}, [1])[0]
+        return (lm.margins + res.offset, flat[0], tf.concat([o for o, _ in res.units], 1),
+                tf.concat(flat[1:], 1), edge)
+
+    def _bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas):
+        lm, boxes, rows, loss = self._setup(x, pred, los, his, deltas)
         with tf.GradientTape() as tape:
             tape.watch([betas, alphas])
             res = split_lower_bounds(self.structure, lm.values, rows, boxes, self.layout,
-                                     splits, betas, eps, self.p, alphas)
+                                     splits, betas, eps, self.p, alphas, loss)
             lower = lm.margins + res.lower
             total = tf.reduce_sum(tf.where(tf.math.is_finite(lower), lower, 0.0))
         grads = tape.gradient(total, [betas, alphas],
@@ -212,7 +253,8 @@ class _Ball:
         self.et = tf.constant(float(eps), tf.float64)
         self.root = None
         self.repeated: dict = {}  # rows -> the root's boxes repeated
-        self.leaves = self.calls = self.attack_steps = 0
+        self.leaves = self.calls = self.attack_steps = self.linear = 0
+        self.solved: set = set()  # the split patterns of the leaves solved as programs
 
     def layer_boxes(self, splits: np.ndarray):
         if self.root is not None and not self.options.refine:
@@ -314,10 +356,46 @@ class _Ball:
                 return self._verdict("unknown", None, float(worst.min()))
             take = np.argsort(worst)[:max(1, self.options.batch // 2)]  # the lowest first
             rest = np.setdiff1d(np.arange(len(worst)), take)
-            children = self._next(sp[take], be[take], sc[take])
+            verdict, params = self._linear_leaves(low[take], sp[take], be[take], sc[take])
+            if verdict is not None:
+                return verdict
+            children = self._next(sp[take], params, sc[take])
             new = self.evaluate(*children)
             frontier = [(low[rest], sp[rest], be[rest], sc[rest], np.zeros((0,))),
                         (new[0], children[0], new[1], new[3], new[2])]
+
+    def _linear_leaves(self, lower, splits, params, scores):
+        """`(verdict or None, params)`: the complete leaves taken (no unstable unit left)
+        solved as linear programs (`leaf_lp`), their multipliers set to the programs'
+        duals (bounded again, they verify each leaf whose minimum exceeds the gap). The
+        verdict is adversarial where a minimiser at most the gap changes the model's
+        class, unknown where it does not or where a leaf solved before is still open
+        (nothing else decides such a leaf)."""
+        complete = scores.max(axis=1) <= 0
+        if not complete.any() or not available(self.p_norm):
+            return None, params
+        idx = np.flatnonzero(complete)
+        keys = [splits[i].tobytes() for i in idx]
+        again = np.array([k in self.solved for k in keys])
+        if again.any():
+            return self._verdict("unknown", None, float(lower[idx[again]].min())), params
+        self.solved.update(keys)
+        n, size = len(idx), splits.shape[1]
+        s = _padded(splits[idx].astype(np.float64), 1 << max(0, (n - 1).bit_length()))
+        los, his, deltas, _ = self.layer_boxes(s)
+        forms = self.passes.forms(self.xt, self.pt, los, his, deltas, s)
+        forms = (*(f[:n] for f in forms[:4]), forms[4])
+        sol = solve_leaves(forms, splits[idx], params[idx, :, :size], lower[idx], self.eps,
+                           self.gap)
+        self.linear += n
+        below = np.isfinite(sol.below)
+        if below.any():
+            point = self._flipped(self.x[None] + sol.points[below].reshape(-1, *self.x.shape))
+            status = "unknown" if point is None else "adversarial"
+            return self._verdict(status, point, float(sol.below.min())), params
+        params = params.copy()
+        params[idx, :, :size] = sol.betas
+        return None, params
 
     def _verdict(self, status: str, point, lower: float) -> BallVerdict:
         return BallVerdict(status, point, self.leaves, lower, self.calls, self.attack_steps)

@@ -37,14 +37,14 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.bounds.crown import RelaxedOps, relaxation_refiner, relaxed_form
-from keras_roll.compile.bounds.ibp import Boxes, interval_pass
+from keras_roll.compile.bounds.ibp import Boxes, RoundingLoss, interval_pass
 from keras_roll.compile.bounds.rules import Arithmetic, Box, bound_rule
 from keras_roll.compile.bounds.traversal import Values
 from keras_roll.compile.rules.activations import Activation
 from keras_roll.compile.structure import ProgramStructure
 
-__all__ = ["SplitBounds", "SplitLayout", "SplitRelaxedOps", "root_boxes", "split_layout",
-           "split_lower_bounds"]
+__all__ = ["LeafForms", "SplitBounds", "SplitLayout", "SplitRelaxedOps", "leaf_forms",
+           "root_boxes", "split_layout", "split_lower_bounds"]
 
 
 class SplitLayout(NamedTuple):
@@ -200,11 +200,13 @@ class SplitRelaxedOps(RelaxedOps):
 
 
 def root_boxes(structure: ProgramStructure, values: Values, eps, p, arithmetic: Arithmetic,
-               budget: int, lines: RelaxedOps | None = None, examples: int = 1) -> Boxes:
+               budget: int, lines: RelaxedOps | None = None, examples: int = 1,
+               loss=RoundingLoss) -> Boxes:
     """The layer bounds of CROWN over the ball (`relaxation_refiner` on every nonlinear
     op's input, intersected with intervals), on `lines` (default plain `RelaxedOps`;
     a `SplitRelaxedOps` cuts every split unit's interval, so the bounds of later
-    layers hold on each subdomain and are tighter there).
+    layers hold on each subdomain and are tighter there). `loss`: how CROWN's
+    pull-backs sum the rounding terms (`relaxation_refiner`'s).
 
     Example:
 
@@ -213,7 +215,7 @@ def root_boxes(structure: ProgramStructure, values: Values, eps, p, arithmetic: 
     ```
     """
     lines = RelaxedOps(values) if lines is None else lines
-    refine = relaxation_refiner(structure, values, lines, eps, p, budget, examples)
+    refine = relaxation_refiner(structure, values, lines, eps, p, budget, examples, loss)
     if not isinstance(lines, SplitRelaxedOps):
         return interval_pass(structure, values, eps, arithmetic, refine=refine)
 
@@ -247,7 +249,7 @@ class SplitBounds(NamedTuple):
 def split_lower_bounds(structure: ProgramStructure, values: Values, rows: tf.Tensor,
                        boxes: Boxes, layout: SplitLayout, splits: tf.Tensor,
                        betas: tf.Tensor | None, eps, p,
-                       alphas: tf.Tensor | None = None) -> SplitBounds:
+                       alphas: tf.Tensor | None = None, loss=RoundingLoss) -> SplitBounds:
     """Bounds of `rows . (f(x') - f(x))` over each subdomain of the ball of radius `eps`.
 
     Args:
@@ -260,6 +262,8 @@ def split_lower_bounds(structure: ProgramStructure, values: Values, rows: tf.Ten
         alphas: None (CROWN's lower lines), or `[B, C, size]` lower slopes of the
             unstable units per functional row (alpha-CROWN; NaN: CROWN's slope),
             clipped to each unit's slope range: sound for any value.
+        loss: how the rounding terms of `boxes.deltas` are summed (`RoundingLoss`,
+            the worst case, or a subclass).
 
     Returns:
         `SplitBounds`.
@@ -279,7 +283,8 @@ def split_lower_bounds(structure: ProgramStructure, values: Values, rows: tf.Ten
     b = tf.shape(splits)[0]
     lam = tf.broadcast_to(rows, tf.concat([[b], tf.shape(rows)[1:]], 0))
     used = None if alphas is None else _set_slopes(lines, layout, alphas)
-    form = relaxed_form(structure, values, structure.output_key, lam, lines, boxes.deltas, p)
+    form = relaxed_form(structure, values, structure.output_key, lam, lines, boxes.deltas, p,
+                        loss)
     lower = form.offset - tf.cast(eps, rows.dtype) * form.slope
     lower = tf.where(lines.empty[:, None], tf.constant(np.inf, lower.dtype), lower)
     worst = tf.argmin(lower, axis=1, output_type=tf.int32)
@@ -308,3 +313,55 @@ def _set_slopes(lines: SplitRelaxedOps, layout: SplitLayout, alphas: tf.Tensor) 
 def _relaxed(node) -> bool:
     rule = bound_rule(node.op)
     return rule is not None and not rule.linear
+
+
+class LeafForms(NamedTuple):
+    """The affine forms of a batch of subdomains (`leaf_forms`, tensors): on a subdomain
+    where every relaxed unit is stable or split, each form is the value itself
+    (`form(x') = offset + lam_input . (x' - x)`, less the rounding terms).
+
+    Attributes:
+        offset: `[B, C]` the functionals' offsets (relative to `x`).
+        lam_input: `[B, C, *input_shape]` their input functionals.
+        units: per splittable op (`layout.indices`), `(offset [B, n], lam_input
+            [B, n, *input_shape])` of its input's units relative to `x`.
+    """
+
+    offset: tf.Tensor
+    lam_input: tf.Tensor
+    units: tuple
+
+
+def leaf_forms(structure: ProgramStructure, values: Values, rows: tf.Tensor, boxes: Boxes,
+               layout: SplitLayout, splits: tf.Tensor, p, loss=RoundingLoss) -> LeafForms:
+    """The relaxation's lower forms of `rows . (f(x') - f(x))` and of every splittable
+    unit's input on each subdomain (no multipliers, CROWN's slopes): where a
+    subdomain leaves no unit unstable, the lines are the units' own pieces and the
+    forms are exact, so the subdomain is the polytope of the ball where every split
+    unit's form lies on its side (a linear program; `keras_roll.robust.leaf_lp`).
+
+    Example:
+
+    ```python
+    forms = leaf_forms(structure, values, rows, boxes, layout, splits, np.inf)
+    forms.units[0][1]        # [B, n, *input_shape]: the first op's units
+    ```
+    """
+    lines = SplitRelaxedOps(values, layout, splits)
+    for index, node in enumerate(structure.nodes):
+        key = node.inputs[0] if node.inputs else None
+        if key in boxes.boxes and _relaxed(node):
+            lines.set(index, node, boxes.boxes[key])
+    b = tf.shape(splits)[0]
+    lam = tf.broadcast_to(rows, tf.concat([[b], tf.shape(rows)[1:]], 0))
+    form = relaxed_form(structure, values, structure.output_key, lam, lines, boxes.deltas, p,
+                        loss)
+    units = []
+    for index, shape in zip(layout.indices, layout.shapes):
+        n = int(np.prod(shape))
+        eye = tf.broadcast_to(tf.reshape(tf.eye(n, dtype=rows.dtype), [1, n, *shape]),
+                              [b, n, *shape])
+        unit = relaxed_form(structure, values, structure.nodes[index].inputs[0], eye, lines,
+                            boxes.deltas, p, loss)
+        units.append((unit.offset, unit.lam_input))
+    return LeafForms(form.offset, form.lam_input, tuple(units))
