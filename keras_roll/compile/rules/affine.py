@@ -131,7 +131,8 @@ def _layer_local(layer, shape) -> Local | None:
     """The `Local` of a linear layer call on channels-last images: merges (elementwise),
     2-D zero padding (a shift) and "valid" 2-D average pooling; else None."""
     L = keras.layers
-    if type(layer).__name__ in ("Add", "Subtract", "Average"):  # the layers, or x + y
+    merges = (L.Add, L.Subtract, L.Average, numpy_operation("Add"), numpy_operation("Subtract"))
+    if isinstance(layer, merges):  # the layers, or x + y and x - y on Keras tensors
         return elementwise(shape)
     pads = _zero_padding(layer)
     if pads is not None and len(pads) == 2:
