@@ -127,12 +127,14 @@ class LayerCall(Op):
             out = out * size + coords[d] + (pads[d][0] if d < rank else 0)
         return tf.where(t.axes >= 0, out, -1)
 
+_MERGE_OPS = (numpy_operation("Add"), numpy_operation("Subtract"))  # x + y, x - y
+
+
 def _layer_local(layer, shape) -> Local | None:
     """The `Local` of a linear layer call on channels-last images: merges (elementwise),
     2-D zero padding (a shift) and "valid" 2-D average pooling; else None."""
     L = keras.layers
-    merges = (L.Add, L.Subtract, L.Average, numpy_operation("Add"), numpy_operation("Subtract"))
-    if isinstance(layer, merges):  # the layers, or x + y and x - y on Keras tensors
+    if isinstance(layer, (L.Add, L.Subtract, L.Average, *_MERGE_OPS)):
         return elementwise(shape)
     pads = _zero_padding(layer)
     if pads is not None and len(pads) == 2:
@@ -490,12 +492,5 @@ for _cls in _RANDOM_IN_TRAINING:
     register_rule(_cls, lambda layer: Identity(layer, training_dependent=True))
 for _cls in (keras.layers.ActivityRegularization, keras.layers.Identity):
     register_rule(_cls, Identity)
-
-
-def _register_ops():
-    """`x + y` and `x - y` on Keras tensors create operations, not layers."""
-    for cls in (numpy_operation("Add"), numpy_operation("Subtract")):
-        register_rule(cls, LayerCall)
-
-
-_register_ops()
+for _cls in _MERGE_OPS:  # x + y and x - y on Keras tensors are operations, not layers
+    register_rule(_cls, LayerCall)
