@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import math
-from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
@@ -139,16 +138,16 @@ class _ProbableLoss(RoundingLoss):
     holds, so the smaller is subtracted. Used for the margins' final pull-back and for
     CROWN's bounds of every unit (`relaxation_refiner`'s `loss`, also on windows)."""
 
-    def __init__(self, deltas, rounding: _NoiseRounding):
+    def __init__(self, deltas, scales: dict):
         super().__init__(deltas)
-        self.rounding = rounding
+        self.scales = scales  # `{value key: (e, w)}`, as `_NoiseRounding.noise`
         self.noise, self.twin = [], []
 
     def visit(self, node, index, lam):
         if self.delta(index) is None:
             return None
         super().visit(node, index, lam)
-        e, w = self.rounding.noise[node.output]
+        e, w = self.scales[node.output]
         if self.crop is not None:
             e, w = self.crop(e, node.output), self.crop(w, node.output)
         self.noise.append(abs_sum(tf.square(lam), tf.square(e)))
@@ -166,7 +165,7 @@ class _ProbableLoss(RoundingLoss):
 def _loss_of(arithmetic: Arithmetic):
     """The `RoundingLoss` factory of an arithmetic's rounding (`relaxed_lower_bounds`)."""
     if isinstance(arithmetic.rounding, _NoiseRounding):
-        return functools.partial(_ProbableLoss, rounding=arithmetic.rounding)
+        return functools.partial(_ProbableLoss, scales=arithmetic.rounding.noise)
     return RoundingLoss
 
 
@@ -468,5 +467,5 @@ def guard_loss(arithmetic: Arithmetic, noise: dict | None = None):
     ```
     """
     if noise is not None and isinstance(arithmetic.rounding, _NoiseRounding):
-        return functools.partial(_ProbableLoss, rounding=SimpleNamespace(noise=noise))
+        return functools.partial(_ProbableLoss, scales=noise)
     return _loss_of(arithmetic)
