@@ -1,7 +1,7 @@
-"""The steps of `minimal_norm_attack`, as one compiled loop per norm and batch shape.
+"""The steps of `minimal_norm_attack`, as one compiled loop for every norm and batch size.
 
-Each step descends the margin `f_pred - f_other` (plus the gap `FLIP_GAP` asks of a
-clear flip: `keras_roll.robust.adversarial.clearly_other`) along its normalized
+Each step descends the margin `f_pred - f_other` (plus the gap `POINT_GAP` the
+attack's points clear: `keras_roll.robust.adversarial.clearly_other`) along its normalized
 gradient (less the coordinates held at a bound of the input domain), projects the
 perturbation onto the lp ball of radius `eps` and onto the input domain, and keeps
 the smallest adversarial perturbation seen. Per row, `eps` either adapts (FMN:
@@ -10,71 +10,100 @@ grows by `1 + gamma` once it is not, and before the first adversarial point is t
 linear estimate of the distance to the boundary) or stays fixed (projected gradient
 descent at a given radius: the probes of
 `keras_roll.robust.search.shrink_upper`). Step size and `gamma` decay along a cosine
-over each row's own number of steps; a row stops moving after its steps.
+over each row's own number of steps; a row stops moving after its steps, and the
+loop ends once every row has, or once every fixed row holds a point (a probe needs
+one). After the steps, each best point is moved to the first clear flip along the
+norm's own shrinking of its perturbation (bisection, `BISECTIONS` halvings, in the
+same graph).
 
-Budgets are arguments of the graph (not constants traced into it): one trace per
-norm and padded batch size serves every budget.
+The norm (its index in `NORMS`), the budgets and the batch size are arguments of the
+graph, not constants traced into it: one trace per model serves every call. The
+norm's operations run under `tf.switch_case`; called with a Python number for `p`,
+the same helpers build the operations of that norm alone (the graph of one norm).
 
 Example:
 
 ```python
-fn = compiled_loop(model, p=2.0, rows=8)
-delta, norm = fn(x, delta0, eps0, pred, target, low, high, steps, step_size, gamma, fixed,
-                 smooth)
+fn = compiled_loop(model)
+delta, norm, t, taken = fn(x, delta0, eps0, pred, target, low, high, steps, step_size,
+                           gamma, fixed, smooth, norm_index(2.0))
 ```
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.robust.adversarial import FLIP_GAP
+from keras_roll.robust.adversarial import POINT_GAP
 
-__all__ = ["compiled_loop", "dual_norms"]
+__all__ = ["BISECTIONS", "NORMS", "compiled_loop", "dual_norms", "loop_function",
+           "norm_index"]
 
 SMOOTH = 1.0  # l2 length of a smooth l_inf step over the sign step's (at the same eps)
 L1_SMOOTH = 0.4  # l2 length of a smooth l1 step over eps (foolbox's FMN: about 1 / 6)
+NORMS = (1.0, 2.0, np.inf)  # the graph's norm argument is an index into these
+BISECTIONS = 24  # halvings of the segment from x to the best point (2^-24: float32's ulp)
+
+
+def norm_index(p) -> int:
+    """The graph's norm argument for `p` (1, 2 or np.inf)."""
+    return NORMS.index(float(p))
+
+
+def _by_norm(p, branches):
+    """`branches[q]()` for the norm `p`: a Python number builds that norm's operations
+    alone; a tensor (an index into `NORMS`) picks one at run time (`tf.switch_case`)."""
+    if isinstance(p, numbers.Number):
+        return branches[float(p)]()
+    return tf.switch_case(p, [branches[q] for q in NORMS])
 
 
 def _flat_norm(v, p):
     v = tf.reshape(v, [tf.shape(v)[0], -1])
-    if p == 2:
-        return tf.sqrt(tf.reduce_sum(v * v, axis=1))
-    if p == 1:
-        return tf.reduce_sum(tf.abs(v), axis=1)
-    return tf.reduce_max(tf.abs(v), axis=1)
+    return _by_norm(p, {2.0: lambda: tf.sqrt(tf.reduce_sum(v * v, axis=1)),
+                        1.0: lambda: tf.reduce_sum(tf.abs(v), axis=1),
+                        np.inf: lambda: tf.reduce_max(tf.abs(v), axis=1)})
+
+
+def _project_l1(flat, eps):
+    """The rows of `flat` projected onto the l1 balls of radii `eps` (Duchi et al. 2008)."""
+    e = eps[:, None]
+    a = tf.abs(flat)
+    mu = tf.sort(a, axis=1, direction="DESCENDING")
+    cs = tf.cumsum(mu, axis=1)
+    k = tf.cast(tf.range(1, tf.shape(flat)[1] + 1), flat.dtype)[None]
+    rho = tf.reduce_sum(tf.cast(mu - (cs - e) / k > 0, tf.int32), axis=1)
+    rho = tf.maximum(rho, 1)
+    theta = (tf.gather(cs, rho - 1, batch_dims=1) - eps) / tf.cast(rho, flat.dtype)
+    shrunk = tf.sign(flat) * tf.nn.relu(a - tf.maximum(theta, 0.0)[:, None])
+    inside = tf.reduce_sum(a, axis=1, keepdims=True) <= e
+    return tf.where(inside, flat, shrunk)
 
 
 def _project(v, eps, p):
-    """`v` projected onto the lp ball of radius `eps` (rows; Duchi et al. 2008 for l1)."""
+    """`v` projected onto the lp ball of radius `eps` (rows)."""
     shape = tf.shape(v)
     flat = tf.reshape(v, [shape[0], -1])
     e = eps[:, None]
-    if p == np.inf:
-        out = tf.clip_by_value(flat, -e, e)
-    elif p == 2:
+
+    def l2():
         n = tf.sqrt(tf.reduce_sum(flat * flat, axis=1, keepdims=True))
-        out = flat * tf.minimum(1.0, e / tf.maximum(n, 1e-30))
-    else:
-        a = tf.abs(flat)
-        mu = tf.sort(a, axis=1, direction="DESCENDING")
-        cs = tf.cumsum(mu, axis=1)
-        k = tf.cast(tf.range(1, tf.shape(flat)[1] + 1), flat.dtype)[None]
-        rho = tf.reduce_sum(tf.cast(mu - (cs - e) / k > 0, tf.int32), axis=1)
-        rho = tf.maximum(rho, 1)
-        theta = (tf.gather(cs, rho - 1, batch_dims=1) - eps) / tf.cast(rho, flat.dtype)
-        shrunk = tf.sign(flat) * tf.nn.relu(a - tf.maximum(theta, 0.0)[:, None])
-        inside = tf.reduce_sum(a, axis=1, keepdims=True) <= e
-        out = tf.where(inside, flat, shrunk)
+        return flat * tf.minimum(1.0, e / tf.maximum(n, 1e-30))
+
+    out = _by_norm(p, {np.inf: lambda: tf.clip_by_value(flat, -e, e), 2.0: l2,
+                       1.0: lambda: _project_l1(flat, eps)})
     return tf.reshape(out, shape)
 
 
 def dual_norms(g, p):
-    """`[B]` the dual norms (q with 1/p + 1/q = 1) of the flattened rows of `g`."""
-    return _flat_norm(g, {1.0: np.inf, 2.0: 2.0, np.inf: 1.0}[float(p)])
+    """`[B]` the dual norms (q with 1/p + 1/q = 1) of the flattened rows of `g` (`p` a
+    number, or a tensor index into `NORMS`)."""
+    return _by_norm(p, {q: (lambda d=d: _flat_norm(g, d))
+                        for q, d in ((1.0, np.inf), (2.0, 2.0), (np.inf, 1.0))})
 
 
 def _direction(g, p, smooth):
@@ -83,15 +112,31 @@ def _direction(g, p, smooth):
     foolbox's FMN steps); for l1 the gradient over its largest entry (the projection
     then keeps the largest entries); for l2 over its l2 norm."""
     unit = [-1] + [1] * (len(g.shape) - 1)
-    if p == np.inf:
+
+    def linf():
         size = tf.cast(tf.reduce_prod(tf.shape(g)[1:]), g.dtype)
-        n = _flat_norm(g, 2) / (SMOOTH * tf.sqrt(size))
+        n = _flat_norm(g, 2.0) / (SMOOTH * tf.sqrt(size))
         return tf.where(smooth, g / tf.reshape(tf.maximum(n, 1e-30), unit), tf.sign(g))
-    if p == 1:
+
+    def l1():
         top = tf.reshape(tf.maximum(_flat_norm(g, np.inf), 1e-30), unit)
-        n2 = tf.reshape(tf.maximum(_flat_norm(g, 2), 1e-30) / L1_SMOOTH, unit)
+        n2 = tf.reshape(tf.maximum(_flat_norm(g, 2.0), 1e-30) / L1_SMOOTH, unit)
         return tf.where(smooth, g / n2, g / top)
-    return g / tf.reshape(tf.maximum(_flat_norm(g, 2), 1e-30), unit)
+
+    return _by_norm(p, {np.inf: linf, 1.0: l1, 2.0: lambda: g / tf.reshape(
+        tf.maximum(_flat_norm(g, 2.0), 1e-30), unit)})
+
+
+def _shrunk(delta, t, p):
+    """`delta` moved into the lp ball of radius `t` times its norm by the norm's own
+    projection (as `keras_roll.robust.attack_points.shrunk`, in the graph)."""
+    unit = [-1] + [1] * (len(delta.shape) - 1)
+    t = tf.reshape(tf.cast(t, delta.dtype), unit)
+    top = tf.reshape(_flat_norm(delta, np.inf), unit)
+    return _by_norm(p, {2.0: lambda: t * delta,
+                        np.inf: lambda: tf.clip_by_value(delta, -t * top, t * top),
+                        1.0: lambda: tf.sign(delta) * tf.nn.relu(tf.abs(delta)
+                                                                 - (1.0 - t) * top)})
 
 
 def _free(g, point, lo, hi):
@@ -103,7 +148,7 @@ def _free(g, point, lo, hi):
 
 
 def _margins(out, pred, target, classes):
-    """`(loss, flipped)`: `f_pred - f_other + FLIP_GAP max |f|` with `f_other` the
+    """`(loss, flipped)`: `f_pred - f_other + POINT_GAP max |f|` with `f_other` the
     target's output (the largest other output where the target is -1), and whether
     the largest other output wins by the gap (`clearly_other`)."""
     own = tf.one_hot(pred, classes, dtype=out.dtype)
@@ -111,7 +156,7 @@ def _margins(out, pred, target, classes):
     other = tf.reduce_max(out - own * 1e30, axis=1)
     f_target = tf.reduce_sum(tf.one_hot(tf.maximum(target, 0), classes, dtype=out.dtype) * out,
                              axis=1)
-    gap = FLIP_GAP * tf.reduce_max(tf.abs(out), axis=1)
+    gap = POINT_GAP * tf.reduce_max(tf.abs(out), axis=1)
     loss = f_pred - tf.where(target >= 0, f_target, other) + gap
     return loss, f_pred - other + gap < 0
 
@@ -125,8 +170,10 @@ def _next_eps(eps, eps0, norm, loss, gq, adv, best_norm, gam, fixed):
     return tf.where(fixed, eps0, adapted)
 
 
-def _loop_fn(model, p):
-    """The loop for one norm (one `tf.function`, traced per batch shape)."""
+def loop_function(model, p=None):
+    """The loop as a `tf.function` (traced per input signature): `p` None takes the norm
+    as the graph's last argument (an index into `NORMS`); a number builds the graph of
+    that norm alone (the argument is then ignored)."""
     classes = int(model.outputs[0].shape[-1])
 
     def loss_and_grad(x, delta, pred, target):
@@ -141,51 +188,78 @@ def _loop_fn(model, p):
         return (tf.where(tf.reshape(better, shape), delta, best),
                 tf.where(better, norm, best_norm))
 
-    def run(x, delta, eps0, pred, target, lo, hi, steps, step_size, gamma, fixed, smooth):
+    def bisect(x, best, pred, norm):
+        """`[B]` the smallest share `t` of `best`'s norm found by `BISECTIONS` halvings
+        with `x + _shrunk(best, t)` clearly adversarial (1 where none is)."""
+        def halve(i, lo, hi):
+            mid = 0.5 * (lo + hi)
+            out = tf.reshape(model(x + _shrunk(best, mid, norm), training=False),
+                             [tf.shape(x)[0], classes])
+            _, flip = _margins(tf.cast(out, tf.float32), pred, -tf.ones_like(pred), classes)
+            return i + 1, tf.where(flip, lo, mid), tf.where(flip, mid, hi)
+
+        ones = tf.ones(tf.shape(pred), tf.float32)
+        _, _, hi = tf.while_loop(lambda i, *_: i < BISECTIONS, halve,
+                                 (tf.constant(0), tf.zeros_like(ones), ones))
+        return hi
+
+    def run(x, delta, eps0, pred, target, lo, hi, steps, step_size, gamma, fixed, smooth,
+            norm):
+        norm = norm if p is None else float(p)
         shape = [-1] + [1] * (len(x.shape) - 1)
         total = tf.cast(tf.maximum(steps, 1), tf.float32)
 
-        def body(k, delta, eps, best, best_norm):
+        def moving(k, best_norm):  # fixed rows stop at their first point
+            return (k < steps) & ~(fixed & (best_norm < float("inf")))
+
+        def body(k, delta, eps, best, best_norm, taken):
             loss, adv, g = loss_and_grad(x, delta, pred, target)
             g = _free(g, x + delta, lo, hi)
-            norm = tf.cast(_flat_norm(delta, p), tf.float32)
-            best, best_norm = keep(delta, norm, adv, best, best_norm, shape)
+            size = tf.cast(_flat_norm(delta, norm), tf.float32)
+            live = moving(k, best_norm)
+            best, best_norm = keep(delta, size, adv, best, best_norm, shape)
             c = 0.5 * (1.0 + tf.cos(math.pi * tf.cast(k, tf.float32) / total))
             gam = gamma / 50 + (gamma - gamma / 50) * c
             alpha = step_size / 100 + (step_size - step_size / 100) * c
-            gq = tf.cast(dual_norms(g, p), tf.float32)
-            eps = _next_eps(eps, eps0, norm, loss, gq, adv, best_norm, gam, fixed)
-            step = tf.cast(tf.reshape(alpha * eps, shape), x.dtype) * _direction(g, p, smooth)
-            moved = _project(delta - step, tf.cast(eps, x.dtype), p)
+            gq = tf.cast(dual_norms(g, norm), tf.float32)
+            eps = _next_eps(eps, eps0, size, loss, gq, adv, best_norm, gam, fixed)
+            step = tf.cast(tf.reshape(alpha * eps, shape), x.dtype) * _direction(g, norm,
+                                                                                 smooth)
+            moved = _project(delta - step, tf.cast(eps, x.dtype), norm)
             moved = tf.clip_by_value(x + moved, lo, hi) - x
-            delta = tf.where(tf.reshape(k < steps, shape), moved, delta)
-            return k + 1, delta, eps, best, best_norm
+            delta = tf.where(tf.reshape(live, shape), moved, delta)
+            return k + 1, delta, eps, best, best_norm, taken + tf.cast(live, tf.int32)
 
-        start = (tf.constant(0), delta, eps0, delta, tf.fill(tf.shape(eps0), float("inf")))
-        _, delta, _, best, best_norm = tf.while_loop(
-            lambda k, *_: k < tf.reduce_max(steps), body, start)
+        start = (tf.constant(0), delta, eps0, delta, tf.fill(tf.shape(eps0), float("inf")),
+                 tf.zeros_like(steps))
+        _, delta, _, best, best_norm, taken = tf.while_loop(
+            lambda k, *v: tf.reduce_any(moving(k, v[3])), body, start)
         _, adv, _ = loss_and_grad(x, delta, pred, target)
-        return keep(delta, tf.cast(_flat_norm(delta, p), tf.float32), adv, best, best_norm,
-                    shape)
+        best, best_norm = keep(delta, tf.cast(_flat_norm(delta, norm), tf.float32), adv, best,
+                               best_norm, shape)
+        return best, best_norm, bisect(x, best, pred, norm), taken
 
     return tf.function(run, autograph=False)
 
 
-def compiled_loop(model, p, rows):
-    """The loop as a graph for `rows` inputs: `fn(x, delta0, eps0, pred, target, low,
-    high, steps, step_size, gamma, fixed, smooth) -> (best delta, its norm)` (inf where
-    no adversarial point was seen). `steps` is per row (int32), `step_size` and `gamma`
-    scalars (float32), `fixed` per row (bool), `smooth` a scalar bool (`_direction`).
-    A `ConcreteFunction` runs as a graph even under `tf.config.run_functions_eagerly`:
-    hundreds of steps of small ops, run eagerly, cost about a hundred times the
-    compiled loop."""
+def compiled_loop(model, p=None):
+    """The loop as one graph for any batch size: `fn(x, delta0, eps0, pred, target, low,
+    high, steps, step_size, gamma, fixed, smooth, norm) -> (best delta, its norm, t,
+    steps taken)`: the norm is inf where no adversarial point was seen, and `t` the
+    share of the best delta's norm where its shrinking first clearly flips (bisected
+    in the graph; `_shrunk`). `steps` is per row (int32), `step_size` and `gamma`
+    scalars (float32), `fixed` per row (bool), `smooth` a scalar bool (`_direction`),
+    `norm` an int32 index into `NORMS` (`norm_index`; `p` a number: that norm's graph
+    alone). A `ConcreteFunction` runs as a graph even under
+    `tf.config.run_functions_eagerly`: hundreds of steps of small ops, run eagerly,
+    cost about a hundred times the compiled loop."""
     dtype = model.inputs[0].dtype
     shape = tuple(model.inputs[0].shape[1:])
-    inputs = tf.TensorSpec([rows, *shape], dtype)
-    per_row = {"f": tf.TensorSpec([rows], tf.float32), "i": tf.TensorSpec([rows], tf.int64)}
+    inputs = tf.TensorSpec([None, *shape], dtype)
+    per_row = {"f": tf.TensorSpec([None], tf.float32), "i": tf.TensorSpec([None], tf.int64)}
     box = tf.TensorSpec(shape, dtype)
     scalar = tf.TensorSpec([], tf.float32)
-    return _loop_fn(model, float(p)).get_concrete_function(
+    return loop_function(model, p).get_concrete_function(
         inputs, inputs, per_row["f"], per_row["i"], per_row["i"], box, box,
-        tf.TensorSpec([rows], tf.int32), scalar, scalar, tf.TensorSpec([rows], tf.bool),
-        tf.TensorSpec([], tf.bool))
+        tf.TensorSpec([None], tf.int32), scalar, scalar, tf.TensorSpec([None], tf.bool),
+        tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.int32))

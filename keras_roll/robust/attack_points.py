@@ -26,14 +26,22 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.caches import cached
-from keras_roll.robust.adversarial import clearly_other, confirm, lp_norm, model_outputs
-from keras_roll.robust.attack_loop import compiled_loop
+from keras_roll.robust.adversarial import (
+    POINT_GAP,
+    clearly_other,
+    confirm,
+    lp_norm,
+    model_outputs,
+)
+from keras_roll.robust.attack_loop import BISECTIONS, compiled_loop, norm_index
 
 __all__ = ["ExampleNoise", "Runner", "bisect_to_flip", "checked_points", "domain_arrays",
            "in_domain", "pad_rows", "shrunk", "start_list", "valid_starts"]
 
-BISECTIONS = 24  # halvings of the segment from x to the best point (2^-24: float32's ulp)
 PROBE_STEP = 0.3  # the probes' first step, as a share of AttackOptions.step_size
+# Relative pushes of the graph's bisected share `t`, tried in one model call: the graph
+# and the check evaluate the model in batches of other sizes (FLIP_GAP's rounding).
+GRAPH_PUSHES = (0.0, 2.0**-20, 2.0**-16, 2.0**-12)
 
 
 def in_domain(points, lo, hi):
@@ -64,7 +72,7 @@ def bisect_to_flip(model, x, delta, pred, p):
     for _ in range(BISECTIONS):
         mid = 0.5 * (lo + hi)
         pts = (x + shrunk(delta, mid, p)).astype(dtype)
-        flip = clearly_other(model_outputs(model, pts), pred)
+        flip = clearly_other(model_outputs(model, pts), pred, POINT_GAP)
         hi, lo = np.where(flip, mid, hi), np.where(flip, lo, mid)
     return (x + shrunk(delta, hi, p)).astype(dtype)
 
@@ -150,43 +158,82 @@ class Runner:
         self.lo, self.hi, self.options = lo, hi, options
         self.dtype = np.dtype(model.inputs[0].dtype)
         self.box = tf.constant(lo.astype(self.dtype)), tf.constant(hi.astype(self.dtype))
+        self.taken = np.zeros(x.shape[0], np.int64)  # steps the loop ran per input
 
     def run(self, idx, d0, eps0, target, steps, fixed, smooth=False, scale=(1.0, 1.0)):
         """`(points, distances)` of rows `idx` (NaN where none) from `x + d0` (`scale`:
-        factors of the options' step size and gamma)."""
-        rows = 1 << max(0, (idx.size - 1).bit_length())  # padded to a power of two
-        fn = cached(self.model, ("minimal_norm_attack", self.p, rows),
-                    lambda: compiled_loop(self.model, self.p, rows))
+        factors of the options' step size and gamma); adds the steps run to `taken`."""
+        fn = cached(self.model, ("minimal_norm_attack",),
+                    lambda: compiled_loop(self.model))
 
-        def pad(a, dtype):
-            return tf.constant(pad_rows(np.asarray(a), rows).astype(dtype))
+        def arg(a, dtype):
+            return tf.constant(np.asarray(a).astype(dtype))
 
         x = self.x[idx]
         d0 = d0.astype(self.dtype).astype(np.float64)
-        out_d, out_n = fn(pad(x, self.dtype), pad(d0, self.dtype), pad(eps0, np.float32),
-                          pad(self.pred[idx], np.int64), pad(target, np.int64), *self.box,
-                          pad(np.broadcast_to(steps, idx.shape), np.int32),
-                          tf.constant(self.options.step_size * scale[0]
-                                      * (PROBE_STEP if fixed else 1.0)),
-                          tf.constant(float(self.options.gamma * scale[1])),
-                          pad(np.broadcast_to(fixed, idx.shape), bool), tf.constant(smooth))
-        out_d = np.asarray(out_d, np.float64)[:idx.size]
-        found = np.flatnonzero(np.isfinite(np.asarray(out_n)[:idx.size]))
+        n = idx.size
+        out_d, out_n, out_t, taken = fn(
+            arg(x, self.dtype), arg(d0, self.dtype), arg(np.broadcast_to(eps0, n), np.float32),
+            arg(self.pred[idx], np.int64), arg(target, np.int64), *self.box,
+            arg(np.broadcast_to(steps, n), np.int32),
+            tf.constant(self.options.step_size * scale[0] * (PROBE_STEP if fixed else 1.0)),
+            tf.constant(float(self.options.gamma * scale[1])),
+            arg(np.broadcast_to(fixed, n), bool), tf.constant(smooth),
+            tf.constant(norm_index(self.p)))
+        np.add.at(self.taken, idx, np.asarray(taken, np.int64))
+        out_d = np.asarray(out_d, np.float64)
+        found = np.flatnonzero(np.isfinite(np.asarray(out_n)))
         pts = np.full(x.shape, np.nan)
-        dist = np.full(idx.size, np.nan)
+        dist = np.full(n, np.nan)
         if found.size:
-            pts[found] = checked_points(self.model, x[found], out_d[found], self.pred[idx[found]],
-                                  self.p, self.lo, self.hi)
+            pts[found] = checked_points(self.model, x[found], out_d[found],
+                                        self.pred[idx[found]], self.p, self.lo, self.hi,
+                                        np.asarray(out_t, np.float64)[found])
             dist[found] = lp_norm(pts[found] - x[found], self.p)
         return pts, dist
 
 
-def checked_points(model, x, delta, pred, p, lo, hi):
+def checked_points(model, x, delta, pred, p, lo, hi, t=None):
     """The points `x + delta` moved to the first clear flip along the segment from `x`,
-    checked in the model and the domain; NaN rows where none holds."""
+    checked in the model and the domain; NaN rows where none holds. `t` (`[B]`, from
+    the loop's bisection in its graph): the first clear flip is taken at `shrunk(delta,
+    t)` or a push beyond it (`GRAPH_PUSHES`), checked here in one model call; the rows
+    where none of them holds are bisected here."""
+    out = np.full(x.shape, np.nan)
+    todo = np.arange(x.shape[0])
+    if t is not None:
+        got = _graph_flips(model, x, delta, pred, p, lo, hi, t)
+        ok = np.all(np.isfinite(got.reshape(x.shape[0], -1)), axis=1)
+        out[ok], todo = got[ok], todo[~ok]
+    if todo.size:
+        out[todo] = _bisected_points(model, x[todo], delta[todo], pred[todo], p, lo, hi)
+    return out
+
+
+def _graph_flips(model, x, delta, pred, p, lo, hi, t):
+    """The first of `x + shrunk(delta, t (1 + c))`, `c` in `GRAPH_PUSHES`, that is
+    clearly adversarial in the model and in the domain (NaN rows where none is)."""
+    dtype = np.dtype(model.inputs[0].dtype)
+    m, b = len(GRAPH_PUSHES), x.shape[0]
+    cand = np.stack([(x + shrunk(delta, np.minimum(t * (1.0 + c), 1.0), p)).astype(dtype)
+                     for c in GRAPH_PUSHES])  # [m, b, *input_shape]
+    flat = cand.reshape(m * b, *x.shape[1:])
+    ok = clearly_other(model_outputs(model, flat), np.tile(pred, m), POINT_GAP) \
+        & in_domain(flat.astype(np.float64), np.broadcast_to(lo, x.shape[1:]),
+                    np.broadcast_to(hi, x.shape[1:]))
+    ok = ok.reshape(m, b)
+    first = np.argmax(ok, axis=0)
+    out = np.full(x.shape, np.nan)
+    hit = np.flatnonzero(ok[first, np.arange(b)])
+    out[hit] = cand[first[hit], hit]
+    return out
+
+
+def _bisected_points(model, x, delta, pred, p, lo, hi):
+    """`checked_points` by bisection in numpy (one model call per halving)."""
     dtype = np.dtype(model.inputs[0].dtype)
     pts = (x + delta).astype(dtype)
-    flip = clearly_other(model_outputs(model, pts), pred)
+    flip = clearly_other(model_outputs(model, pts), pred, POINT_GAP)
     if not flip.all():  # rounded back in another batch: push a little further
         bad = np.flatnonzero(~flip)
         pushed, dist = confirm(model, x[bad], delta[bad], np.ones(bad.size), pred[bad], p)
@@ -198,7 +245,7 @@ def checked_points(model, x, delta, pred, p, lo, hi):
     if idx.size:
         seg = pts[idx].astype(np.float64) - x[idx]
         final = bisect_to_flip(model, x[idx], seg, pred[idx], p)
-        keep = clearly_other(model_outputs(model, final), pred[idx]) \
+        keep = clearly_other(model_outputs(model, final), pred[idx], POINT_GAP) \
             & in_domain(final.astype(np.float64), lo, hi)
         out[idx[keep]] = final[keep]
     return out

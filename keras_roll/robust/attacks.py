@@ -259,12 +259,12 @@ def run_attack(model, x, p=2, *, pred=None, start=None, domain=None,
     ```
     """
     runner, best, best_norm, starts = _setup(model, x, p, pred, start, domain, options)
-    spent = _from_starts(runner, best, best_norm, starts)
-    spent += _restarts(runner, best, best_norm)
-    spent += _polish(runner, best, best_norm)
+    _from_starts(runner, best, best_norm, starts)
+    _restarts(runner, best, best_norm)
+    _polish(runner, best, best_norm)
     if probes and runner.options.probe_steps:
-        spent += _probes(runner, best, best_norm, lower)
-    return _bounds(runner, best, best_norm), spent
+        _probes(runner, best, best_norm, lower)
+    return _bounds(runner, best, best_norm), runner.taken
 
 
 def probe_attack(model, x, p, pred, start, lower, options: AttackOptions | None = None,
@@ -282,8 +282,8 @@ def probe_attack(model, x, p, pred, start, lower, options: AttackOptions | None 
     ```
     """
     runner, best, best_norm, _ = _setup(model, x, p, pred, start, domain, options)
-    spent = _probes(runner, best, best_norm, lower)
-    return _bounds(runner, best, best_norm), spent
+    _probes(runner, best, best_norm, lower)
+    return _bounds(runner, best, best_norm), runner.taken
 
 
 def ball_attack(model, x: np.ndarray, starts: np.ndarray, pred: int, eps: float, p,
@@ -342,17 +342,16 @@ def _keep(best, best_norm, idx, pts, dist):
     best[idx[better]], best_norm[idx[better]] = pts[better], dist[better]
 
 
-def _restarts(runner, best, best_norm) -> np.ndarray:
-    """The FMN runs (in place); returns the steps spent per input."""
+def _restarts(runner, best, best_norm) -> None:
+    """The FMN runs (in place)."""
     x, options = runner.x, runner.options
     b = x.shape[0]
     every = np.arange(b)
     if not b:
-        return np.zeros(0, np.int64)
+        return
     rng = ExampleNoise(x, options.seed)
     order = _class_order(runner.model, x.astype(runner.dtype), runner.pred, runner.p) \
         if options.restarts > 1 else None
-    spent = np.zeros(b, np.int64)
     began = time.monotonic()
     for r in range(options.restarts):
         if r and options.max_seconds is not None \
@@ -364,17 +363,14 @@ def _restarts(runner, best, best_norm) -> np.ndarray:
         smooth = r % 2 == 1  # l_inf: every other run steps along the smooth direction
         steps = options.steps if r <= FULL_TARGETS else min(options.steps, options.scout_steps)
         pts, dist = runner.run(every, d0, eps0, target, steps, False, smooth)
-        spent += steps
         _keep(best, best_norm, every, pts, dist)
-    return spent
 
 
-def _from_starts(runner, best, best_norm, starts) -> np.ndarray:
+def _from_starts(runner, best, best_norm, starts) -> None:
     """An untargeted run from each known start where it is not the closest (in place;
-    the restarts begin at the closest); returns the steps spent per input."""
-    spent = np.zeros(best_norm.shape[0], np.int64)
+    the restarts begin at the closest)."""
     if len(starts) < 2:
-        return spent
+        return
     width = int(np.prod(best.shape[1:]))
     others = []
     for idx, pts, dist in starts:
@@ -385,9 +381,7 @@ def _from_starts(runner, best, best_norm, starts) -> np.ndarray:
         if idx.size:
             found, d = runner.run(idx, pts - runner.x[idx], dist, np.full(idx.size, -1),
                                   steps, False, k % 2 == 1)
-            spent[idx] += steps
             _keep(best, best_norm, idx, found, d)
-    return spent
 
 
 def _hopped(runner, rng, idx, best, best_norm, last):
@@ -401,13 +395,12 @@ def _hopped(runner, rng, idx, best, best_norm, last):
     return d0, best_norm[idx] * (1.0 + hop)
 
 
-def _polish(runner, best, best_norm) -> np.ndarray:
+def _polish(runner, best, best_norm) -> None:
     """`AttackOptions.polish` runs from the best points so far (in place), each only
     shrinking their norm toward the best point's class (for l_inf alternately by sign
     and by smooth steps: they end in different local minima; all but the last from
     noise around the best point, `AttackOptions.hop`; the last run with a fine
-    schedule, `FINE`); returns the steps."""
-    spent = np.zeros(best_norm.shape[0], np.int64)
+    schedule, `FINE`)."""
     steps = runner.options.steps
     rng = ExampleNoise(runner.x, runner.options.seed + 2)
     for k in range(runner.options.polish):
@@ -419,13 +412,12 @@ def _polish(runner, best, best_norm) -> np.ndarray:
         d0, eps0 = _hopped(runner, rng, idx, best, best_norm, last)
         pts, dist = runner.run(idx, d0, eps0, target, steps, False, k % 2 == 1,
                                scale=FINE if last else (1.0, 1.0))
-        spent[idx] += steps
         _keep(best, best_norm, idx, pts, dist)
-    return spent
 
 
-def _probes(runner, best, best_norm, lower) -> np.ndarray:
-    """The search at fixed radii below the best points (in place); returns the steps."""
+def _probes(runner, best, best_norm, lower) -> None:
+    """The search at fixed radii below the best points (in place); a probe ends at its
+    first point (the steps it ran are counted in `runner.taken`)."""
     x = runner.x
     shape = (-1,) + (1,) * (x.ndim - 1)
 
@@ -443,8 +435,7 @@ def _probes(runner, best, best_norm, lower) -> np.ndarray:
     options = runner.options
     lower = np.zeros(x.shape[0]) if lower is None else np.nan_to_num(
         np.asarray(lower, np.float64))
-    res = shrink_upper(probe, lower, best_norm, steps=options.probe_steps,
-                       max_steps=options.probe_budget)
-    return res.steps
+    shrink_upper(probe, lower, best_norm, steps=options.probe_steps,
+                 max_steps=options.probe_budget)
 
 
