@@ -217,7 +217,7 @@ class _Run:
             starts.append(self.walked[sub])
         nb, steps = run_attack(self.model, x64[sub], p, pred=pred[sub],
                                lower=rr.lower[p][idx[sub]], start=starts,
-                               options=self.search.attack,
+                               options=self.search.attack, tol=self.search.exact_rtol,
                                probes=self.method is not RobustMethod.BEST)  # "best": later
         rr.attack_steps[p][idx[sub]] += steps
         _take_upper(rr, p, idx[sub], nb, BoundSource.ATTACK)

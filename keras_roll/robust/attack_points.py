@@ -159,6 +159,13 @@ class Runner:
         self.dtype = np.dtype(model.inputs[0].dtype)
         self.box = tf.constant(lo.astype(self.dtype)), tf.constant(hi.astype(self.dtype))
         self.taken = np.zeros(x.shape[0], np.int64)  # steps the loop ran per input
+        self.lower, self.tol = np.zeros(x.shape[0]), 0.0  # certified radii, bracket tolerance
+
+    def open_rows(self, best_norm):
+        """The rows whose bracket is still open: no point yet, or `best_norm - lower >
+        tol * best_norm` (the attack has something left to gain there)."""
+        closed = np.isfinite(best_norm) & (best_norm - self.lower <= self.tol * best_norm)
+        return np.flatnonzero(~closed)
 
     def run(self, idx, d0, eps0, target, steps, fixed, smooth=False, scale=(1.0, 1.0)):
         """`(points, distances)` of rows `idx` (NaN where none) from `x + d0` (`scale`:

@@ -165,23 +165,29 @@ def _norm_of(p):
     return float(p)
 
 
+ORDER_ROWS = 256  # rows (input x class) per gradient call of `_class_order`
+
+
 def _class_order(model, x, pred, p):
     """`[B, L-1]` the other classes, nearest first by the linear estimate of the
-    distance to their decision hyperplane at `x` (`margin / ||gradient||_q`)."""
-    classes = int(model.outputs[0].shape[-1])
-    xt = tf.constant(x)
-    dist = np.full((x.shape[0], classes), np.inf)
-    for j in range(classes):
+    distance to their decision hyperplane at `x` (`margin / ||gradient||_q`): one
+    gradient call for `ORDER_ROWS` (input, class) pairs at a time."""
+    b, classes = x.shape[0], int(model.outputs[0].shape[-1])
+    rows = np.repeat(np.arange(b), classes)
+    other = np.tile(np.arange(classes), b)
+    dist = np.full(b * classes, np.inf)
+    for c0 in range(0, rows.size, ORDER_ROWS):
+        r, j = rows[c0:c0 + ORDER_ROWS], other[c0:c0 + ORDER_ROWS]
+        xt = tf.constant(x[r])
         with tf.GradientTape() as tape:
             tape.watch(xt)
-            out = tf.reshape(model(xt, training=False), [x.shape[0], classes])
-            out = tf.cast(out, tf.float32)
-            m = tf.gather(out, pred, batch_dims=1) - out[:, j]
-        g = tape.gradient(m, xt)
-        gq = dual_norms(tf.cast(g, tf.float32), p).numpy()
+            out = tf.cast(tf.reshape(model(xt, training=False), [r.size, classes]), tf.float32)
+            m = tf.gather(out, pred[r], batch_dims=1) - tf.gather(out, j, batch_dims=1)
+        gq = dual_norms(tf.cast(tape.gradient(m, xt), tf.float32), p).numpy()
         with np.errstate(divide="ignore", invalid="ignore"):
-            dist[:, j] = np.where(gq > 0, np.maximum(m.numpy(), 0.0) / gq, np.inf)
-    dist[np.arange(x.shape[0]), pred] = np.nan
+            dist[c0:c0 + r.size] = np.where(gq > 0, np.maximum(m.numpy(), 0.0) / gq, np.inf)
+    dist = dist.reshape(b, classes)
+    dist[np.arange(b), pred] = np.nan
     order = np.argsort(np.where(np.isnan(dist), np.inf, dist), axis=1, kind="stable")
     return np.stack([o[o != y] for o, y in zip(order, pred)])
 
@@ -248,9 +254,12 @@ def minimal_norm_attack(model, x, p=2, *, pred=None, start=None, domain=None,
 
 
 def run_attack(model, x, p=2, *, pred=None, start=None, domain=None,
-               options: AttackOptions | None = None, lower=None, probes: bool = True):
-    """`minimal_norm_attack`'s `NormBounds` and `[B]` int64 the steps spent per input
-    (`probes=False`: without the probes, which `probe_attack` runs alone).
+               options: AttackOptions | None = None, lower=None, probes: bool = True,
+               tol: float = 1e-3):
+    """`minimal_norm_attack`'s `NormBounds` and `[B]` int64 the steps run per input
+    (`probes=False`: without the probes, which `probe_attack` runs alone). An input
+    whose bracket is closed (`upper - lower <= tol * upper`, `lower` the certified
+    radii) gets no further run: the attack spends its steps where it can still gain.
 
     Example:
 
@@ -259,6 +268,7 @@ def run_attack(model, x, p=2, *, pred=None, start=None, domain=None,
     ```
     """
     runner, best, best_norm, starts = _setup(model, x, p, pred, start, domain, options)
+    runner.lower, runner.tol = _lower_of(lower, x.shape[0]), float(tol)
     _from_starts(runner, best, best_norm, starts)
     _restarts(runner, best, best_norm)
     _polish(runner, best, best_norm)
@@ -326,6 +336,11 @@ def _setup(model, x, p, pred, start, domain, options):
     return Runner(model, x, pred, p, lo, hi, options), best, best_norm, starts
 
 
+def _lower_of(lower, b) -> np.ndarray:
+    """`[B]` certified radii (0 where unknown)."""
+    return np.zeros(b) if lower is None else np.nan_to_num(np.asarray(lower, np.float64))
+
+
 def _bounds(runner, best, best_norm) -> NormBounds:
     b = best_norm.shape[0]
     ok = np.isfinite(best_norm)
@@ -346,7 +361,6 @@ def _restarts(runner, best, best_norm) -> None:
     """The FMN runs (in place)."""
     x, options = runner.x, runner.options
     b = x.shape[0]
-    every = np.arange(b)
     if not b:
         return
     rng = ExampleNoise(x, options.seed)
@@ -362,8 +376,11 @@ def _restarts(runner, best, best_norm) -> None:
         eps0 = np.where(np.isfinite(best_norm) & (r == 0), best_norm, 0.0)
         smooth = r % 2 == 1  # l_inf: every other run steps along the smooth direction
         steps = options.steps if r <= FULL_TARGETS else min(options.steps, options.scout_steps)
-        pts, dist = runner.run(every, d0, eps0, target, steps, False, smooth)
-        _keep(best, best_norm, every, pts, dist)
+        rows = runner.open_rows(best_norm)
+        if rows.size:
+            pts, dist = runner.run(rows, d0[rows], eps0[rows], target[rows], steps, False,
+                                   smooth)
+            _keep(best, best_norm, rows, pts, dist)
 
 
 def _from_starts(runner, best, best_norm, starts) -> None:
@@ -378,6 +395,8 @@ def _from_starts(runner, best, best_norm, starts) -> None:
         others.append((idx[keep], pts[keep], dist[keep]))
     steps = runner.options.steps
     for k, (idx, pts, dist) in enumerate(others):
+        keep = np.isin(idx, runner.open_rows(best_norm))
+        idx, pts, dist = idx[keep], pts[keep], dist[keep]
         if idx.size:
             found, d = runner.run(idx, pts - runner.x[idx], dist, np.full(idx.size, -1),
                                   steps, False, k % 2 == 1)
@@ -404,7 +423,8 @@ def _polish(runner, best, best_norm) -> None:
     steps = runner.options.steps
     rng = ExampleNoise(runner.x, runner.options.seed + 2)
     for k in range(runner.options.polish):
-        idx = np.flatnonzero(np.isfinite(best_norm))
+        idx = runner.open_rows(best_norm)
+        idx = idx[np.isfinite(best_norm[idx])]
         if not idx.size:
             break
         last = k == runner.options.polish - 1
@@ -433,9 +453,7 @@ def _probes(runner, best, best_norm, lower) -> None:
         return dist
 
     options = runner.options
-    lower = np.zeros(x.shape[0]) if lower is None else np.nan_to_num(
-        np.asarray(lower, np.float64))
-    shrink_upper(probe, lower, best_norm, steps=options.probe_steps,
+    shrink_upper(probe, _lower_of(lower, x.shape[0]), best_norm, steps=options.probe_steps,
                  max_steps=options.probe_budget)
 
 
