@@ -37,7 +37,7 @@ from keras_roll.compile.bounds import margin_rows
 from keras_roll.compile.caches import cached
 from keras_roll.geometry import dual_norm, steepest_directions, to_numpy
 from keras_roll.robust.adversarial import confirm, lp_norm, predict_classes
-from keras_roll.robust.compiled import compile_batched
+from keras_roll.robust.compiled import BATCH_SPECS, compile_batched
 from keras_roll.robust.region import NormBounds, decision_terms
 
 __all__ = ["line_probe", "walk_bounds"]
@@ -143,30 +143,68 @@ def _walk(model, twin, x, pred, p, max_regions, budget):
     return points, dist
 
 
+def _crossing_tf(margins, rates):
+    """`_first_crossing`'s `s` in the graph (no index)."""
+    inf = tf.constant(np.inf, margins.dtype)
+    s = tf.where(rates < 0, tf.maximum(margins, 0.0) / tf.where(rates < 0, -rates, 1.0), inf)
+    return tf.reduce_min(tf.where(margins <= 0, tf.zeros_like(s), s), axis=1)
+
+
+def _line_fn(twin, x, d, pred, t, t_max, regions):
+    """Region after region along `x + t d` in one graph, until each row's first
+    decision crossing (or `t_max`, or its `regions [b]` probes): `(t [b], s [b], probes
+    [b])`, the crossing at `x + t d + s d` (`s` NaN where none)."""
+    shape = [-1] + [1] * (len(x.shape) - 1)
+
+    def body(k, t, s_hit, live, probes):
+        at = tf.reshape(tf.where(live, t, tf.zeros_like(t)), shape)  # finished rows: at x
+        t_exit, margins, rates, _ = _probe(twin, x + at * d, d, pred)
+        s = _crossing_tf(margins, rates)
+        cross = live & (s <= t_exit) & (t + s <= t_max)
+        t_next = tf.where(live & ~cross, t + t_exit * (1.0 + STEP_BEYOND) + STEP_BEYOND, t)
+        probes = probes + tf.cast(live, tf.int32)
+        still = live & ~cross & (t_next < t_max) & tf.math.is_finite(t_next) \
+            & (probes < regions)
+        return k + 1, t_next, tf.where(cross, s, s_hit), still, probes
+
+    nan = tf.fill(tf.shape(t), tf.constant(np.nan, t.dtype))
+    start = (tf.constant(0), t, nan, tf.math.is_finite(t) & (t < t_max) & (regions > 0),
+             tf.zeros(tf.shape(t), tf.int32))
+    _, t, s, _, probes = tf.while_loop(lambda k, t, s, live, probes: tf.reduce_any(live), body,
+                                       start)
+    return t, s, probes
+
+
 def _line_search(model, twin, x, direction, pred, p, max_regions, t_max=1.0):
     """The first confirmed crossing on `x + t direction`, `0 <= t <= t_max`, region by
-    region; `(points, distances)` (NaN rows where none)."""
+    region (the regions crossed in one compiled loop, `_line_fn`; a crossing the model
+    does not confirm is stepped over); `(points, distances)` (NaN rows where none)."""
     b = x.shape[0]
+    fn = cached(twin, ("line_search",), lambda: tf.function(
+        functools.partial(_line_fn, twin), autograph=False, input_signature=[
+            BATCH_SPECS["x"](twin.input_shape), BATCH_SPECS["x"](twin.input_shape),
+            BATCH_SPECS["y"](()), BATCH_SPECS["e"](()), tf.TensorSpec([], tf.float64),
+            tf.TensorSpec([None], tf.int32)]))
     t = np.zeros(b)
+    left = np.full(b, max_regions)
     points = np.full(x.shape, np.nan)
     dist = np.full(b, np.nan)
     active = np.flatnonzero(np.all(np.isfinite(direction.reshape(b, -1)), axis=1))
     shape = (-1,) + (1,) * (x.ndim - 1)
-    for _ in range(max_regions):
-        if not active.size:
-            break
-        cur = x[active] + t[active].reshape(shape) * direction[active]
+    while active.size:
         d = direction[active]
-        t_exit, margins, rates, _ = line_probe(twin, cur, d, pred[active])
-        s, _ = _first_crossing(margins, rates)
-        cross = (s <= t_exit) & (t[active] + s <= t_max)
-        pts, ds = confirm(model, cur, d, np.where(cross, s, np.nan), pred[active], p,
-                          origin=x[active])
+        tt, s, probes = (to_numpy(v) for v in fn(
+            tf.constant(x[active], tf.float64), tf.constant(d, tf.float64),
+            tf.constant(pred[active], tf.int64), tf.constant(t[active], tf.float64),
+            tf.constant(float(t_max), tf.float64), tf.constant(left[active], tf.int32)))
+        t[active], left[active] = tt, left[active] - probes
+        cur = x[active] + tt.reshape(shape) * d
+        pts, ds = confirm(model, cur, d, s, pred[active], p, origin=x[active])
         found = np.isfinite(ds)
         points[active[found]], dist[active[found]] = pts[found], ds[found]
-        step = np.where(cross, s, t_exit) * (1.0 + STEP_BEYOND) + STEP_BEYOND
-        t[active] = t[active] + step
-        active = active[~found & (t[active] < t_max) & np.isfinite(t[active])]
+        # past a crossing the model did not confirm
+        t[active] = np.where(np.isfinite(s), tt + s * (1.0 + STEP_BEYOND) + STEP_BEYOND, np.inf)
+        active = active[~found & np.isfinite(s) & (t[active] < t_max) & (left[active] > 0)]
     return points, dist
 
 
