@@ -1,10 +1,13 @@
 """The attack's runs and the checks of their points, shared by the attack's stages.
 
-`Runner` runs the compiled loop of `keras_roll.robust.attack_loop` on rows of one
-batch (padded to a power of two) and returns only checked points: each is moved to
-the first clear flip along the norm's own shrinking of its perturbation
-(`bisect_to_flip`), checked in the Keras model in its own dtype
-(`keras_roll.robust.adversarial.clearly_other`) and inside the domain.
+`Runner` runs the compiled loop of `keras_roll.robust.attack_loop` (one graph for
+every norm and batch size) on rows of one batch and returns only checked points:
+each is moved to the first clear flip along the norm's own shrinking of its
+perturbation (bisected in the loop's graph; `bisect_to_flip` where that point does
+not hold), checked in the Keras model in its own dtype
+(`keras_roll.robust.adversarial.clearly_other`, by `POINT_GAP`) and inside the
+domain. It counts the steps the loop ran per input (`Runner.taken`) and knows which
+inputs' brackets are still open (`Runner.open_rows`).
 `ExampleNoise` draws the restarts' noise from one generator per example, so an
 example gets the same points whatever batch or replica it is attacked in.
 

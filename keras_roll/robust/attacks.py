@@ -30,10 +30,13 @@ NeurIPS 2021):
 * finally, probes at fixed radii (projected gradient descent from random points of
   the sphere) bisect between the certified radius (where known) and the best
   distance, with budgets that grow as the bracket narrows
-  (`keras_roll.robust.search.shrink_upper`).
+  (`keras_roll.robust.search.shrink_upper`); a probe ends at its first point.
 
-The steps run in one `tf.function` per batch shape (batches are padded to a power
-of two rows), on `tf.GradientTape` gradients of the Keras model in its dtype.
+The attack spends its steps where it can still gain: an input whose bracket is
+closed (`upper - lower <= tol * upper`, `lower` the certified radius) gets no further
+run, and the steps reported are the steps run. The steps run in one compiled graph
+for every norm and batch size, on `tf.GradientTape` gradients of the Keras model in
+its dtype.
 
 Example:
 
