@@ -215,17 +215,19 @@ def loop_function(model, p=None):
         def body(k, delta, eps, best, best_norm, taken):
             loss, adv, g = loss_and_grad(x, delta, pred, target)
             g = _free(g, x + delta, lo, hi)
-            size = tf.cast(_flat_norm(delta, norm), tf.float32)
+            size, gq = _by_norm(norm, {q: (lambda q=q: (_flat_norm(delta, q),
+                                                          dual_norms(g, q))) for q in NORMS})
+            size, gq = tf.cast(size, tf.float32), tf.cast(gq, tf.float32)
             live = moving(k, best_norm)
             best, best_norm = keep(delta, size, adv, best, best_norm, shape)
             c = 0.5 * (1.0 + tf.cos(math.pi * tf.cast(k, tf.float32) / total))
             gam = gamma / 50 + (gamma - gamma / 50) * c
             alpha = step_size / 100 + (step_size - step_size / 100) * c
-            gq = tf.cast(dual_norms(g, norm), tf.float32)
             eps = _next_eps(eps, eps0, size, loss, gq, adv, best_norm, gam, fixed)
-            step = tf.cast(tf.reshape(alpha * eps, shape), x.dtype) * _direction(g, norm,
-                                                                                 smooth)
-            moved = _project(delta - step, tf.cast(eps, x.dtype), norm)
+            scale = tf.cast(tf.reshape(alpha * eps, shape), x.dtype)
+            moved = _by_norm(norm, {q: (lambda q=q: _project(
+                delta - scale * _direction(g, q, smooth), tf.cast(eps, x.dtype), q))
+                for q in NORMS})
             moved = tf.clip_by_value(x + moved, lo, hi) - x
             delta = tf.where(tf.reshape(live, shape), moved, delta)
             return k + 1, delta, eps, best, best_norm, taken + tf.cast(live, tf.int32)
