@@ -170,6 +170,22 @@ def _next_eps(eps, eps0, norm, loss, gq, adv, best_norm, gam, fixed):
     return tf.where(fixed, eps0, adapted)
 
 
+def _bisect(model, classes, x, best, pred, norm):
+    """`[B]` the smallest share `t` of `best`'s norm found by `BISECTIONS` halvings with
+    `x + _shrunk(best, t)` clearly adversarial (1 where none is)."""
+    def halve(i, lo, hi):
+        mid = 0.5 * (lo + hi)
+        out = tf.reshape(model(x + _shrunk(best, mid, norm), training=False),
+                         [tf.shape(x)[0], classes])
+        _, flip = _margins(tf.cast(out, tf.float32), pred, -tf.ones_like(pred), classes)
+        return i + 1, tf.where(flip, lo, mid), tf.where(flip, mid, hi)
+
+    ones = tf.ones(tf.shape(pred), tf.float32)
+    _, _, hi = tf.while_loop(lambda i, *_: i < BISECTIONS, halve,
+                             (tf.constant(0), tf.zeros_like(ones), ones))
+    return hi
+
+
 def loop_function(model, p=None):
     """The loop as a `tf.function` (traced per input signature): `p` None takes the norm
     as the graph's last argument (an index into `NORMS`); a number builds the graph of
@@ -187,21 +203,6 @@ def loop_function(model, p=None):
         better = adv & (norm < best_norm)
         return (tf.where(tf.reshape(better, shape), delta, best),
                 tf.where(better, norm, best_norm))
-
-    def bisect(x, best, pred, norm):
-        """`[B]` the smallest share `t` of `best`'s norm found by `BISECTIONS` halvings
-        with `x + _shrunk(best, t)` clearly adversarial (1 where none is)."""
-        def halve(i, lo, hi):
-            mid = 0.5 * (lo + hi)
-            out = tf.reshape(model(x + _shrunk(best, mid, norm), training=False),
-                             [tf.shape(x)[0], classes])
-            _, flip = _margins(tf.cast(out, tf.float32), pred, -tf.ones_like(pred), classes)
-            return i + 1, tf.where(flip, lo, mid), tf.where(flip, mid, hi)
-
-        ones = tf.ones(tf.shape(pred), tf.float32)
-        _, _, hi = tf.while_loop(lambda i, *_: i < BISECTIONS, halve,
-                                 (tf.constant(0), tf.zeros_like(ones), ones))
-        return hi
 
     def run(x, delta, eps0, pred, target, lo, hi, steps, step_size, gamma, fixed, smooth,
             norm):
@@ -239,7 +240,7 @@ def loop_function(model, p=None):
         _, adv, _ = loss_and_grad(x, delta, pred, target)
         best, best_norm = keep(delta, tf.cast(_flat_norm(delta, norm), tf.float32), adv, best,
                                best_norm, shape)
-        return best, best_norm, bisect(x, best, pred, norm), taken
+        return best, best_norm, _bisect(model, classes, x, best, pred, norm), taken
 
     return tf.function(run, autograph=False)
 
