@@ -36,16 +36,10 @@ import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import keras_roll  # noqa: E402
-import keras_roll.robust.attack_points as attack_points  # noqa: E402
 from benchmarks.cnn_models import cnn_s  # noqa: E402
 from keras_roll.data import mnist_splits  # noqa: E402
 from keras_roll.robust import AttackOptions, minimal_norm_attack  # noqa: E402
-from keras_roll.robust.adversarial import (  # noqa: E402
-    FLIP_GAP,
-    clearly_other,
-    lp_norm,
-    model_outputs,
-)
+from keras_roll.robust.adversarial import clearly_other, lp_norm, model_outputs  # noqa: E402
 from keras_roll.robust.attack_points import checked_points, shrunk  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -154,14 +148,8 @@ def against_foolbox(model, x, y, p, label, ours):
     out = model_outputs(model, pts.astype(np.float32))
     flips, clear = np.argmax(out, axis=1) != y, clearly_other(out, y)
     wide = np.full(x.shape[1:], np.inf)
-    # a point short of the gap is pushed out to it (never credited with a shrinking):
-    # to FLIP_GAP, the gap keras_roll's points are accepted at (they themselves clear
-    # POINT_GAP, a quarter more, in the evaluation that makes them)
-    saved, attack_points.POINT_GAP = attack_points.POINT_GAP, FLIP_GAP
-    try:
-        pushed = lp_norm(checked_points(model, x64, pts - x64, y, p, -wide, wide) - x64, p)
-    finally:
-        attack_points.POINT_GAP = saved
+    # a point short of the gap is pushed out to it (never credited with a shrinking)
+    pushed = lp_norm(checked_points(model, x64, pts - x64, y, p, -wide, wide) - x64, p)
     gapped = np.where(clear, raw, np.fmax(pushed, raw))
     gapped = np.where(np.isfinite(gapped) & np.isfinite(raw), gapped, np.inf)
     ours0 = lp_norm(plain_flip(model, x64, ours.adversarial - x64, y, p) - x64, p)

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from keras_roll.compile.caches import compiled_call
 
-__all__ = ["FLIP_GAP", "POINT_GAP", "PUSHES", "clearly_other", "confirm", "lp_norm",
+__all__ = ["FLIP_GAP", "PUSHES", "START_GAP", "clearly_other", "confirm", "lp_norm",
            "model_outputs", "predict_classes"]
 
 # Relative pushes beyond a computed crossing, tried in turn (the crossing itself
@@ -34,11 +34,11 @@ PUSHES = tuple(2.0**-k for k in (22, 20, 18, 16, 14, 12, 10, 8, 5, 2))
 # different sizes were seen to differ by 5e-7 of the output (2^-21), both classes
 # moving toward a tie: 2^-20 was too thin, 2^-16 leaves a factor of 30.
 FLIP_GAP = 2.0**-16
-# The gap the attack's own points clear in the evaluation that makes them: a point
-# bisected to the first flip by FLIP_GAP sits on the edge of the check, and another
-# evaluation (another batch size) rejects it about half of the time; a quarter of the
-# gap more leaves every other evaluation a clear flip (FLIP_GAP).
-POINT_GAP = 1.25 * FLIP_GAP
+# The gap a known point (an attack's start) must clear: a point moved to the first
+# clear flip by FLIP_GAP sits on the edge of that check, and another evaluation (another
+# batch size, 2^-21 of the output away) rejects it about half of the time; half the gap
+# accepts every point some evaluation found clear, and still no evaluation rounds back.
+START_GAP = 0.5 * FLIP_GAP
 PREDICT_BATCH = 1024
 PUSH_BYTES = 2**24  # candidate points per model call in `confirm` (bytes of inputs)
 

@@ -1,7 +1,7 @@
 """The steps of `minimal_norm_attack`, as one compiled loop for every norm and batch size.
 
-Each step descends the margin `f_pred - f_other` (plus the gap `POINT_GAP` the
-attack's points clear: `keras_roll.robust.adversarial.clearly_other`) along its normalized
+Each step descends the margin `f_pred - f_other` (plus the gap `FLIP_GAP` asks of a
+clear flip: `keras_roll.robust.adversarial.clearly_other`) along its normalized
 gradient (less the coordinates held at a bound of the input domain), projects the
 perturbation onto the lp ball of radius `eps` and onto the input domain, and keeps
 the smallest adversarial perturbation seen. Per row, `eps` either adapts (FMN:
@@ -38,7 +38,7 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.robust.adversarial import POINT_GAP
+from keras_roll.robust.adversarial import FLIP_GAP
 
 __all__ = ["BISECTIONS", "NORMS", "compiled_loop", "dual_norms", "loop_function",
            "norm_index"]
@@ -148,7 +148,7 @@ def _free(g, point, lo, hi):
 
 
 def _margins(out, pred, target, classes):
-    """`(loss, flipped)`: `f_pred - f_other + POINT_GAP max |f|` with `f_other` the
+    """`(loss, flipped)`: `f_pred - f_other + FLIP_GAP max |f|` with `f_other` the
     target's output (the largest other output where the target is -1), and whether
     the largest other output wins by the gap (`clearly_other`)."""
     own = tf.one_hot(pred, classes, dtype=out.dtype)
@@ -156,7 +156,7 @@ def _margins(out, pred, target, classes):
     other = tf.reduce_max(out - own * 1e30, axis=1)
     f_target = tf.reduce_sum(tf.one_hot(tf.maximum(target, 0), classes, dtype=out.dtype) * out,
                              axis=1)
-    gap = POINT_GAP * tf.reduce_max(tf.abs(out), axis=1)
+    gap = FLIP_GAP * tf.reduce_max(tf.abs(out), axis=1)
     loss = f_pred - tf.where(target >= 0, f_target, other) + gap
     return loss, f_pred - other + gap < 0
 

@@ -5,9 +5,9 @@ every norm and batch size) on rows of one batch and returns only checked points:
 each is moved to the first clear flip along the norm's own shrinking of its
 perturbation (bisected in the loop's graph; `bisect_to_flip` where that point does
 not hold), checked in the Keras model in its own dtype
-(`keras_roll.robust.adversarial.clearly_other`, by `POINT_GAP`) and inside the
-domain. It counts the steps the loop ran per input (`Runner.taken`) and knows which
-inputs' brackets are still open (`Runner.open_rows`).
+(`keras_roll.robust.adversarial.clearly_other`) and inside the domain. It counts the
+steps the loop ran per input (`Runner.taken`) and knows which inputs' brackets are
+still open (`Runner.open_rows`).
 `ExampleNoise` draws the restarts' noise from one generator per example, so an
 example gets the same points whatever batch or replica it is attacked in.
 
@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from keras_roll.compile.caches import cached
 from keras_roll.robust.adversarial import (
-    POINT_GAP,
+    START_GAP,
     clearly_other,
     confirm,
     lp_norm,
@@ -75,7 +75,7 @@ def bisect_to_flip(model, x, delta, pred, p):
     for _ in range(BISECTIONS):
         mid = 0.5 * (lo + hi)
         pts = (x + shrunk(delta, mid, p)).astype(dtype)
-        flip = clearly_other(model_outputs(model, pts), pred, POINT_GAP)
+        flip = clearly_other(model_outputs(model, pts), pred)
         hi, lo = np.where(flip, mid, hi), np.where(flip, lo, mid)
     return (x + shrunk(delta, hi, p)).astype(dtype)
 
@@ -125,7 +125,8 @@ def start_list(start, shape) -> list:
 
 def valid_starts(model, x, start, pred, p, lo, hi):
     """`[(rows, points, distances)]` per known start: its rows that are finite, inside
-    the domain and clearly classified as another class than `pred`."""
+    the domain and clearly classified as another class than `pred` (by `START_GAP`:
+    the points of an earlier check, in an evaluation of another batch size, pass)."""
     b = x.shape[0]
     dtype = np.dtype(model.inputs[0].dtype)
     out = []
@@ -133,7 +134,8 @@ def valid_starts(model, x, start, pred, p, lo, hi):
         ok = np.all(np.isfinite(s.reshape(b, -1)), axis=1) & in_domain(s, lo, hi)
         idx = np.flatnonzero(ok)
         if idx.size:
-            idx = idx[clearly_other(model_outputs(model, s[idx].astype(dtype)), pred[idx])]
+            idx = idx[clearly_other(model_outputs(model, s[idx].astype(dtype)), pred[idx],
+                                    START_GAP)]
         pts = s[idx].astype(dtype).astype(np.float64)
         out.append((idx, pts, lp_norm(pts - x[idx], p)))
     return out
@@ -228,7 +230,7 @@ def _graph_flips(model, x, delta, pred, p, lo, hi, t):
     cand = np.stack([(x + shrunk(delta, np.minimum(t * (1.0 + c), 1.0), p)).astype(dtype)
                      for c in GRAPH_PUSHES])  # [m, b, *input_shape]
     flat = cand.reshape(m * b, *x.shape[1:])
-    ok = clearly_other(model_outputs(model, flat), np.tile(pred, m), POINT_GAP) \
+    ok = clearly_other(model_outputs(model, flat), np.tile(pred, m)) \
         & in_domain(flat.astype(np.float64), np.broadcast_to(lo, x.shape[1:]),
                     np.broadcast_to(hi, x.shape[1:]))
     ok = ok.reshape(m, b)
@@ -243,7 +245,7 @@ def _bisected_points(model, x, delta, pred, p, lo, hi):
     """`checked_points` by bisection in numpy (one model call per halving)."""
     dtype = np.dtype(model.inputs[0].dtype)
     pts = (x + delta).astype(dtype)
-    flip = clearly_other(model_outputs(model, pts), pred, POINT_GAP)
+    flip = clearly_other(model_outputs(model, pts), pred)
     if not flip.all():  # rounded back in another batch: push a little further
         bad = np.flatnonzero(~flip)
         pushed, dist = confirm(model, x[bad], delta[bad], np.ones(bad.size), pred[bad], p)
@@ -255,7 +257,7 @@ def _bisected_points(model, x, delta, pred, p, lo, hi):
     if idx.size:
         seg = pts[idx].astype(np.float64) - x[idx]
         final = bisect_to_flip(model, x[idx], seg, pred[idx], p)
-        keep = clearly_other(model_outputs(model, final), pred[idx], POINT_GAP) \
+        keep = clearly_other(model_outputs(model, final), pred[idx]) \
             & in_domain(final.astype(np.float64), lo, hi)
         out[idx[keep]] = final[keep]
     return out
