@@ -107,14 +107,15 @@ def test_closed_brackets_get_no_run_and_every_point_flips(net):
 
 @pytest.mark.slow
 def test_skipping_closed_brackets_never_loosens_the_lower_bound(monkeypatch):
-    """robust_radius with a wide exact_rtol (many brackets close after the walk): the
-    lower bounds with the attack's skipping equal those of an attack that runs every
-    input; every upper bound is a point that flips the float32 prediction."""
+    """robust_radius with a wide exact_rtol (brackets close after the walk): the
+    lower bounds with the attack's skipping are no looser (to rounding) than those of
+    an attack that runs every input, at fewer steps; every upper bound is a point that
+    flips the float32 prediction."""
     import keras_roll
 
     model = _net(5, d=6, classes=4)
     x = np.random.default_rng(6).normal(size=(12, 6)).astype(np.float32)
-    kw = dict(norms=(2, np.inf), exact_rtol=0.3, verbose=False,
+    kw = dict(norms=(2, np.inf), exact_rtol=0.9, verbose=False,
               attack=AttackOptions(steps=30, restarts=2, polish=1, probe_budget=60))
     skipping = keras_roll.robust_radius(model, x, **kw)
     monkeypatch.setattr(attack_points.Runner, "open_rows",
@@ -123,7 +124,9 @@ def test_skipping_closed_brackets_never_loosens_the_lower_bound(monkeypatch):
     pred = np.argmax(np.asarray(model(x)), axis=1)
     assert any(np.any(skipping.attack_steps[p] < every.attack_steps[p]) for p in (2, np.inf))
     for p in (2, np.inf):
-        assert np.all(skipping.lower[p] >= every.lower[p])
+        # the relaxation's search starts from the other upper bound: it ends at the same
+        # certified radius up to rounding (1.7e-10 seen), far inside bisect_tol (1e-3)
+        assert np.all(skipping.lower[p] >= every.lower[p] * (1 - 1e-8))
         assert np.all(skipping.attack_steps[p] <= every.attack_steps[p])
         pts = skipping.adversarial[p].astype(np.float32)
         assert np.all(np.argmax(np.asarray(model(pts)), axis=1) != pred)
