@@ -66,3 +66,38 @@ def test_one_relaxation_trace_serves_every_norm(tiny, monkeypatch):
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b.numpy(), rtol=1e-12, atol=1e-15)
     assert len(traced) == 1
+
+
+def test_one_decision_terms_trace_serves_every_guard(tiny, monkeypatch):
+    from keras_roll.robust import region
+
+    model, x = tiny
+    traced = []
+    body = region._terms_fn
+
+    def counting(*args):
+        traced.append(args[-1])
+        return body(*args)
+
+    monkeypatch.setattr(region, "_terms_fn", counting)
+    twin = keras_roll.linearize(model).at_dtype("float64")
+    x64 = x.astype(np.float64)
+    pred = np.argmax(model(x).numpy(), axis=1)
+    terms = {g: region.decision_terms(twin, x64, pred, g) for g in (False, "strict", "float64")}
+    assert len(traced) == 1
+    # the margins' gradients are the model's (tf.GradientTape), whatever the guard
+    xt = tf.constant(x64)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        logits = tf.cast(model(tf.cast(xt, tf.float32)), tf.float64)
+    jac = tape.batch_jacobian(logits, xt).numpy()  # [B, L, D]
+    rows = np.arange(len(x))[:, None]
+    want = jac[rows, pred[:, None]] - jac[rows, terms[False].classes]
+    for t in terms.values():
+        np.testing.assert_allclose(t.gradients, want, rtol=1e-5, atol=1e-6)
+    assert not terms[False].err_at_x.any() and terms[False].strict_at_x is None
+    strict, default = terms["strict"], terms["float64"]
+    assert np.all(strict.err_at_x > 0) and strict.strict_at_x is None
+    # under "float64" the worst case rides beside the probabilistic bound, which is smaller
+    np.testing.assert_allclose(default.strict_at_x, strict.err_at_x, rtol=1e-12)
+    assert np.all(default.err_at_x < strict.err_at_x)
