@@ -72,6 +72,8 @@ def test_one_decision_terms_trace_serves_every_guard(tiny, monkeypatch):
     from keras_roll.robust import region
 
     model, x = tiny
+    model = keras.models.clone_model(model)  # a twin of its own: no pass traced yet
+    model.set_weights(tiny[0].get_weights())
     traced = []
     body = region._terms_fn
 
