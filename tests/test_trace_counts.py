@@ -36,16 +36,22 @@ def tiny():
     return model, x
 
 
-def test_one_relaxation_trace_serves_every_norm(tiny, monkeypatch):
-    model, x = tiny
-    traced = []
-    body = robust_bounds._bounds_fn
+def _counted(monkeypatch, module, name: str) -> tuple:
+    """`(traced, body)`: `module.name` (a compiled pass's Python body) records its last
+    argument in `traced` each time it runs, i.e. each time it is traced."""
+    traced, body = [], getattr(module, name)
 
     def counting(*args):
         traced.append(args[-1])
         return body(*args)
 
-    monkeypatch.setattr(robust_bounds, "_bounds_fn", counting)
+    monkeypatch.setattr(module, name, counting)
+    return traced, body
+
+
+def test_one_relaxation_trace_serves_every_norm(tiny, monkeypatch):
+    model, x = tiny
+    traced, body = _counted(monkeypatch, robust_bounds, "_bounds_fn")
     for p in NORM_ORDER:
         rr = keras_roll.robust_radius(model, x, norms=(p,), method="relaxation",
                                       intermediate="crown", verbose=False)
@@ -74,14 +80,7 @@ def test_one_decision_terms_trace_serves_every_guard(tiny, monkeypatch):
     model, x = tiny
     model = keras.models.clone_model(model)  # a twin of its own: no pass traced yet
     model.set_weights(tiny[0].get_weights())
-    traced = []
-    body = region._terms_fn
-
-    def counting(*args):
-        traced.append(args[-1])
-        return body(*args)
-
-    monkeypatch.setattr(region, "_terms_fn", counting)
+    traced, _ = _counted(monkeypatch, region, "_terms_fn")
     twin = keras_roll.linearize(model).at_dtype("float64")
     x64 = x.astype(np.float64)
     pred = np.argmax(model(x).numpy(), axis=1)
