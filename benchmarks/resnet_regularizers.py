@@ -3,7 +3,8 @@
 One regularizer per process (so that the process's peak RSS is that regularizer's):
 `keras_roll.models.resnet18(input_shape=(32, 32, 3), classes=10)`, random weights
 (seed 0), a random batch in [0, 1] with random labels, SGD through Keras
-`train_on_batch` of `keras_roll.wrap(model, ...)` (the plain model for "vanilla").
+`train_on_batch` of `keras_roll.wrap(model, ...)` (the plain model for "vanilla"),
+the weights put back before every step.
 Prints the first step (tracing included) and the median of `--steps` warm steps,
 wall and CPU seconds (`time.process_time()`, every thread of the process), and the
 peak RSS (`ru_maxrss`).
@@ -30,6 +31,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import keras_roll  # noqa: E402
+from benchmarks.roll_steps import weight_reset  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("regularizer", "vanilla", "One of " + ", ".join(
@@ -77,8 +79,9 @@ def main(argv) -> None:
                 keras.losses.SparseCategoricalCrossentropy(from_logits=False))
     print(f"ResNet-18 32x32x3, batch {FLAGS.batch}, {FLAGS.regularizer}; model built: "
           f"{_peak_gib():.2f} GiB", flush=True)
-    times = []
+    times, reset = [], weight_reset(model)
     for i in range(1 + FLAGS.steps):
+        reset()  # every step from the same weights (the steps would train the model)
         wall, cpu = time.perf_counter(), time.process_time()
         loss = net.train_on_batch(x, y)
         times.append((time.perf_counter() - wall, time.process_time() - cpu))
