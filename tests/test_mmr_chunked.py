@@ -8,7 +8,9 @@ chunked custom gradient). For l1, l2 and l_inf:
   gradient by `batch_jacobian`, its dual norm);
 * the regularizer equals the MMR of those distances, and its weight gradient that of
   the one-pass term (a large budget; tested against central differences in
-  tests/test_regularizers.py).
+  tests/test_regularizers.py);
+* (slow) in a `tf.function` whose batch is None, the chunks planned in the graph give
+  the same term and gradient.
 """
 
 from __future__ import annotations
@@ -118,3 +120,26 @@ def test_chunked_mmr_equals_tapes_and_one_pass(case, chunk_counter, p):
     for g, r in zip(*grads):
         np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-10, atol=1e-14)
     assert max(float(tf.reduce_max(tf.abs(g))) for g in grads[0]) > 1e-3
+
+
+@pytest.mark.slow  # 8 CPU s: tracing both branches of the planned chunks
+@pytest.mark.graph
+def test_chunks_planned_in_a_graph_with_a_dynamic_batch(case):
+    """A `tf.function` whose batch is None plans the chunks in the graph: the same term
+    and weight gradient as eagerly, for the l1 maximum."""
+    model, _, x, y = case
+    config = keras_roll.MMRConfig(p=1, k_B=K_B, k_D=K_D, gamma_B=GAMMA_B, gamma_D=GAMMA_D)
+    term = MMRTerm(keras_roll.linearize(model, memory_budget=SMALL_BUDGET), config)
+
+    def loss_and_grads(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(term(xb, yb, training=True).per_example)
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    spec = [tf.TensorSpec([None, 6, 6, 2], tf.float64), tf.TensorSpec([None], tf.int32)]
+    graph = tf.function(loss_and_grads, input_signature=spec)
+    got, got_grads = graph(tf.constant(x), tf.constant(y))
+    ref, ref_grads = loss_and_grads(tf.constant(x), tf.constant(y))
+    assert float(got) == pytest.approx(float(ref), rel=1e-12)
+    for g, r in zip(got_grads, ref_grads):
+        np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-10, atol=1e-14)
