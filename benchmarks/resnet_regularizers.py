@@ -14,7 +14,7 @@ peak RSS (`ru_maxrss`).
 
 Regularizers (`--regularizer`): vanilla, roll_exact (every input axis), roll_sampled
 (`--samples` axes per example), input_gradient (l2), mmr (l_inf, `k_B=100`), ibp and
-crown_ibp (eps 2/255 in [0, 1] pixels, at the normalisation layer's input).
+crown_ibp (eps 2/255 in the input's [0, 1] units).
 """
 
 from __future__ import annotations
@@ -54,9 +54,8 @@ def wrap_kwargs(name: str) -> dict | None:
         "input_gradient": dict(regularizer=keras_roll.InputGradientConfig(p=2)),
         "mmr": dict(regularizer=keras_roll.MMRConfig(p="inf", k_B=100, gamma_B=EPS,
                                                      gamma_D=EPS)),
-        "ibp": dict(regularizer=keras_roll.IBPConfig(eps=EPS, kappa=0.5, wrt="normalize")),
-        "crown_ibp": dict(regularizer=keras_roll.CrownIBPConfig(eps=EPS, kappa=0.5, beta=1.0,
-                                                                wrt="normalize")),
+        "ibp": dict(regularizer=keras_roll.IBPConfig(eps=EPS, kappa=0.5)),
+        "crown_ibp": dict(regularizer=keras_roll.CrownIBPConfig(eps=EPS, kappa=0.5, beta=1.0)),
     }[name]
 
 
