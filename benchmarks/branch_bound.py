@@ -39,6 +39,7 @@ flags.DEFINE_bool("alpha", True, "BranchOptions.alpha.")
 flags.DEFINE_integer("candidates", 3, "BranchOptions.candidates (1: BaBSR alone).")
 flags.DEFINE_integer("batch", 64, "BranchOptions.batch.")
 flags.DEFINE_integer("beta_steps", 8, "BranchOptions.beta_steps.")
+flags.DEFINE_integer("layer_steps", 8, "BranchOptions.layer_steps (0: CROWN's layer bounds).")
 flags.DEFINE_string("rigor", "float64", "The rounding guard.")
 flags.DEFINE_float("roll_lam", 0.0, "Then fine-tune --epochs more with ROLL (keras_roll.wrap, "
                    "this lam, C=1, gamma=100, 16 sampled axes); 0: vanilla.")
@@ -80,7 +81,8 @@ def main(_):
     run = dict(norms=(p,), rigor=FLAGS.rigor, verbose=False)
     keras_roll.robust_radius(model, x[:1], y[:1], **run)  # compiles
     warm = BranchOptions(max_seconds=3.0, batch=FLAGS.batch, beta_steps=FLAGS.beta_steps,
-                         alpha=FLAGS.alpha, candidates=FLAGS.candidates)
+                         alpha=FLAGS.alpha, candidates=FLAGS.candidates,
+                         layer_steps=FLAGS.layer_steps)
     keras_roll.robust_radius(model, x[-1:], y[-1:], branch=warm, **run)  # compiles its passes
     plain, w0, c0 = _timed(lambda: keras_roll.robust_radius(model, x, y, **run))
     n = len(x)
@@ -88,7 +90,7 @@ def main(_):
     for seconds in map(float, FLAGS.seconds):
         options = BranchOptions(max_seconds=seconds, batch=FLAGS.batch,
                                 beta_steps=FLAGS.beta_steps, alpha=FLAGS.alpha,
-                                candidates=FLAGS.candidates)
+                                candidates=FLAGS.candidates, layer_steps=FLAGS.layer_steps)
         bab, w1, c1 = _timed(
             lambda o=options: keras_roll.robust_radius(model, x, y, branch=o, **run))
         for i in range(n):
@@ -97,7 +99,8 @@ def main(_):
                   f"{bab.upper[p][i]:.5f} ({bab.lower_method[p][i]} / "
                   f"{bab.upper_method[p][i]}, exact {bool(bab.exact[p][i])})", flush=True)
         rows.append(_row(f"branch=BranchOptions(max_seconds={seconds:g}, "
-                         f"alpha={FLAGS.alpha}, candidates={FLAGS.candidates})",
+                         f"alpha={FLAGS.alpha}, candidates={FLAGS.candidates}, "
+                         f"layer_steps={FLAGS.layer_steps})",
                          bab, p, w1, c1, n))
     print("| robust_radius | upper / lower, median | P90 | exact | s / image (wall) | "
           "s / image (CPU) | bound passes / image |")
