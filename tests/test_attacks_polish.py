@@ -56,7 +56,10 @@ def test_polish_reaches_the_closed_form_from_a_far_start(p):
     assert np.max(rough.upper / exact) > 1.3  # the single run alone stays far: polish needed
 
 
-@pytest.mark.parametrize("p", (1, 2, np.inf))
+# l2 slow: `_polish` is the same code in every norm ([1] and [inf] run it); only the step
+# direction differs, and l2's (the plain gradient step) runs in test_attacks.py's [2]
+# cases and test_attack_scouts.py's [2].
+@pytest.mark.parametrize("p", (1, pytest.param(2, marks=pytest.mark.slow), np.inf))
 def test_polish_only_shrinks_the_restarts_points(p):
     keras.utils.set_random_seed(7)
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(24, activation="relu"),

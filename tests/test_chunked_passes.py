@@ -174,7 +174,10 @@ def _layer_boxes(twin, structure, x, p, shortcut, guard=True, budget=2**40):
     return values, boxes.boxes, keys
 
 
-@pytest.mark.parametrize("p", [np.inf, 2])
+# l2 slow: pulling back `+I` alone is the same code in every norm (l_inf runs); the l2
+# pass in chunks: test_chunked_relaxation_equals_one_chunk_and_is_sound[2]; the
+# shortcut's dual norm: test_affine_shortcut_is_the_exact_range_of_the_pre_activation.
+@pytest.mark.parametrize("p", [np.inf, pytest.param(2, marks=pytest.mark.slow)])
 def test_affine_shortcut_gives_the_bounds_of_both_signs(p):
     """The first ReLU's input (affine in `x` through a residual Add) pulls back only `+I`
     (`hi = -lo`): every box of the pass equals the pass that pulls back `+-I` everywhere,
