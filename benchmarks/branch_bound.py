@@ -1,7 +1,8 @@
 """Branch and bound on the MNIST MLP: the bracket `robust_radius` gives with and without
 `branch=`.
 
-Trains the 784-100-100-10 MLP briefly on MNIST (as `benchmarks.robust_search`: Adam,
+Trains the 784-100-100-10 MLP (`--model=cnn`: CNN-S) briefly on MNIST (as
+`benchmarks.robust_search`: Adam,
 `--epochs` over `--train_size` images, no robust training: "vanilla"; with
 `--roll_lam`, then as many epochs more with the ROLL regularizer), then bounds
 `--num_examples` test images in `--norm` with `robust_radius` (method "best"): without
@@ -33,6 +34,8 @@ from keras_roll.robust import BranchOptions  # noqa: E402
 FLAGS = flags.FLAGS
 # --data, --num_examples, --epochs, --train_size: benchmarks.robust_search's flags.
 flags.DEFINE_string("norm", "linf", "The norm: l1, l2 or linf.")
+flags.DEFINE_enum("model", "mlp", ["mlp", "cnn"], "The network: the MLP 784-100-100-10 or "
+                  "CNN-S (conv 16 4x4 s2, conv 32 4x4 s2, dense 100, 10).")
 flags.DEFINE_list("seconds", ["10", "30"], "BranchOptions.max_seconds per image (one "
                   "run per value).")
 flags.DEFINE_bool("alpha", True, "BranchOptions.alpha.")
@@ -73,7 +76,7 @@ def _row(name, rr, p, wall, cpu, n):
 
 def main(_):
     data = mnist_splits(FLAGS.data)
-    model = trained_model(data, "mlp", FLAGS.epochs, FLAGS.train_size)
+    model = trained_model(data, FLAGS.model, FLAGS.epochs, FLAGS.train_size)
     if FLAGS.roll_lam:
         model = _roll_tuned(model, data)
     _, _, (xt, yt) = data
