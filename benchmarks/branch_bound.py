@@ -32,10 +32,9 @@ from keras_roll.options import parse_norm  # noqa: E402
 from keras_roll.robust import BranchOptions  # noqa: E402
 
 FLAGS = flags.FLAGS
-# --data, --num_examples, --epochs, --train_size: benchmarks.robust_search's flags.
+# --data, --num_examples, --epochs, --train_size, --model: benchmarks.robust_search's
+# flags.
 flags.DEFINE_string("norm", "linf", "The norm: l1, l2 or linf.")
-flags.DEFINE_enum("model", "mlp", ["mlp", "cnn"], "The network: the MLP 784-100-100-10 or "
-                  "CNN-S (conv 16 4x4 s2, conv 32 4x4 s2, dense 100, 10).")
 flags.DEFINE_list("seconds", ["10", "30"], "BranchOptions.max_seconds per image (one "
                   "run per value).")
 flags.DEFINE_bool("alpha", True, "BranchOptions.alpha.")
