@@ -1,7 +1,8 @@
 """Branch and bound on the MNIST MLP: the bracket `robust_radius` gives with and without
 `branch=`.
 
-Trains the 784-100-100-10 MLP briefly on MNIST (as `benchmarks.robust_search`: Adam,
+Trains the 784-100-100-10 MLP (`--model=cnn`: CNN-S) briefly on MNIST (as
+`benchmarks.robust_search`: Adam,
 `--epochs` over `--train_size` images, no robust training: "vanilla"; with
 `--roll_lam`, then as many epochs more with the ROLL regularizer), then bounds
 `--num_examples` test images in `--norm` with `robust_radius` (method "best"): without
@@ -31,7 +32,8 @@ from keras_roll.options import parse_norm  # noqa: E402
 from keras_roll.robust import BranchOptions  # noqa: E402
 
 FLAGS = flags.FLAGS
-# --data, --num_examples, --epochs, --train_size: benchmarks.robust_search's flags.
+# --data, --num_examples, --epochs, --train_size, --model: benchmarks.robust_search's
+# flags.
 flags.DEFINE_string("norm", "linf", "The norm: l1, l2 or linf.")
 flags.DEFINE_list("seconds", ["10", "30"], "BranchOptions.max_seconds per image (one "
                   "run per value).")
@@ -39,6 +41,7 @@ flags.DEFINE_bool("alpha", True, "BranchOptions.alpha.")
 flags.DEFINE_integer("candidates", 3, "BranchOptions.candidates (1: BaBSR alone).")
 flags.DEFINE_integer("batch", 64, "BranchOptions.batch.")
 flags.DEFINE_integer("beta_steps", 8, "BranchOptions.beta_steps.")
+flags.DEFINE_integer("layer_steps", 8, "BranchOptions.layer_steps (0: CROWN's layer bounds).")
 flags.DEFINE_string("rigor", "float64", "The rounding guard.")
 flags.DEFINE_float("roll_lam", 0.0, "Then fine-tune --epochs more with ROLL (keras_roll.wrap, "
                    "this lam, C=1, gamma=100, 16 sampled axes); 0: vanilla.")
@@ -63,7 +66,8 @@ def _timed(fn):
 
 
 def _row(name, rr, p, wall, cpu, n):
-    ratio = rr.upper[p] / rr.lower[p]
+    # a misclassified input has the bracket [0, 0]: exact, its ratio 1
+    ratio = np.where(rr.upper[p] == rr.lower[p], 1.0, rr.upper[p] / rr.lower[p])
     return (f"| {name} | {np.median(ratio):.3f} | {np.percentile(ratio, 90):.3f} | "
             f"{100 * np.mean(rr.exact[p]):.0f} % | {wall / n:.1f} | {cpu / n:.1f} | "
             f"{np.mean(rr.bound_passes[p]):.0f} |")
@@ -71,7 +75,7 @@ def _row(name, rr, p, wall, cpu, n):
 
 def main(_):
     data = mnist_splits(FLAGS.data)
-    model = trained_model(data, "mlp", FLAGS.epochs, FLAGS.train_size)
+    model = trained_model(data, FLAGS.model, FLAGS.epochs, FLAGS.train_size)
     if FLAGS.roll_lam:
         model = _roll_tuned(model, data)
     _, _, (xt, yt) = data
@@ -80,7 +84,8 @@ def main(_):
     run = dict(norms=(p,), rigor=FLAGS.rigor, verbose=False)
     keras_roll.robust_radius(model, x[:1], y[:1], **run)  # compiles
     warm = BranchOptions(max_seconds=3.0, batch=FLAGS.batch, beta_steps=FLAGS.beta_steps,
-                         alpha=FLAGS.alpha, candidates=FLAGS.candidates)
+                         alpha=FLAGS.alpha, candidates=FLAGS.candidates,
+                         layer_steps=FLAGS.layer_steps)
     keras_roll.robust_radius(model, x[-1:], y[-1:], branch=warm, **run)  # compiles its passes
     plain, w0, c0 = _timed(lambda: keras_roll.robust_radius(model, x, y, **run))
     n = len(x)
@@ -88,7 +93,7 @@ def main(_):
     for seconds in map(float, FLAGS.seconds):
         options = BranchOptions(max_seconds=seconds, batch=FLAGS.batch,
                                 beta_steps=FLAGS.beta_steps, alpha=FLAGS.alpha,
-                                candidates=FLAGS.candidates)
+                                candidates=FLAGS.candidates, layer_steps=FLAGS.layer_steps)
         bab, w1, c1 = _timed(
             lambda o=options: keras_roll.robust_radius(model, x, y, branch=o, **run))
         for i in range(n):
@@ -97,7 +102,8 @@ def main(_):
                   f"{bab.upper[p][i]:.5f} ({bab.lower_method[p][i]} / "
                   f"{bab.upper_method[p][i]}, exact {bool(bab.exact[p][i])})", flush=True)
         rows.append(_row(f"branch=BranchOptions(max_seconds={seconds:g}, "
-                         f"alpha={FLAGS.alpha}, candidates={FLAGS.candidates})",
+                         f"alpha={FLAGS.alpha}, candidates={FLAGS.candidates}, "
+                         f"layer_steps={FLAGS.layer_steps})",
                          bab, p, w1, c1, n))
     print("| robust_radius | upper / lower, median | P90 | exact | s / image (wall) | "
           "s / image (CPU) | bound passes / image |")

@@ -12,7 +12,8 @@ wall and process CPU time of two compiled passes (the first also optimizes the g
 `--radius_images=n` also times `robust_radius` with its defaults in l_inf on `n` test
 images (`--data`; after one untimed image that traces), per image, wall and CPU;
 `--intermediate` sets its intermediate bounds; `--stages` splits its CPU time among its
-stages (certify, walk, attack, bound passes, probes, the intermediate choice).
+stages (certify, walk, attack, bound passes, probes, the intermediate choice), and
+`--traces` lists the functions the first image traces (`benchmarks.traces`).
 
 `--compare` runs everything twice in the same process, interleaved: "before" is the
 pass as it was (both signs of `+-I` pulled back at every layer, the rounding terms
@@ -49,6 +50,7 @@ import keras_roll.compile.bounds.methods as methods  # noqa: E402
 import keras_roll.robust.api as robust_api  # noqa: E402
 import keras_roll.robust.bounds as robust_bounds  # noqa: E402
 from benchmarks.cnn_models import CNNS  # noqa: E402
+from benchmarks.traces import summary, traces  # noqa: E402
 from keras_roll.compile.bounds import BoundMethod, capture, crown_cost, lower_bounds  # noqa: E402
 from keras_roll.compile.chunking import plan_chunks  # noqa: E402
 from keras_roll.compile.structure import structure_of  # noqa: E402
@@ -71,6 +73,8 @@ flags.DEFINE_string("data", "/work/shared/data/mnist.npz", "mnist.npz for --radi
 flags.DEFINE_integer("epochs", 0, "Training epochs on 10,000 images first (0: random weights).")
 flags.DEFINE_enum("intermediate", "auto", ["auto", "crown", "intervals"],
                   "robust_radius's intermediate bounds with --radius_images.")
+flags.DEFINE_bool("traces", False, "With --radius_images: the functions the first image "
+                  "traces, with their CPU seconds and ops (`benchmarks.traces`).")
 flags.DEFINE_bool("stages", False, "With --radius_images: CPU seconds per image of each of "
                   "robust_radius's stages (certify, walk, attack, bound passes, probes).")
 
@@ -215,14 +219,14 @@ def _radius(models):
     xte = xte.reshape(-1, 28, 28, 1) * (255.0 if xte.max() <= 1 else 1.0)
     lowers = {}
     for name, model in models.items():
-        with _variant(name):
+        with _variant(name), traces() as seen:
             _, wall, cpu = _timed(lambda model=model: keras_roll.robust_radius(
                 model, xte[:1], yte[:1], norms=(np.inf,), verbose=False,
                 intermediate=FLAGS.intermediate))
-            with _stage_timer() as stages:
-                rr, wall_n, cpu_n = _timed(lambda model=model: keras_roll.robust_radius(
-                    model, xte[1:n + 1], yte[1:n + 1], norms=(np.inf,), verbose=False,
-                    intermediate=FLAGS.intermediate))
+        with _variant(name), _stage_timer() as stages:
+            rr, wall_n, cpu_n = _timed(lambda model=model: keras_roll.robust_radius(
+                model, xte[1:n + 1], yte[1:n + 1], norms=(np.inf,), verbose=False,
+                intermediate=FLAGS.intermediate))
         lowers[name] = rr.lower[np.inf]
         shown = np.array2string(lowers[name], precision=4, max_line_width=200)
         print(f"{FLAGS.model} robust_radius l_inf, {name}: first image (tracing) {wall:.1f} s "
@@ -230,6 +234,8 @@ def _radius(models):
               f"{cpu_n / n:.2f} s CPU per image; {np.mean(rr.bound_passes[np.inf]):.1f} "
               f"bound passes per image; lower bounds {shown}",
               flush=True)
+        if FLAGS.traces:
+            print(f"  first image: {summary(seen)}", flush=True)
         if stages:
             print("  CPU s per image: " + ", ".join(f"{k} {v / n:.3f}" for k, v in stages.items()),
                   flush=True)

@@ -58,7 +58,7 @@ def test_random_splits_and_multipliers_stay_sound(p, refine):
     model = _mlp((10, 10), 0.0, 2, 3, 5)
     stages = affine_stack(model)
     twin = linearize(model).at_dtype("float64")
-    passes = LeafPasses(twin, p, False, twin.memory_budget, 8)
+    passes = LeafPasses(twin, p, False, twin.memory_budget, 8, layer_steps=0)  # final pass
     rng = np.random.default_rng(0)
     x = rng.normal(size=2)
     pred = int(np.argmax(forward(stages, x[None])))
@@ -157,7 +157,7 @@ def test_balls_beyond_the_radius_hold_real_adversarial_points():
     model = _mlp((16, 16), 0.0, 2, 3, 3)
     stages = affine_stack(model)
     twin = linearize(model).at_dtype("float64")
-    passes = LeafPasses(twin, 2, True, twin.memory_budget, 16)
+    passes = LeafPasses(twin, 2, True, twin.memory_budget, 16, layer_steps=0)
     x = np.random.default_rng(3).normal(size=(2, 2)).astype(np.float32).astype(np.float64)
     for i in range(len(x)):
         pred = int(predict_classes(model, x[i:i + 1])[0])

@@ -130,7 +130,7 @@ def test_robust_radius_passes_under_both_rigors(mode):
         robust_bounds.relaxation_refiner = _refiner(windows)
         try:
             out[windows] = [t.numpy() for t in robust_bounds._bounds_fn(
-                twin, np.inf, BoundMethod.RELAXATION, mode, 2**26, B, None, *args)]
+                twin, BoundMethod.RELAXATION, mode, 2**26, B, None, *args, np.inf)]
         finally:
             robust_bounds.relaxation_refiner = saved
     for got, ref in zip(out[True], out[False]):

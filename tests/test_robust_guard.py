@@ -165,7 +165,7 @@ def test_default_intermediate_bounds_contain_the_float32_evaluation_and_beat_str
     lm = logit_margins(twin.interpreter, tf.constant(x), tf.zeros([3], tf.int64))
     boxes = {}
     for mode in ("float64", "strict"):
-        arithmetic = robust_bounds._arithmetic(twin, mode)
+        arithmetic = robust_bounds.guard_arithmetic(twin, mode)
         lines = RelaxedOps(lm.values)
         refine = relaxation_refiner(lm.structure, lm.values, lines, tf.fill([3], eps), np.inf,
                                     2**26, 3, robust_bounds._loss_of(arithmetic))

@@ -16,6 +16,7 @@ differentiable model. See docs/design.md, section "Exact integrated gradients".
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import ClassVar
 
 import numpy as np
@@ -83,8 +84,8 @@ class IntegratedGradients(Attribution):
     Attributes:
         maps: `[B, *input_shape]` float64 attributions (`attributions` is their
             deprecated name).
-        regions: `[B]` int, linear regions crossed by the path (exact method),
-            None for a Riemann sum.
+        regions: `[B]` int, linear regions crossed by the path (exact method; for a
+            path over `max_regions`, the estimated count), None for a Riemann sum.
         delta: `[B]` completeness gap `sum(attributions) - (f(x) - f(baseline))`.
         f_x: `[B]` the attributed function at `x` (the target's logit, or the sum of
             the targets' logits).
@@ -96,6 +97,12 @@ class IntegratedGradients(Attribution):
         steps: the number of Riemann points, or None.
         rule: the `RiemannRule`, or None.
         targets: `[B, L]` the weights of the attributed logits.
+        exact: `[B]` bool, whether each example's integral is exact (the exact
+            method; False where a path over `max_regions` fell back to a Riemann
+            sum of `fallback_steps` points), None for a Riemann sum.
+        error: `[B]` the estimated error of each fallback's attributions: the
+            largest absolute difference between its sums of `fallback_steps` and of
+            half as many points; 0 where exact. None for a Riemann sum.
         piecewise_linear: False for a model that is not piecewise linear (Riemann
             sums through `tf.GradientTape`: no exact integral, no regions).
         note: why, in words, for such a model.
@@ -115,9 +122,11 @@ class IntegratedGradients(Attribution):
     method: PathMethod
     steps: int | None = None
     rule: RiemannRule | None = None
+    exact: np.ndarray | None = None
+    error: np.ndarray | None = None
 
     EXAMPLE_FIELDS: ClassVar[tuple] = (*Attribution.EXAMPLE_FIELDS, "regions", "delta", "f_x",
-                                       "f_baseline")
+                                       "f_baseline", "exact", "error")
 
     attributions = deprecated_alias("maps", "attributions")
 
@@ -133,6 +142,7 @@ class IntegratedGradients(Attribution):
 def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = None,
                          rule: RiemannRule | str | None = "right",
                          max_regions: int = DEFAULT_MAX_REGIONS,
+                         fallback_steps: int | None = None,
                          options: RunOptions | None = None,
                          **overrides) -> IntegratedGradients:
     """Integrated gradients of the target logit, exact by default.
@@ -164,8 +174,15 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
             None for zeros.
         steps: None (exact) or a positive number of Riemann points.
         rule: the Riemann rule for `steps=k` (see above).
-        max_regions: the most regions one path may cross before the walk stops
-            with an error (a safeguard against runaway walks).
+        max_regions: the most regions one path may cross (each costs about one
+            batched probe: a forward, tangent and backward pass). A path stops as
+            soon as it reaches them, or as soon as its estimated count (regions
+            found per length of path covered) passes twice them, which bounds the
+            work of every call; the path then raises an error, or falls back.
+        fallback_steps: None (an error for a path over `max_regions`) or `k`: such
+            a path is integrated by a Riemann sum of `k` points with `rule`
+            instead, with a `RuntimeWarning`; `result.exact` is False for it and
+            `result.error` estimates its error (the other paths stay exact).
         options: a `keras_roll.RunOptions`, or None.
         **overrides: its fields: `memory_budget` (bytes of live tensors per
             compiled chunk), `verbose` ("auto": a progress bar for runs
@@ -181,7 +198,8 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
         ValueError: naming the argument, for bad inputs, targets, baselines or rules.
         keras_roll.UnsupportedModelError: for `steps=None` on a model that is not
             piecewise linear (naming the layer).
-        RuntimeError: when a path crosses more than `max_regions` regions.
+        RuntimeError: when a path crosses more than `max_regions` regions and
+            `fallback_steps` is None.
 
     Example:
 
@@ -190,6 +208,9 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
     ig.attributions.sum(axis=(1, 2, 3)) - (ig.f_x - ig.f_baseline)   # ~0
     ig.regions                                                  # regions crossed
     approx = keras_roll.integrated_gradients(model, x, y, steps=64, rule="trapezoid")
+    capped = keras_roll.integrated_gradients(model, x, y, max_regions=2000,
+                                             fallback_steps=256)
+    capped.exact, capped.error          # which paths are exact; the others' error
     ```
     """
     opts = RunOptions.of(options, uses=(*GRADIENT_FIELDS, "strategy"),
@@ -201,6 +222,9 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
         steps = check_count(steps, "steps")
         riemann_points(steps, rule)  # checks the rule against the steps
     max_regions = check_count(max_regions, "max_regions")
+    if fallback_steps is not None:
+        fallback_steps = check_count(fallback_steps, "fallback_steps")
+        riemann_points(fallback_steps, rule)
     engine = _engine(model, exact=steps is None)
     x, y = read_examples(x, y, engine.spec)
     n = x.shape[0]
@@ -215,21 +239,77 @@ def integrated_gradients(model, x, y=None, baseline=None, steps: int | None = No
     with opts.progress(n, "integrated gradients") as bar:
         bar = replicas.serial(bar)
         if steps is None:
-            parts = replicas.map(lambda sl: exact_walk(
-                engine, x[sl], base[sl], targets.weights[sl], max_regions, budget, bar), n)
-            attr = np.concatenate([a for a, _ in parts])
-            regions = np.concatenate([r for _, r in parts])
+            cap = _Cap(max_regions, fallback_steps, rule)
+            parts = replicas.map(lambda sl: _exact(
+                engine, x[sl], base[sl], targets.weights[sl], cap, budget, bar, sl.start or 0), n)
+            attr, regions, exact, error = (np.concatenate(v) for v in zip(*parts))
+            cap.warn(exact, regions)
         else:
             attr = np.concatenate(replicas.map(lambda sl: _riemann(
                 engine, x[sl], base[sl], targets.weights[sl], steps, rule, budget, bar), n))
-            regions = None
+            regions = exact = error = None
     delta = attr.reshape(n, -1).sum(axis=1) - (f_x - f_b)
     return IntegratedGradients(
         maps=attr, regions=regions, delta=delta, f_x=f_x, f_baseline=f_b,
         labels=targets.labels, method=PathMethod.EXACT if steps is None else PathMethod.RIEMANN,
         steps=steps,
-        rule=None if steps is None else rule, targets=targets.weights,
-        piecewise_linear=engine.piecewise_linear, note=engine.note)
+        rule=None if steps is None else rule, targets=targets.weights, exact=exact,
+        error=error, piecewise_linear=engine.piecewise_linear, note=engine.note)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cap:
+    """`max_regions` and what a path over it gets: an error, or a Riemann sum."""
+
+    max_regions: int
+    fallback_steps: int | None
+    rule: RiemannRule
+
+    def check(self, over: np.ndarray, regions: np.ndarray, first: int):
+        if over.any() and self.fallback_steps is None:
+            e = int(np.flatnonzero(over)[0])
+            raise RuntimeError(
+                f"The path from the baseline to example {first + e} crosses about "
+                f"{int(regions[e])} linear regions (estimated from those found), more than "
+                f"max_regions={self.max_regions}: its exact integral would take about one "
+                f"probe per region; raise max_regions, pass fallback_steps=k for a Riemann "
+                f"sum of k points on such paths, or use steps=k for a Riemann sum.")
+
+    def warn(self, exact: np.ndarray, regions: np.ndarray):
+        if exact.all():
+            return
+        warnings.warn(
+            f"{int((~exact).sum())} of {exact.size} paths cross more than max_regions="
+            f"{self.max_regions} linear regions (up to about {int(regions[~exact].max())}); "
+            f"their integrated gradients are Riemann sums of fallback_steps="
+            f"{self.fallback_steps} points (result.exact False, result.error their "
+            f"estimated error). Raise max_regions for exact ones.", RuntimeWarning,
+            stacklevel=3)
+
+
+class _Quiet:
+    """A progress bar that shows nothing (the fallback's examples are counted already)."""
+
+    def update(self, n):
+        del n
+
+
+def _exact(engine, x, base, weights, cap: _Cap, budget, bar, first: int):
+    """`(attributions, regions, exact [n] bool, error [n])` of the exact walk, with the
+    paths over the cap integrated by Riemann sums (or an error)."""
+    attr, regions, over = exact_walk(engine, x, base, weights, cap.max_regions, budget, bar)
+    cap.check(over, regions, first)
+    error = np.zeros(x.shape[0])
+    if over.any():
+        sel = np.flatnonzero(over)
+        k = cap.fallback_steps
+        full, half = (_riemann(engine, x[sel], base[sel], weights[sel], steps, cap.rule,
+                               budget, _Quiet())
+                      for steps in (k, max(k // 2, 2 if cap.rule is RiemannRule.TRAPEZOID
+                                           else 1)))
+        attr[sel] = full
+        error[sel] = np.abs(full - half).reshape(sel.size, -1).max(axis=1)
+    return attr, regions, ~over, error
 
 
 def _engine(model, exact: bool):

@@ -18,6 +18,11 @@ pattern. The walk covers `[0, 1]` with such intervals:
   neighbours, so the claimed intervals partition `[0, 1]`; gaps narrower than
   64 machine epsilons of `t` (slivers) go to the region that closes them.
 
+A path that crosses more than `max_regions` regions, or whose estimated count
+(regions found per length covered, after `ESTIMATE_AFTER` of them) is more than
+`OVER_FACTOR` times `max_regions`, stops early and is reported as over the cap
+(`exact_walk`'s `over`): its caller raises or integrates it otherwise.
+
 The integral of the gradient is the sum of each region's gradient times its
 claimed length. The cost is one probe per region crossed plus the probes that
 land in a region found already (about a third), in about `log2` of the largest
@@ -39,6 +44,8 @@ __all__ = ["exact_walk"]
 SLIVER_EPSILONS = 64  # path-parameter gaps thinner than this many epsilons are merged
 FIRST_PROBES = 16  # probes of a path's first round, evenly spaced
 _MAX_IDLE_ROUNDS = 200  # rounds in a row without a new region before giving up
+ESTIMATE_AFTER = 8  # regions found before a path's estimated count may stop it
+OVER_FACTOR = 2.0  # a path stops when its estimated count passes this times max_regions
 
 
 class _Path:
@@ -119,7 +126,9 @@ def exact_walk(engine, x, base, weights, max_regions, budget, bar):
         bar: a progress bar over examples.
 
     Returns:
-        `(attributions [n, *input_shape] float64, regions [n] int64)`.
+        `(attributions [n, *input_shape] float64, regions [n] int64, over [n] bool)`:
+        `over` marks the paths stopped at `max_regions` (see the module docstring),
+        whose attributions are partial and whose `regions` is the estimated count.
     """
     n, ex_shape = x.shape[0], x.shape[1:]
     dtype = np.dtype(engine.lin.dtype)
@@ -138,6 +147,7 @@ def exact_walk(engine, x, base, weights, max_regions, budget, bar):
     walk = _Walk(twin, u0, u1, crossings, weights.astype(dtype), tol)
     paths = walk.paths
     active = list(range(n))
+    over = np.zeros(n, bool)
     done = [0.0] * n  # share of each path walked, as the progress bar shows it
     chunk = engine.chunk_size(ex_shape, budget, scale=2.0)  # + the tangent pass
     while active:
@@ -153,18 +163,21 @@ def exact_walk(engine, x, base, weights, max_regions, budget, bar):
         still, shown = [], 0.0
         for e in active:
             before = done[e]
-            if paths[e].gaps(tol):
-                _check_limits(paths[e], e, max_regions)
+            if paths[e].gaps(tol) and not _over(paths[e], max_regions):
+                _check_idle(paths[e], e)
                 still.append(e)
                 done[e] = min(paths[e].covered, 0.99)  # the share of the path walked
             else:
+                over[e] = bool(paths[e].gaps(tol))
                 done[e] = 1.0
             shown += done[e] - before
         bar.update(shown)  # in examples, a walked share at a time: the bar's ETA moves
         active = still
     grad = twin.pull_back(walk.total, ex_shape).reshape(n, -1)
     attr = (d64 * grad).reshape(n, *ex_shape)
-    return attr, np.array([p.regions() for p in paths], np.int64)
+    regions = [max(len(p.keys), round(p.density())) if o else p.regions()
+               for p, o in zip(paths, over)]
+    return attr, np.array(regions, np.int64), over
 
 
 class _Walk:
@@ -213,14 +226,16 @@ class _Walk:
         return lo, hi, keys
 
 
-def _check_limits(path: _Path, e: int, max_regions: int):
+def _over(path: _Path, max_regions: int) -> bool:
+    """Whether the path has crossed `max_regions` regions, or is estimated to cross more
+    than `OVER_FACTOR` times as many."""
+    found = len(path.keys)
+    return found >= max_regions or (found >= ESTIMATE_AFTER
+                                    and path.density() > OVER_FACTOR * max_regions)
+
+
+def _check_idle(path: _Path, e: int):
     path.idle += 1
-    if len(path.keys) >= max_regions:
-        covered = sum(r - left for left, r in zip(path.left, path.right))
-        raise RuntimeError(
-            f"The path from the baseline to example {e} crossed {max_regions} linear "
-            f"regions and covered only {covered:.6g} of its length; raise max_regions, or "
-            f"use steps=k for a Riemann sum.")
     if path.idle > _MAX_IDLE_ROUNDS:
         a, _ = path.gaps(0.0)[0]
         raise RuntimeError(

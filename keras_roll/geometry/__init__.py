@@ -15,7 +15,8 @@ NormDict({2: 0.5})["l2"]                                   # 0.5
 """
 
 from keras_roll.geometry.norm_dict import NORM_LABELS, NormDict
-from keras_roll.geometry.norms import dual_norm, steepest_directions
+from keras_roll.geometry.norms import NORM_ORDER, dual_norm, norm_code, steepest_directions
 from keras_roll.geometry.tensors import to_numpy
 
-__all__ = ["NORM_LABELS", "NormDict", "dual_norm", "steepest_directions", "to_numpy"]
+__all__ = ["NORM_LABELS", "NORM_ORDER", "NormDict", "dual_norm", "norm_code",
+           "steepest_directions", "to_numpy"]

@@ -11,6 +11,7 @@ Example:
 
 ```python
 dual_norm(np.array([3.0, -4.0]), 2)                          # 5.0
+dual_norm(np.array([3.0, -4.0]), tf.constant(norm_code(2)))  # 5.0, one graph for any p
 steepest_directions(np.array([[3.0, -4.0]]), 2, np.ones(1))  # [[0.6, -0.8]]
 ```
 """
@@ -24,7 +25,24 @@ import tensorflow as tf
 
 from keras_roll.options import Norm, parse_norm
 
-__all__ = ["dual_norm", "steepest_directions"]
+__all__ = ["NORM_ORDER", "dual_norm", "norm_code", "steepest_directions"]
+
+NORM_ORDER = (1, 2, math.inf)
+"""The norms by their code (`norm_code`): a norm passed to a compiled function as this
+index is an input of its graph, so one trace serves every norm."""
+
+
+def norm_code(p: Norm) -> int:
+    """The index of the norm `p` in `NORM_ORDER` (0: l1, 1: l2, 2: l_inf), which
+    `dual_norm` takes as a scalar int32 tensor.
+
+    Example:
+
+    ```python
+    norm_code("l2"), norm_code(np.inf)     # (1, 2)
+    ```
+    """
+    return NORM_ORDER.index(parse_norm(p))
 
 
 def dual_norm(g, p: Norm, axis: int | tuple = -1, *, squared: bool = False) -> tf.Tensor:
@@ -37,7 +55,9 @@ def dual_norm(g, p: Norm, axis: int | tuple = -1, *, squared: bool = False) -> t
 
     Args:
         g: gradients or functionals (a tensor, or an array: float64 stays float64).
-        p: 1, 2 or `np.inf` (or 'l1', 'l2', 'linf'), the norm of the ball.
+        p: 1, 2 or `np.inf` (or 'l1', 'l2', 'linf'), the norm of the ball; or a
+            scalar int32 tensor of its `norm_code`, which selects the norm in the
+            graph (one traced graph serves the three norms).
         axis: the input axis, or a tuple of axes, to reduce.
         squared: return `||g||_q^2` (for `p=2` the sum of squares, no square root:
             the regularizers' squared gradient norms).
@@ -54,6 +74,10 @@ def dual_norm(g, p: Norm, axis: int | tuple = -1, *, squared: bool = False) -> t
     dual_norm(np.array([3.0, -4.0]), np.inf, squared=True)  # 49.0
     ```
     """
+    if tf.is_tensor(p):  # the three norms, one taken (a `tf.switch_case` would do one,
+        # but its gradient, alpha-CROWN's, sets off TensorFlow's type-inference warning)
+        return tf.gather(tf.stack([dual_norm(g, q, axis, squared=squared)
+                                   for q in NORM_ORDER]), p)
     p = parse_norm(p)
     g = g if tf.is_tensor(g) else tf.convert_to_tensor(np.asarray(g))
     if squared:

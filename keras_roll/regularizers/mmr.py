@@ -26,6 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_roll.compile.records import Record
 from keras_roll.compile.twin import Linearized, linearize
 from keras_roll.geometry import dual_norm
 from keras_roll.options import INF
@@ -36,7 +37,7 @@ from keras_roll.regularizers.base import (
     class_indices,
 )
 from keras_roll.regularizers.registry import register_regularizer
-from keras_roll.roll import factored_entry, gram_factor
+from keras_roll.roll import factored_entry, gram_factor, sum_squares
 
 __all__ = ["MMRConfig", "MMRDistances", "MMRTerm", "mmr_distances", "mmr_per_example"]
 
@@ -184,17 +185,68 @@ class MMRDistances(NamedTuple):
     logits: tf.Tensor
 
 
-def _tangents(lin: Linearized, trace, shape, p: float, fewest_directions: bool):
-    """Every neuron's and logit's derivatives along directions whose dual-norm reduction
-    is the input gradient's: the `D` input axes, or (l2) the rows of a Gram factor of a
-    first Dense layer with fewer units, pushed from its output."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class _AxesNorms(Record):
+    """The input axes, streamed in chunks (`keras_roll.roll.sum_squares`): per chunk,
+    `[B, N + L]` partial dual-norm reductions of every neuron's derivatives and of the
+    label's logit minus each logit's (sums of squares for l2, of absolute values for
+    l_inf, maxima of absolute values for l1); `finish` makes them norms."""
+
+    labels: tf.Tensor
+    example_shape: tf.Tensor
+    total: int
+    p: float
+    shared: bool = True
+
+    def sum_squares(self, lin, trace, start, k):
+        jvp = lin.axes_tangent(trace, start, k, self.example_shape, per_neuron=True)
+        own = tf.gather(jvp.logits, self.labels, axis=2, batch_dims=1)     # [B, k]
+        blocks = [*jvp.neurons, own[:, :, None] - jvp.logits]
+        return tf.concat([dual_norm(b, self.p, axis=1, squared=self.p == 2) for b in blocks],
+                         axis=-1)
+
+    @property
+    def combine(self) -> str:
+        return "max" if self.p == 1 else "sum"
+
+    def finish(self, partial):
+        if self.p != 2:
+            return partial
+        pos = partial > 0
+        return tf.where(pos, tf.sqrt(tf.where(pos, partial, tf.ones_like(partial))),
+                        tf.zeros_like(partial))
+
+
+def _norms(lin: Linearized, fwd, x, labels, p: float, fewest_directions: bool):
+    """`([B, N], [B, L])`: the dual norms of every neuron's input gradient and of the
+    label's logit's minus each logit's: along the `D` input axes in chunks within the
+    twin's `memory_budget` (recomputed chunk by chunk in backprop), or (l2) along the
+    rows of a Gram factor of a first Dense layer with fewer units, pushed from its
+    output in one pass."""
     entry = factored_entry(lin.program, 0) if p == 2 and fewest_directions else None
     if entry is None or entry.units >= entry.depth:
-        return lin.axes_tangent(trace, tf.constant(0, tf.int32), int(np.prod(shape)),
-                                tf.constant(shape, tf.int32), per_neuron=True)
+        shape = tuple(x.shape[1:])
+        est = _AxesNorms(labels, tf.constant(shape, tf.int32), int(np.prod(shape)), p)
+        n_neurons = int(fwd.neurons.z.shape[1])
+        width = n_neurons + int(np.prod(fwd.logits.shape[1:]))
+        try:
+            partial = sum_squares(lin, fwd, x, est, lin.memory_budget, columns=width,
+                                  combine=est.combine)
+        except MemoryError:
+            raise MemoryError(
+                f"MMR's tangents of model '{lin.model.name}' along one input axis of the "
+                f"batch of {x.shape[0]} need more than memory_budget={lin.memory_budget} "
+                f"bytes; use MMRConfig(examples=m) or a smaller batch, or a larger budget "
+                f"(keras_roll.linearize(model, memory_budget=...)).") from None
+        norms = est.finish(partial)
+        return norms[:, :n_neurons], norms[:, n_neurons:]
     factor = gram_factor(entry.kernel(lin.dtype))  # R^T R = W^T W: sum (R_i . g)^2 = ||W g||^2
-    return lin.interpreter.tangent(trace, factor, True, concat=False, start=entry.index,
-                                   start_op=1)
+    jvp = lin.interpreter.tangent(fwd.trace, factor, True, concat=False, start=entry.index,
+                                  start_op=1)
+    blocks = [dual_norm(block, p, axis=1) for block in jvp.neurons]
+    norms = tf.concat(blocks, axis=-1) if blocks else tf.zeros_like(fwd.neurons.z)
+    own = tf.gather(jvp.logits, labels, axis=2, batch_dims=1)           # [B, H1]
+    return norms, dual_norm(own[:, :, None] - jvp.logits, p, axis=1)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -205,7 +257,10 @@ def mmr_distances(lin: Linearized, x: tf.Tensor, labels: tf.Tensor, p: float,
     One forward pass of the twin and one tangent pass along the `D` input axes
     (every neuron's and logit's full input gradient, reduced to its dual norm),
     or, in l2 with `fewest_directions`, along the `H1 < D` rows of a Gram factor
-    of a first Dense layer (the same norms, `MMRConfig.fewest_directions`).
+    of a first Dense layer (the same norms, `MMRConfig.fewest_directions`). The
+    axes run in chunks that fit the twin's `memory_budget`
+    (`keras_roll.linearize(model, memory_budget=...)`), each recomputed in the
+    backward pass, so a large CNN's step needs one chunk's tangents at a time.
 
     Args:
         lin: the twin of the model.
@@ -230,16 +285,12 @@ def mmr_distances(lin: Linearized, x: tf.Tensor, labels: tf.Tensor, p: float,
                          f"shape; got {shape}.")
     fwd = lin.primal(x)
     logits = tf.reshape(fwd.logits, [-1, int(np.prod(fwd.logits.shape[1:]))])
-    jvp = _tangents(lin, fwd.trace, shape, p, fewest_directions)
-    blocks = [dual_norm(block, p, axis=1) for block in jvp.neurons]
+    labels = tf.cast(labels, tf.int32)
+    norms, diff = _norms(lin, fwd, x, labels, p, fewest_directions)
     neurons = fwd.neurons
-    norms = tf.concat(blocks, axis=-1) if blocks else tf.zeros_like(neurons.z)
     dist = tf.minimum(neurons.below, neurons.above)
     boundary = _distances(dist, norms, neurons.valid & tf.math.is_finite(dist))
 
-    labels = tf.cast(labels, tf.int32)
-    own = tf.gather(jvp.logits, labels, axis=2, batch_dims=1)           # [B, D]
-    diff = dual_norm(own[:, :, None] - jvp.logits, p, axis=1)           # [B, L]
     margin = tf.gather(logits, labels, axis=1, batch_dims=1)[:, None] - logits
     others = tf.not_equal(tf.range(tf.shape(logits)[1])[None, :], labels[:, None])
     decision = _distances(margin, diff, others)

@@ -117,6 +117,9 @@ class BranchOptions(NamedTuple):
         candidates: units per leaf whose children one cheap pass compares before
             a split (filtered smart branching on the best BaBSR scores; default 3;
             1: BaBSR's best alone).
+        layer_steps: gradient steps per layer bound of every leaf on its own split
+            multipliers and slopes (beta-CROWN in the layer bounds; default 8; 0:
+            CROWN's layer bounds on the cut intervals).
 
     Example:
 
@@ -133,6 +136,7 @@ class BranchOptions(NamedTuple):
     refine: bool = True
     alpha: bool = True
     candidates: int = 3
+    layer_steps: int = 8
 
     @staticmethod
     def of(value) -> BranchOptions | None:
@@ -153,9 +157,11 @@ class BranchOptions(NamedTuple):
         c = self.candidates
         if not isinstance(c, numbers.Integral) or isinstance(c, bool) or c < 1:
             raise ValueError(f"BranchOptions.candidates must be an integer >= 1, got {c!r}.")
-        steps = self.beta_steps
-        if not isinstance(steps, numbers.Integral) or isinstance(steps, bool) or steps < 0:
-            raise ValueError(f"BranchOptions.beta_steps must be an integer >= 0, got {steps!r}.")
+        for name in ("beta_steps", "layer_steps"):
+            steps = getattr(self, name)
+            if not isinstance(steps, numbers.Integral) or isinstance(steps, bool) or steps < 0:
+                raise ValueError(f"BranchOptions.{name} must be an integer >= 0, got "
+                                 f"{steps!r}.")
         for name in ("max_seconds", "beta_rate"):
             v = getattr(self, name)
             if not (isinstance(v, numbers.Real) and v > 0):

@@ -62,6 +62,7 @@ from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
+from keras_roll.geometry import norm_code
 from keras_roll.options import parse_norm
 from keras_roll.robust.compiled import compile_batched
 from keras_roll.robust.float_error import OpRounding
@@ -204,7 +205,17 @@ def _relaxed_terms(structure, values, rows, eps, p, arithmetic, budget, examples
     return lower, offset, slope
 
 
-def _arithmetic(twin, mode: str) -> Arithmetic:
+def guard_arithmetic(twin, mode: str) -> Arithmetic:
+    """The `Arithmetic` of the bound passes on `twin` under a guard mode ("none",
+    "strict": the worst case, or "float64": the probabilistic bound with the worst case
+    as a second guard; `keras_roll.robust.region.guard_mode`).
+
+    Example:
+
+    ```python
+    arithmetic = guard_arithmetic(twin, "float64")
+    ```
+    """
     if mode != "float64":
         return arithmetic_of(twin, mode == "strict")
     rounding = _NoiseRounding(evaluation_precision(twin.program))
@@ -213,21 +224,23 @@ def _arithmetic(twin, mode: str) -> Arithmetic:
     return Arithmetic(linear_magnitude, rounding)
 
 
-def _bounds_fn(twin, p, method: BoundMethod, mode: str, budget: int, examples: int, slopes,
-               x, pred, eps):
+def _bounds_fn(twin, method: BoundMethod, mode: str, budget: int, examples: int, slopes,
+               x, pred, eps, norm):
     """`[B, L-1]` lower bounds of the margins `f_y - f_j` over the ball, and the linear
     form of the relaxation's (offset and slope in `eps`; NaN for interval bounds),
-    compiled."""
+    compiled. The norm is an input, its `norm_code` (a scalar int32 tensor): one trace
+    serves the three norms (it enters the pass only through the dual norm at the
+    input)."""
     lm = logit_margins(twin.interpreter, x, pred)
-    arithmetic = _arithmetic(twin, mode)
+    arithmetic = guard_arithmetic(twin, mode)
     if method is BoundMethod.INTERVAL:
-        low = lower_bounds(lm.structure, lm.values, lm.rows, eps, p, method, arithmetic,
+        low = lower_bounds(lm.structure, lm.values, lm.rows, eps, norm, method, arithmetic,
                            budget, examples)
         nan = tf.fill(tf.shape(low), tf.constant(np.nan, low.dtype))
         return lm.margins + low, nan, nan
     check_bounds(lm.structure, method.passes, lm.values.masks)
-    low, offset, slope = _relaxed_terms(lm.structure, lm.values, lm.rows, eps, p, arithmetic,
-                                        budget, examples,
+    low, offset, slope = _relaxed_terms(lm.structure, lm.values, lm.rows, eps, norm,
+                                        arithmetic, budget, examples,
                                         crown=method is not BoundMethod.CROWN_IBP,
                                         slopes=slopes if method is BoundMethod.ALPHA_CROWN
                                         else None)
@@ -332,14 +345,15 @@ def relaxed_margins(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
     x = np.asarray(x, np.float64)
     chunk = example_chunk(twin, x.shape[1:], budget)
     slopes = SlopeOptions() if slopes is None else SlopeOptions(*slopes).checked()
-    key = (p, BoundMethod(method), guard_mode(guard), budget, chunk, slopes)
+    key = (BoundMethod(method), guard_mode(guard), budget, chunk, slopes)
     fn = cached(twin, ("relaxation", *key), lambda: compile_batched(
-        functools.partial(_bounds_fn, twin, *key), twin, "xye"))
+        functools.partial(_bounds_fn, twin, *key), twin, "xyen"))
+    norm = tf.constant(norm_code(p), tf.int32)
     out = []
     for s in range(0, x.shape[0], chunk):
         res = fn(tf.constant(x[s:s + chunk]),
                  tf.constant(np.asarray(pred[s:s + chunk], np.int64)),
-                 tf.constant(np.asarray(eps[s:s + chunk], np.float64)))
+                 tf.constant(np.asarray(eps[s:s + chunk], np.float64)), norm)
         out.append([r.numpy() for r in res])
     if not out:
         z = np.zeros((0, 0))
@@ -437,20 +451,6 @@ def interval_bounds(model, x, eps, labels, *, p=np.inf, method: BoundMethod | st
     lower = tf.einsum("bk,bkl->bl", lm.margins + low[:, :rows], columns)
     upper = tf.einsum("bk,bkl->bl", lm.margins - low[:, rows:], columns)
     return MarginBounds(lower, upper)
-
-
-def guard_arithmetic(twin, mode: str) -> Arithmetic:
-    """The `Arithmetic` of the bound passes on `twin` under a guard mode ("none",
-    "strict": the worst case, or "float64": the probabilistic bound with the worst case
-    as a second guard; `keras_roll.robust.region.guard_mode`).
-
-    Example:
-
-    ```python
-    arithmetic = guard_arithmetic(twin, "float64")
-    ```
-    """
-    return _arithmetic(twin, mode)
 
 
 def guard_loss(arithmetic: Arithmetic, noise: dict | None = None):

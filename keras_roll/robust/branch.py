@@ -145,8 +145,9 @@ def branch_radius(model, twin, x, pred, p, lower, upper, adversarial, *, gap: fl
     options = (options or BranchOptions()).checked()
     budget = int(memory_budget or twin.memory_budget)
     mode = guard_mode(guard)
-    passes = cached(twin, ("branch", p, mode, budget, options.batch),
-                    lambda: LeafPasses(twin, p, mode, budget, options.batch))
+    passes = cached(twin, ("branch", p, mode, budget, options.batch, options.layer_steps),
+                    lambda: LeafPasses(twin, p, mode, budget, options.batch,
+                                       options.layer_steps))
     x = np.asarray(x, np.float64)
     lower, upper = np.array(lower, np.float64), np.array(upper, np.float64)
     adversarial = np.array(adversarial, np.float64)

@@ -38,6 +38,8 @@ from keras_roll.compile.bounds.traversal import forward_nodes, pull_back
 from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.rules.activations import Link
+from keras_roll.compile.structure import structure_of
+from keras_roll.errors import UnsupportedModelError
 from keras_roll.geometry import dual_norm, steepest_directions, to_numpy
 from keras_roll.options import Rigor
 from keras_roll.robust.adversarial import confirm
@@ -116,6 +118,9 @@ class NormBounds(NamedTuple):
     exact_value: np.ndarray | None = None
 
 
+_MODES = ("none", "strict", "float64")  # the guard modes by their code in the graph
+
+
 def guard_mode(guard) -> str:
     """The logit guard of `guard`: "none", "strict" (worst case) or "float64"
     (probabilistic, with the worst case as a second guard). `guard` is a `Rigor` or
@@ -137,76 +142,106 @@ class _LogitGuard:
     `LAMBDA sqrt(sum Lambda^2 e^2)` except with probability `2 exp(-LAMBDA^2 / 2)`;
     `Lambda` is known exactly here, so no sampling (and no `KAPPA`) is needed. The
     float64 twin's own error is added rigorously.
+
+    The guard mode is an input of the graph (`_MODES`' index): `visit` only keeps the
+    functionals, and `terms` computes the worst case and the probabilistic terms
+    inside conditionals, so that one trace serves every mode and an unguarded call
+    runs none of them.
     """
 
-    def __init__(self, graph, values, x, precision, mode: str):
-        self.values, self.mode = values, mode
+    def __init__(self, graph, values, x, precision):
+        self.graph, self.values, self.x = graph, values, x
         self.opr = OpRounding(precision)
-        for node in graph.nodes:
-            self.opr.check(node)
-        self.growth = forward_nodes(graph, tf.ones_like(x), lambda node, i, ins: rules.magnitude(
-            node.op, ins, values.records[i], False, values.masks[i], values.inputs[i]))
-        self.strict = ([], [])
-        self.noise = ([], [])  # sums of squares, at x and per radius
-        self.twin = ([], [])  # the float64 twin's rigorous terms
+        self.seen: list = []  # (node, index, lam) of the pull-back
 
     def visit(self, node, index, lam):
-        ins = self.values.inputs[index]
-        rec, mask = self.values.records[index], self.values.masks[index]
-        mags = [tf.abs(v) for v in ins]
-        n = self.opr.roundings(node, mags)
-        if n == 0:
-            return None
-        shift = self.opr.shift(node)
-        m0 = rules.magnitude(node.op, [m + shift for m in mags], rec, True, mask, ins)
-        m1 = rules.magnitude(node.op, [self.growth[k] for k in node.inputs], rec, False, mask,
-                             ins)
-        g, e = self.opr.unit(node, n)
-        self.strict[0].append(abs_sum(lam, g * m0 + e))
-        self.strict[1].append(abs_sum(lam, g * m1))
-        if self.mode == "float64":
+        self.seen.append((node, index, lam))
+        return None
+
+    def terms(self, zero, code) -> tuple:
+        """`(err_at_x, err_per_radius, strict_at_x, strict_per_radius)` `[B, L-1]`
+        under the mode of `code` (zeros for "none")."""
+        return tf.cond(code > 0, lambda: self._guarded(zero, code), lambda: (zero,) * 4)
+
+    def _guarded(self, zero, code):
+        values = self.values
+        growth = forward_nodes(self.graph, tf.ones_like(self.x), lambda node, i, ins:
+                               rules.magnitude(node.op, ins, values.records[i], False,
+                                               values.masks[i], values.inputs[i]))
+        strict, parts = ([], []), []
+        for node, index, lam in self.seen:
+            ins = values.inputs[index]
+            rec, mask = values.records[index], values.masks[index]
+            mags = [tf.abs(v) for v in ins]
+            n = self.opr.roundings(node, mags)
+            if n == 0:
+                continue
+            shift = self.opr.shift(node)
+            m0 = rules.magnitude(node.op, [m + shift for m in mags], rec, True, mask, ins)
+            m1 = rules.magnitude(node.op, [growth[k] for k in node.inputs], rec, False, mask,
+                                 ins)
+            g, e = self.opr.unit(node, n)
+            strict[0].append(abs_sum(lam, g * m0 + e))
+            strict[1].append(abs_sum(lam, g * m1))
+            parts.append((node, n, lam, m0, m1))
+        strict = tuple(SECOND_ORDER * _total(t, zero) for t in strict)
+        return tf.cond(code == _MODES.index("float64"),
+                       lambda: self._noise(parts, zero) + strict, lambda: strict + strict)
+
+    def _noise(self, parts, zero) -> tuple:
+        """The probabilistic terms (at x, per radius) of rigor "float64"."""
+        noise, twin = ([], []), ([], [])
+        for node, n, lam, m0, m1 in parts:
             dtype = self.opr.precision.dtype_of(node.op)
             c = self.opr.precision.noise_unit(node.op, n, rules.matmul_like(node.op))
             eta = math.sqrt(n) * underflow_unit(dtype)
-            self.noise[0].append(abs_sum(tf.square(lam), tf.square(c * m0 + eta)))
-            self.noise[1].append(abs_sum(tf.square(lam), tf.square(c * m1)))
+            noise[0].append(abs_sum(tf.square(lam), tf.square(c * m0 + eta)))
+            noise[1].append(abs_sum(tf.square(lam), tf.square(c * m1)))
             g64 = gamma(n, _U64)
-            self.twin[0].append(abs_sum(lam, g64 * m0 + n * _ETA64))
-            self.twin[1].append(abs_sum(lam, g64 * m1))
-        return None
-
-    def terms(self, zero) -> tuple:
-        """`(err_at_x, err_per_radius, strict_at_x, strict_per_radius)` `[B, L-1]`."""
-        def total(parts):
-            return tf.add_n(parts) if parts else zero
-
-        strict = tuple(SECOND_ORDER * total(t) for t in self.strict)
-        if self.mode != "float64":
-            return strict + strict
-        noise = tuple((LAMBDA * PROBABILISTIC_SAFETY * tf.sqrt(total(v))
-                       + SECOND_ORDER * total(w)) * BOUND_SAFETY
-                      for v, w in zip(self.noise, self.twin))
-        return noise + strict
+            twin[0].append(abs_sum(lam, g64 * m0 + n * _ETA64))
+            twin[1].append(abs_sum(lam, g64 * m1))
+        return tuple((LAMBDA * PROBABILISTIC_SAFETY * tf.sqrt(_total(v, zero))
+                      + SECOND_ORDER * _total(w, zero)) * BOUND_SAFETY
+                     for v, w in zip(noise, twin))
 
 
-def _terms_fn(twin, mode: str, x, pred):
-    """The compiled body of `decision_terms` for one chunk."""
+def _total(parts, zero):
+    return tf.add_n(parts) if parts else zero
+
+
+def _terms_fn(twin, x, pred, code):
+    """The compiled body of `decision_terms` for one chunk; `code` the guard mode's
+    index in `_MODES` (a graph input: one trace serves every mode)."""
     lm = logit_margins(twin.interpreter, x, pred)
+    zero = tf.zeros_like(lm.margins)
     guard = None
-    if mode != "none":
-        guard = _LogitGuard(lm.structure, lm.values, x, evaluation_precision(twin.program),
-                            mode)
+    if _guard_error(twin) is None:
+        guard = _LogitGuard(lm.structure, lm.values, x, evaluation_precision(twin.program))
     res = pull_back(lm.structure, lm.values, lm.structure.output_key, lm.rows,
                     visit=None if guard is None else guard.visit)
-    zero = tf.zeros_like(lm.margins)
     grads = tf.reshape(res.lam_input, tf.concat([tf.shape(lm.rows)[:2], [-1]], 0))
-    errs = (zero,) * 4 if guard is None else guard.terms(zero)
-    return (lm.margins, grads, lm.others) + errs
+    errs = (zero,) * 4 if guard is None else guard.terms(zero, code)
+    return (lm.margins, grads, lm.others) + tuple(errs)
 
 
-def _compiled(twin, mode: str):
-    return cached(twin, ("decision_terms", mode), lambda: compile_batched(
-        functools.partial(_terms_fn, twin, mode), twin, "xy"))
+def _guard_error(twin):
+    """The `UnsupportedModelError` of an op whose rounding the guard does not model, or
+    None (the guard modes other than "none" then raise it)."""
+    def check():
+        opr = OpRounding(evaluation_precision(twin.program))
+        try:
+            for node in structure_of(twin.program).nodes:
+                opr.check(node)
+        except UnsupportedModelError as err:
+            return err
+        return None
+
+    return cached(twin, ("decision_terms_guard",), check)
+
+
+def _compiled(twin):
+    return cached(twin, ("decision_terms",), lambda: compile_batched(
+        functools.partial(_terms_fn, twin), twin, "xyg"))
 
 
 def decision_terms(twin, x, pred: np.ndarray, guard,
@@ -231,10 +266,13 @@ def decision_terms(twin, x, pred: np.ndarray, guard,
     plan = plan_chunks(b, rows, per, memory_budget or twin.memory_budget,
                        max_examples=None, min_directions=rows)
     mode = guard_mode(guard)
-    fn = _compiled(twin, mode)
+    if mode != "none" and _guard_error(twin) is not None:
+        raise _guard_error(twin)
+    fn = _compiled(twin)
+    code = tf.constant(_MODES.index(mode), tf.int32)
     parts = []
     for sl in plan.example_slices():
-        out = fn(tf.constant(x[sl]), tf.constant(np.asarray(pred[sl], np.int64)))
+        out = fn(tf.constant(x[sl]), tf.constant(np.asarray(pred[sl], np.int64)), code)
         parts.append([to_numpy(o) for o in out])
     if not parts:
         z = np.zeros((0, rows))

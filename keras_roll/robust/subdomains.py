@@ -41,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.bounds import capture, logit_margins
+from keras_roll.compile.bounds.alpha import SlopeOptions
 from keras_roll.compile.bounds.ibp import Boxes
 from keras_roll.compile.bounds.rules import Box, bound_rule
 from keras_roll.compile.bounds.splits import (
@@ -67,8 +68,10 @@ class LeafPasses:
     batch of leaves (`boxes`) and their final bounds with the multipliers' gradient
     (`bounds`)."""
 
-    def __init__(self, twin, p, guarded, budget: int, batch: int):
+    def __init__(self, twin, p, guarded, budget: int, batch: int,
+                 layer_steps: int = BranchOptions().layer_steps):
         self.twin, self.p, self.budget, self.batch = twin, p, budget, batch
+        self.layer_options = SlopeOptions(steps=layer_steps) if layer_steps else None
         self.structure = structure_of(twin.program)
         # the rounding guard: True (the worst case), False, or a mode of `guard_mode`
         self.mode = guarded if guarded in ("none", "strict", "float64") else guard_mode(guarded)
@@ -115,7 +118,8 @@ class LeafPasses:
         values = capture(self.twin.interpreter, x)
         lines = SplitRelaxedOps(values, self.layout, splits)
         res = root_boxes(self.structure, values, eps, self.p, self.arithmetic, self.budget,
-                         lines, examples=self.batch, loss=guard_loss(self.arithmetic))
+                         lines, examples=self.batch, loss=guard_loss(self.arithmetic),
+                         layer_options=self.layer_options)
         lead = tf.shape(splits)[:1]
         keys = [self.structure.nodes[i].inputs[0] for i in self.relaxed]
 

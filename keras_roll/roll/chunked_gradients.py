@@ -62,11 +62,17 @@ def _chunk_inputs(lin, estimator: Estimator, trace, extra=()):
     return inputs, differentiable, chunk, split
 
 
-def chunked_sum_squares(lin, estimator: Estimator, trace, n_shape, dtype, k, n):
-    """Sum over `n` chunks of `k` directions, recomputed chunk by chunk in backprop.
+def chunked_sum_squares(lin, estimator: Estimator, trace, n_shape, dtype, k, n,
+                        combine: str = "sum"):
+    """Sum (or, `combine="max"`, maximum) over `n` chunks of `k` directions,
+    recomputed chunk by chunk in backprop.
 
-    See `_chunk_inputs` for what enters the custom gradient.
+    The maximum's gradient flows into the first chunk that attains it (a
+    subgradient, as `tf.reduce_max` gives within a chunk). See `_chunk_inputs` for
+    what enters the custom gradient.
     """
+    if combine not in ("sum", "max"):
+        raise ValueError(f"combine must be 'sum' or 'max', got combine={combine!r}.")
     counts = [tf.convert_to_tensor(t, tf.int32) for t in (k, n, n_shape)]
     flat_inputs, differentiable, chunk, split = _chunk_inputs(lin, estimator, trace, counts)
 
@@ -83,13 +89,20 @@ def chunked_sum_squares(lin, estimator: Estimator, trace, n_shape, dtype, k, n):
         _, n_t, shape_t = split(inputs)[3]
         # Stopped copies: an eager tape must not record (and keep) the chunks.
         stopped = [tf.stop_gradient(t) for t in inputs]
-        _, sq = tf.while_loop(lambda c, acc: c < n_t,
-                              lambda c, acc: (c + 1, _add(acc, chunk_at(stopped, c))),
-                              (tf.constant(0), tf.zeros(shape_t, dtype)))
+        if combine == "sum":
+            _, sq = tf.while_loop(lambda c, acc: c < n_t,
+                                  lambda c, acc: (c + 1, _add(acc, chunk_at(stopped, c))),
+                                  (tf.constant(0), tf.zeros(shape_t, dtype)))
+            first = None
+        else:
+            sq, first = _loop_max(lambda c: chunk_at(stopped, c), n_t, shape_t, dtype)
 
         def grad(dsq):
+            def upstream(c):
+                return dsq if first is None else tf.where(tf.equal(first, c), dsq, 0)
+
             return _recompute_gradients(inputs, differentiable, n_t,
-                                        lambda ins, c: (chunk_at(ins, c), dsq))
+                                        lambda ins, c: (chunk_at(ins, c), upstream(c)))
 
         return sq, grad
 
@@ -165,6 +178,21 @@ def chunked_weighted_sum(lin, estimator: Estimator, trace, weights, k, n):
         return q, grad
 
     return run(*flat_inputs)
+
+
+def _loop_max(chunk_at, n_t, shape_t, dtype):
+    """`(max over the chunks, [the first chunk attaining it])` of `n_t` chunks."""
+
+    def body(c, best, first):
+        value = chunk_at(c)
+        better = value > best
+        kept = tf.ensure_shape(tf.where(better, value, best), best.shape)
+        return c + 1, kept, tf.where(better, c, first)
+
+    lowest = tf.fill(shape_t, tf.constant(-float("inf"), dtype))
+    _, best, first = tf.while_loop(lambda c, best, first: c < n_t, body,
+                                   (tf.constant(0), lowest, tf.zeros(shape_t, tf.int32)))
+    return best, first
 
 
 def _recompute_gradients(inputs, differentiable, n_t, chunk_and_upstream):

@@ -84,12 +84,15 @@ def _itemsize(lin, estimator) -> int:
 
 
 def sum_squares(lin: Linearized, fwd: ForwardPass, x, estimator, memory_budget,
-                weights=None):
+                weights=None, columns: int | None = None, combine: str = "sum"):
     """`[B, N]` sum over directions of the squared neuron derivatives (unscaled).
 
     With `weights` (`[B, N]`, constant), `[B]`: the weighted sum over neurons of
     those sums, whose chunked form differentiates each chunk in the forward pass
-    (`chunked_weighted_sum`).
+    (`chunked_weighted_sum`). Any other `Record` with the estimators' `total`,
+    `shared` and `sum_squares(lin, trace, start, k) -> [B, columns]` (`columns`:
+    None for the neurons) streams its columns the same way, summed over the
+    chunks or (`combine="max"`) their maximum.
 
     Raises:
         MemoryError: one direction of the batch does not fit in the budget
@@ -105,7 +108,8 @@ def sum_squares(lin: Linearized, fwd: ForwardPass, x, estimator, memory_budget,
 
     def chunked(k, n):
         if weights is None:
-            return chunked_sum_squares(lin, estimator, trace, tf.shape(z), z.dtype, k, n)
+            shape = tf.shape(z) if columns is None else tf.stack([tf.shape(z)[0], columns])
+            return chunked_sum_squares(lin, estimator, trace, shape, z.dtype, k, n, combine)
         return chunked_weighted_sum(lin, estimator, trace, weights, k, n)
 
     plan = plan_directions_for(lin, fwd, x, estimator, budget)

@@ -126,7 +126,8 @@ class _Adam:
 
 def optimize_lower_slopes(lines: RelaxedOps, bound: Callable[[], tuple], rows,
                           options: SlopeOptions = SlopeOptions(),
-                          indices: list | None = None) -> tuple:
+                          indices: list | None = None,
+                          multipliers: tuple | None = None) -> tuple:
     """Raises every row of `bound()` by its own lower slopes on every unstable unit.
 
     Args:
@@ -139,6 +140,11 @@ def optimize_lower_slopes(lines: RelaxedOps, bound: Callable[[], tuple], rows,
         options: a `SlopeOptions`.
         indices: the ops whose slopes are optimized (default every
             `lines.optimizable()` op).
+        multipliers: None, or `(beta, apply)`: further parameters `>= 0` raised with
+            the slopes (`beta` their start, e.g. zeros; `apply(beta)` sets them where
+            `bound()` reads them, `apply(None)` clears them at the end), such as the
+            split constraints' Lagrange multipliers (`splits.SplitRelaxedOps`);
+            `bound()` must be sound for every `beta >= 0`.
 
     Returns:
         `(lower, *extras)` of the evaluation with the largest `lower`, per row, over
@@ -154,25 +160,33 @@ def optimize_lower_slopes(lines: RelaxedOps, bound: Callable[[], tuple], rows,
     """
     options = SlopeOptions(*options).checked()
     indices = lines.optimizable() if indices is None else list(indices)
-    if not indices or options.steps == 0:
+    if (not indices and multipliers is None) or options.steps == 0:
         return tuple(bound())
 
     def per_row(t):  # [B, *shape] -> [B, C, *shape]
         t = t[:, None]
         return tf.broadcast_to(t, tf.concat([tf.shape(t)[:1], [rows], tf.shape(t)[2:]], 0))
 
-    def evaluate(alphas):
+    def evaluate(params):
         with tf.GradientTape() as tape:
-            tape.watch(alphas)
-            for i, a in zip(indices, alphas):
+            tape.watch(params)
+            for i, a in zip(indices, params):
                 lines.set_lower_slopes(i, a)
+            if multipliers is not None:
+                multipliers[1](params[-1])
             out = tuple(bound())
             objective = tf.reduce_sum(tf.where(tf.math.is_finite(out[0]), out[0], 0.0))
-        grads = tape.gradient(objective, alphas)
-        return out, [tf.zeros_like(a) if g is None else g for a, g in zip(alphas, grads)]
+        grads = tape.gradient(objective, params)
+        return out, [tf.zeros_like(a) if g is None else g for a, g in zip(params, grads)]
 
     alphas = [per_row(lines.lower_slopes(i)) for i in indices]
-    adam = _Adam(options, [tuple(per_row(r) for r in lines.slope_range(i)) for i in indices])
+    ranges = [tuple(per_row(r) for r in lines.slope_range(i)) for i in indices]
+    if multipliers is not None:
+        beta = tf.convert_to_tensor(multipliers[0])
+        alphas.append(beta)
+        ranges.append((tf.zeros_like(beta), tf.fill(tf.shape(beta),
+                                                    tf.constant(np.inf, beta.dtype))))
+    adam = _Adam(options, ranges)
     best, grads = evaluate(alphas)
     zeros = [tf.zeros_like(a) for a in alphas]
     start = tf.timestamp()
@@ -193,6 +207,8 @@ def optimize_lower_slopes(lines: RelaxedOps, bound: Callable[[], tuple], rows,
     best = tf.while_loop(cond, body, state)[-1]
     for i in indices:
         lines.set_lower_slopes(i, None)
+    if multipliers is not None:
+        multipliers[1](None)
     return tuple(best)
 
 

@@ -246,6 +246,12 @@ class ConvWindows:
             t = tf.broadcast_to(t, tf.shape(v.value(s, key)))
             return tf.gather(self._patches(tf.gather(t, examples), key), picked)
 
+        def at_once(ts, key):  # `at` of each, as one cut (the same elements, fewer ops)
+            shape = tf.shape(v.value(s, key))
+            t = tf.concat([tf.broadcast_to(t, shape) for t in ts], -1)
+            t = tf.gather(self._patches(tf.gather(t, examples), key), picked)
+            return tuple(tf.split(t, len(ts), axis=-1))
+
         def shape_of(key):
             return tf.zeros([1, *self.plan[key].size, int(v.value(s, key).shape[3])], dtype)
 
@@ -256,7 +262,7 @@ class ConvWindows:
             inputs[i] = [shape_of(k) for k in node.inputs]
             outputs[i] = shape_of(node.output)
             if i in lines:
-                cut_lines[i] = tuple(at(t, node.output) for t in lines[i])
+                cut_lines[i] = at_once(lines[i], node.output)
             if i < len(deltas) and deltas[i] is not None:
                 cut_deltas[i] = at(deltas[i], node.output)
             if i in self.crops:
