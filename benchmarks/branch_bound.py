@@ -67,7 +67,8 @@ def _timed(fn):
 
 def _row(name, rr, p, wall, cpu, n):
     # a misclassified input has the bracket [0, 0]: exact, its ratio 1
-    ratio = np.where(rr.upper[p] == rr.lower[p], 1.0, rr.upper[p] / rr.lower[p])
+    upper, lower = np.asarray(rr.upper[p], float), np.asarray(rr.lower[p], float)
+    ratio = np.divide(upper, lower, out=np.ones_like(upper), where=upper != lower)
     return (f"| {name} | {np.median(ratio):.3f} | {np.percentile(ratio, 90):.3f} | "
             f"{100 * np.mean(rr.exact[p]):.0f} % | {wall / n:.1f} | {cpu / n:.1f} | "
             f"{np.mean(rr.bound_passes[p]):.0f} |")
