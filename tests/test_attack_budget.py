@@ -15,7 +15,8 @@ import tensorflow as tf
 
 import keras_roll.robust.attack_points as attack_points
 from keras_roll.compile.caches import cached
-from keras_roll.robust.attack_loop import NORMS, compiled_loop, norm_index
+from keras_roll.geometry import NORM_ORDER, norm_code
+from keras_roll.robust.attack_loop import compiled_loop
 from keras_roll.robust.attacks import AttackOptions, run_attack
 
 pytestmark = pytest.mark.graph
@@ -43,11 +44,11 @@ def _args(model, rows, steps, fixed, smooth, p, seed=1):
             tf.constant(np.full(rows, -1, np.int64)), tf.constant(np.full(6, -3.0, np.float32)),
             tf.constant(np.full(6, 3.0, np.float32)), tf.constant(np.full(rows, steps, np.int32)),
             tf.constant(1.0), tf.constant(0.05), tf.constant(fixed), tf.constant(smooth),
-            tf.constant(norm_index(p)))
+            tf.constant(norm_code(p)))
 
 
 @pytest.mark.parametrize("p", [pytest.param(p, marks=() if p == np.inf else pytest.mark.slow)
-                               for p in NORMS])
+                               for p in NORM_ORDER])
 def test_the_norm_argument_gives_the_one_norm_graphs_results(net, p):
     model = net
     shared = cached(model, ("minimal_norm_attack",), lambda: compiled_loop(model))

@@ -30,7 +30,13 @@ from keras_roll.attribution.targets import check_baseline, read_examples, resolv
 from keras_roll.compile.caches import cached
 from keras_roll.distribute import Replicas
 from keras_roll.errors import UnsupportedModelError
-from keras_roll.options import GRADIENT_FIELDS, Choice, RunOptions, fixed_budget
+from keras_roll.options import (
+    GRADIENT_FIELDS,
+    Choice,
+    RunOptions,
+    fixed_budget,
+    progress_bar,
+)
 
 __all__ = ["RULES", "IntegratedGradients", "PathMethod", "RiemannRule", "integrated_gradients",
            "riemann_points"]
@@ -287,13 +293,6 @@ class _Cap:
             stacklevel=3)
 
 
-class _Quiet:
-    """A progress bar that shows nothing (the fallback's examples are counted already)."""
-
-    def update(self, n):
-        del n
-
-
 def _exact(engine, x, base, weights, cap: _Cap, budget, bar, first: int):
     """`(attributions, regions, exact [n] bool, error [n])` of the exact walk, with the
     paths over the cap integrated by Riemann sums (or an error)."""
@@ -303,10 +302,10 @@ def _exact(engine, x, base, weights, cap: _Cap, budget, bar, first: int):
     if over.any():
         sel = np.flatnonzero(over)
         k = cap.fallback_steps
-        full, half = (_riemann(engine, x[sel], base[sel], weights[sel], steps, cap.rule,
-                               budget, _Quiet())
-                      for steps in (k, max(k // 2, 2 if cap.rule is RiemannRule.TRAPEZOID
-                                           else 1)))
+        halved = max(k // 2, 2 if cap.rule is RiemannRule.TRAPEZOID else 1)
+        with progress_bar(None, False, "fallback") as quiet:  # examples counted already
+            full, half = (_riemann(engine, x[sel], base[sel], weights[sel], steps, cap.rule,
+                                   budget, quiet) for steps in (k, halved))
         attr[sel] = full
         error[sel] = np.abs(full - half).reshape(sel.size, -1).max(axis=1)
     return attr, regions, ~over, error

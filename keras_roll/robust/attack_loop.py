@@ -16,17 +16,18 @@ one). After the steps, each best point is moved to the first clear flip along th
 norm's own shrinking of its perturbation (bisection, `BISECTIONS` halvings, in the
 same graph).
 
-The norm (its index in `NORMS`), the budgets and the batch size are arguments of the
-graph, not constants traced into it: one trace per model serves every call. The
-norm's operations run under `tf.switch_case`; called with a Python number for `p`,
-the same helpers build the operations of that norm alone (the graph of one norm).
+The norm (its `keras_roll.geometry.norm_code`, an index into `NORM_ORDER`), the
+budgets and the batch size are arguments of the graph, not constants traced into it:
+one trace per model serves every call. The norm's operations run under
+`tf.switch_case`; called with a Python number for `p`, the same helpers build the
+operations of that norm alone (the graph of one norm).
 
 Example:
 
 ```python
 fn = compiled_loop(model)
 delta, norm, t, taken = fn(x, delta0, eps0, pred, target, low, high, steps, step_size,
-                           gamma, fixed, smooth, norm_index(2.0))
+                           gamma, fixed, smooth, norm_code(2))
 ```
 """
 
@@ -38,28 +39,22 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
+from keras_roll.geometry import NORM_ORDER
 from keras_roll.robust.adversarial import FLIP_GAP
 
-__all__ = ["BISECTIONS", "NORMS", "compiled_loop", "dual_norms", "loop_function",
-           "norm_index"]
+__all__ = ["BISECTIONS", "compiled_loop", "dual_norms", "loop_function"]
 
 SMOOTH = 1.0  # l2 length of a smooth l_inf step over the sign step's (at the same eps)
 L1_SMOOTH = 0.4  # l2 length of a smooth l1 step over eps (foolbox's FMN: about 1 / 6)
-NORMS = (1.0, 2.0, np.inf)  # the graph's norm argument is an index into these
 BISECTIONS = 24  # halvings of the segment from x to the best point (2^-24: float32's ulp)
-
-
-def norm_index(p) -> int:
-    """The graph's norm argument for `p` (1, 2 or np.inf)."""
-    return NORMS.index(float(p))
 
 
 def _by_norm(p, branches):
     """`branches[q]()` for the norm `p`: a Python number builds that norm's operations
-    alone; a tensor (an index into `NORMS`) picks one at run time (`tf.switch_case`)."""
+    alone; a tensor (its `norm_code`) picks one at run time (`tf.switch_case`)."""
     if isinstance(p, numbers.Number):
         return branches[float(p)]()
-    return tf.switch_case(p, [branches[q] for q in NORMS])
+    return tf.switch_case(p, [branches[q] for q in NORM_ORDER])
 
 
 def _flat_norm(v, p):
@@ -101,7 +96,7 @@ def _project(v, eps, p):
 
 def dual_norms(g, p):
     """`[B]` the dual norms (q with 1/p + 1/q = 1) of the flattened rows of `g` (`p` a
-    number, or a tensor index into `NORMS`)."""
+    number, or a tensor index into `NORM_ORDER`)."""
     return _by_norm(p, {q: (lambda d=d: _flat_norm(g, d))
                         for q, d in ((1.0, np.inf), (2.0, 2.0), (np.inf, 1.0))})
 
@@ -188,7 +183,7 @@ def _bisect(model, classes, x, best, pred, norm):
 
 def loop_function(model, p=None):
     """The loop as a `tf.function` (traced per input signature): `p` None takes the norm
-    as the graph's last argument (an index into `NORMS`); a number builds the graph of
+    as the graph's last argument (an index into `NORM_ORDER`); a number builds the graph of
     that norm alone (the argument is then ignored)."""
     classes = int(model.outputs[0].shape[-1])
 
@@ -216,8 +211,8 @@ def loop_function(model, p=None):
         def body(k, delta, eps, best, best_norm, taken):
             loss, adv, g = loss_and_grad(x, delta, pred, target)
             g = _free(g, x + delta, lo, hi)
-            size, gq = _by_norm(norm, {q: (lambda q=q: (_flat_norm(delta, q),
-                                                          dual_norms(g, q))) for q in NORMS})
+            size, gq = _by_norm(norm, {q: (lambda q=q: (_flat_norm(delta, q), dual_norms(g, q)))
+                                       for q in NORM_ORDER})
             size, gq = tf.cast(size, tf.float32), tf.cast(gq, tf.float32)
             live = moving(k, best_norm)
             best, best_norm = keep(delta, size, adv, best, best_norm, shape)
@@ -228,7 +223,7 @@ def loop_function(model, p=None):
             scale = tf.cast(tf.reshape(alpha * eps, shape), x.dtype)
             moved = _by_norm(norm, {q: (lambda q=q: _project(
                 delta - scale * _direction(g, q, smooth), tf.cast(eps, x.dtype), q))
-                for q in NORMS})
+                for q in NORM_ORDER})
             moved = tf.clip_by_value(x + moved, lo, hi) - x
             delta = tf.where(tf.reshape(live, shape), moved, delta)
             return k + 1, delta, eps, best, best_norm, taken + tf.cast(live, tf.int32)
@@ -252,8 +247,8 @@ def compiled_loop(model, p=None):
     share of the best delta's norm where its shrinking first clearly flips (bisected
     in the graph; `_shrunk`). `steps` is per row (int32), `step_size` and `gamma`
     scalars (float32), `fixed` per row (bool), `smooth` a scalar bool (`_direction`),
-    `norm` an int32 index into `NORMS` (`norm_index`; `p` a number: that norm's graph
-    alone). A `ConcreteFunction` runs as a graph even under
+    `norm` a scalar int32 `keras_roll.geometry.norm_code` (`p` a number: that norm's
+    graph alone). A `ConcreteFunction` runs as a graph even under
     `tf.config.run_functions_eagerly`: hundreds of steps of small ops, run eagerly,
     cost about a hundred times the compiled loop."""
     dtype = model.inputs[0].dtype

@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.caches import cached
+from keras_roll.geometry import norm_code
 from keras_roll.robust.adversarial import (
     START_GAP,
     clearly_other,
@@ -36,7 +37,7 @@ from keras_roll.robust.adversarial import (
     lp_norm,
     model_outputs,
 )
-from keras_roll.robust.attack_loop import BISECTIONS, compiled_loop, norm_index
+from keras_roll.robust.attack_loop import BISECTIONS, compiled_loop
 
 __all__ = ["ExampleNoise", "Runner", "bisect_to_flip", "checked_points", "domain_arrays",
            "in_domain", "pad_rows", "shrunk", "start_list", "valid_starts"]
@@ -191,7 +192,7 @@ class Runner:
             tf.constant(self.options.step_size * scale[0] * (PROBE_STEP if fixed else 1.0)),
             tf.constant(float(self.options.gamma * scale[1])),
             arg(np.broadcast_to(fixed, n), bool), tf.constant(smooth),
-            tf.constant(norm_index(self.p)))
+            tf.constant(norm_code(self.p)))
         np.add.at(self.taken, idx, np.asarray(taken, np.int64))
         out_d = np.asarray(out_d, np.float64)
         found = np.flatnonzero(np.isfinite(np.asarray(out_n)))

@@ -266,8 +266,9 @@ def decision_terms(twin, x, pred: np.ndarray, guard,
     plan = plan_chunks(b, rows, per, memory_budget or twin.memory_budget,
                        max_examples=None, min_directions=rows)
     mode = guard_mode(guard)
-    if mode != "none" and _guard_error(twin) is not None:
-        raise _guard_error(twin)
+    error = _guard_error(twin)
+    if mode != "none" and error is not None:
+        raise error
     fn = _compiled(twin)
     code = tf.constant(_MODES.index(mode), tf.int32)
     parts = []

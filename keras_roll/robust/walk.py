@@ -71,15 +71,6 @@ def line_probe(twin, x: np.ndarray, d: np.ndarray, pred: np.ndarray):
     return tuple(to_numpy(o) for o in out)
 
 
-def _first_crossing(margins, rates):
-    """`(s [b], index [b])`: the first `s >= 0` where some margin `m + s r` reaches 0."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s = np.where(rates < 0, np.maximum(margins, 0.0) / -rates, np.inf)
-    s = np.where(margins <= 0, 0.0, s)
-    j = np.argmin(s, axis=1)
-    return s[np.arange(s.shape[0]), j], j
-
-
 def _aim(terms, origin, cur, p):
     """Targets: the projection of `origin` (else of `cur`) onto the nearest decision
     hyperplane of the affine map of `terms` (taken at `cur`)."""
@@ -127,7 +118,7 @@ def _walk(model, twin, x, pred, p, max_regions, budget):
         target, live = _aim(terms, cur[active], cur[active], p)
         d = target - cur[active]
         t_exit, margins, rates, _ = line_probe(twin, cur[active], d, pred[active])
-        s, _ = _first_crossing(margins, rates)
+        s = _first_crossing(margins, rates).numpy()
         cross = live & (s <= t_exit) & np.isfinite(s)
         pts, ds = confirm(model, cur[active], d, np.where(cross, s, np.nan), pred[active], p,
                           origin=x[active])
@@ -143,8 +134,9 @@ def _walk(model, twin, x, pred, p, max_regions, budget):
     return points, dist
 
 
-def _crossing_tf(margins, rates):
-    """`_first_crossing`'s `s` in the graph (no index)."""
+def _first_crossing(margins, rates):
+    """`[b]` the first `s >= 0` where some margin `m + s r` reaches 0 (inf where none;
+    tensors or arrays, in the graph or eagerly)."""
     inf = tf.constant(np.inf, margins.dtype)
     s = tf.where(rates < 0, tf.maximum(margins, 0.0) / tf.where(rates < 0, -rates, 1.0), inf)
     return tf.reduce_min(tf.where(margins <= 0, tf.zeros_like(s), s), axis=1)
@@ -159,7 +151,7 @@ def _line_fn(twin, x, d, pred, t, t_max, regions):
     def body(k, t, s_hit, live, probes):
         at = tf.reshape(tf.where(live, t, tf.zeros_like(t)), shape)  # finished rows: at x
         t_exit, margins, rates, _ = _probe(twin, x + at * d, d, pred)
-        s = _crossing_tf(margins, rates)
+        s = _first_crossing(margins, rates)
         cross = live & (s <= t_exit) & (t + s <= t_max)
         t_next = tf.where(live & ~cross, t + t_exit * (1.0 + STEP_BEYOND) + STEP_BEYOND, t)
         probes = probes + tf.cast(live, tf.int32)
