@@ -40,7 +40,8 @@ from benchmarks.cnn_models import cnn_s  # noqa: E402
 from keras_roll.data import mnist_splits  # noqa: E402
 from keras_roll.robust import AttackOptions, minimal_norm_attack  # noqa: E402
 from keras_roll.robust.adversarial import clearly_other, lp_norm, model_outputs  # noqa: E402
-from keras_roll.robust.attack_points import checked_points, shrunk  # noqa: E402
+from keras_roll.robust.attack_loop import shrunk  # noqa: E402
+from keras_roll.robust.attack_points import checked_points  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("data", None, "mnist.npz, or a folder with it or the IDX files "
@@ -125,10 +126,10 @@ def plain_flip(model, x, delta, y, p, halvings=24):
     lo, hi = np.zeros(len(x)), np.ones(len(x))
     for _ in range(halvings):
         mid = 0.5 * (lo + hi)
-        out = model_outputs(model, (x + shrunk(delta, mid, p)).astype(np.float32))
+        out = model_outputs(model, (x + shrunk(delta, mid, p).numpy()).astype(np.float32))
         flip = np.argmax(out, axis=1) != y
         hi, lo = np.where(flip, mid, hi), np.where(flip, lo, mid)
-    return (x + shrunk(delta, hi, p)).astype(np.float32).astype(np.float64)
+    return (x + shrunk(delta, hi, p).numpy()).astype(np.float32).astype(np.float64)
 
 
 def share(a, b):

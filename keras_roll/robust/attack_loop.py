@@ -42,7 +42,7 @@ import tensorflow as tf
 from keras_roll.geometry import NORM_ORDER
 from keras_roll.robust.adversarial import FLIP_GAP
 
-__all__ = ["BISECTIONS", "compiled_loop", "dual_norms", "loop_function"]
+__all__ = ["BISECTIONS", "compiled_loop", "dual_norms", "loop_function", "shrunk"]
 
 SMOOTH = 1.0  # l2 length of a smooth l_inf step over the sign step's (at the same eps)
 L1_SMOOTH = 0.4  # l2 length of a smooth l1 step over eps (foolbox's FMN: about 1 / 6)
@@ -122,9 +122,12 @@ def _direction(g, p, smooth):
         tf.maximum(_flat_norm(g, 2.0), 1e-30), unit)})
 
 
-def _shrunk(delta, t, p):
-    """`delta` moved into the lp ball of radius `t` times its norm by the norm's own
-    projection (as `keras_roll.robust.attack_points.shrunk`, in the graph)."""
+def shrunk(delta, t, p):
+    """`delta` moved into the lp ball of radius `t` times its norm (`t` `[B]` in [0, 1]),
+    by the norm's own projection: scaled (l2), clipped (l_inf: the coordinates below
+    the bound keep their values), soft-thresholded (l1: the small ones drop first).
+    Tensors or arrays, in the loop's graph or eagerly (the checks of
+    `keras_roll.robust.attack_points`); `p` a number or a `norm_code` tensor."""
     unit = [-1] + [1] * (len(delta.shape) - 1)
     t = tf.reshape(tf.cast(t, delta.dtype), unit)
     top = tf.reshape(_flat_norm(delta, np.inf), unit)
@@ -167,10 +170,10 @@ def _next_eps(eps, eps0, norm, loss, gq, adv, best_norm, gam, fixed):
 
 def _bisect(model, classes, x, best, pred, norm):
     """`[B]` the smallest share `t` of `best`'s norm found by `BISECTIONS` halvings with
-    `x + _shrunk(best, t)` clearly adversarial (1 where none is)."""
+    `x + shrunk(best, t)` clearly adversarial (1 where none is)."""
     def halve(i, lo, hi):
         mid = 0.5 * (lo + hi)
-        out = tf.reshape(model(x + _shrunk(best, mid, norm), training=False),
+        out = tf.reshape(model(x + shrunk(best, mid, norm), training=False),
                          [tf.shape(x)[0], classes])
         _, flip = _margins(tf.cast(out, tf.float32), pred, -tf.ones_like(pred), classes)
         return i + 1, tf.where(flip, lo, mid), tf.where(flip, mid, hi)
@@ -245,7 +248,7 @@ def compiled_loop(model, p=None):
     high, steps, step_size, gamma, fixed, smooth, norm) -> (best delta, its norm, t,
     steps taken)`: the norm is inf where no adversarial point was seen, and `t` the
     share of the best delta's norm where its shrinking first clearly flips (bisected
-    in the graph; `_shrunk`). `steps` is per row (int32), `step_size` and `gamma`
+    in the graph; `shrunk`). `steps` is per row (int32), `step_size` and `gamma`
     scalars (float32), `fixed` per row (bool), `smooth` a scalar bool (`_direction`),
     `norm` a scalar int32 `keras_roll.geometry.norm_code` (`p` a number: that norm's
     graph alone). A `ConcreteFunction` runs as a graph even under

@@ -37,10 +37,10 @@ from keras_roll.robust.adversarial import (
     lp_norm,
     model_outputs,
 )
-from keras_roll.robust.attack_loop import BISECTIONS, compiled_loop
+from keras_roll.robust.attack_loop import BISECTIONS, compiled_loop, shrunk
 
 __all__ = ["ExampleNoise", "Runner", "bisect_to_flip", "checked_points", "domain_arrays",
-           "in_domain", "pad_rows", "shrunk", "start_list", "valid_starts"]
+           "in_domain", "pad_rows", "start_list", "valid_starts"]
 
 PROBE_STEP = 0.3  # the probes' first step, as a share of AttackOptions.step_size
 # Relative pushes of the graph's bisected share `t`, tried in one model call: the graph
@@ -54,20 +54,6 @@ def in_domain(points, lo, hi):
     return np.all(ok.reshape(b, -1), axis=1)
 
 
-def shrunk(delta, t, p):
-    """`delta` moved into the lp ball of radius `t` times its norm (`t` in [0, 1]), by
-    the norm's own projection: scaled (l2), clipped (l_inf: the coordinates below the
-    bound keep their values), soft-thresholded (l1: the small ones drop first)."""
-    shape = (-1,) + (1,) * (delta.ndim - 1)
-    t = t.reshape(shape)
-    if p == 2:
-        return t * delta
-    top = np.max(np.abs(delta).reshape(delta.shape[0], -1), axis=1).reshape(shape)
-    if p == np.inf:
-        return np.clip(delta, -t * top, t * top)
-    return np.sign(delta) * np.maximum(np.abs(delta) - (1.0 - t) * top, 0.0)
-
-
 def bisect_to_flip(model, x, delta, pred, p):
     """The smallest `t` in `(0, 1]` found by bisection with `x + shrunk(delta, t)`
     clearly adversarial (`t = 1` is); returns the points (model dtype)."""
@@ -75,10 +61,10 @@ def bisect_to_flip(model, x, delta, pred, p):
     lo, hi = np.zeros(x.shape[0]), np.ones(x.shape[0])
     for _ in range(BISECTIONS):
         mid = 0.5 * (lo + hi)
-        pts = (x + shrunk(delta, mid, p)).astype(dtype)
+        pts = (x + shrunk(delta, mid, p).numpy()).astype(dtype)
         flip = clearly_other(model_outputs(model, pts), pred)
         hi, lo = np.where(flip, mid, hi), np.where(flip, lo, mid)
-    return (x + shrunk(delta, hi, p)).astype(dtype)
+    return (x + shrunk(delta, hi, p).numpy()).astype(dtype)
 
 
 def pad_rows(a, n):
@@ -228,7 +214,7 @@ def _graph_flips(model, x, delta, pred, p, lo, hi, t):
     clearly adversarial in the model and in the domain (NaN rows where none is)."""
     dtype = np.dtype(model.inputs[0].dtype)
     m, b = len(GRAPH_PUSHES), x.shape[0]
-    cand = np.stack([(x + shrunk(delta, np.minimum(t * (1.0 + c), 1.0), p)).astype(dtype)
+    cand = np.stack([(x + shrunk(delta, np.minimum(t * (1.0 + c), 1.0), p).numpy()).astype(dtype)
                      for c in GRAPH_PUSHES])  # [m, b, *input_shape]
     flat = cand.reshape(m * b, *x.shape[1:])
     ok = clearly_other(model_outputs(model, flat), np.tile(pred, m)) \
