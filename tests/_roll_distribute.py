@@ -162,12 +162,13 @@ def replica_draws(strategy):
         "eval_seed": lambda xr: roll.loss_from_config(lin, xr, config, seeded.step_seed(False)),
     }
     draws = {"exact_probe": roll.roll_loss(lin, x[:1], C=0.0).numpy().tolist()}
-    for name, fn in cases.items():
-        step = tf.function(lambda xb, fn=fn: strategy.run(fn, args=(xb,)), autograph=False)
-        losses = []
-        for _ in range(STEPS):
-            out = step(batch)
-            losses.append([t.numpy().tolist() for t in strategy.experimental_local_results(out)])
+    # every case in one function: one trace instead of five
+    step = tf.function(lambda xb: strategy.run(
+        lambda xr: {name: fn(xr) for name, fn in cases.items()}, args=(xb,)), autograph=False)
+    outs = [step(batch) for _ in range(STEPS)]
+    for name in cases:
+        losses = [[t.numpy().tolist() for t in strategy.experimental_local_results(out[name])]
+                  for out in outs]
         draws[name] = [[s[r] for s in losses] for r in range(strategy.num_replicas_in_sync)]
     return draws
 

@@ -509,15 +509,21 @@ def test_command_line_errors_are_one_line(idx_folder, tmp_path):
     layer name the built model lacks (an absl validator; the Caltech-256 validators
     print the same way and are checked in-process in test_caltech256_example.py), and
     a problem `main` finds before its work (a `UsageError`). `app.run` (every
-    `python -m examples.<name>`) has turned op determinism on before `main`;
-    `train_and_evaluate` in Python leaves it to the caller."""
-    usage = ("from absl import flags\n"
+    `python -m examples.<name>`) has turned op determinism on before `main` (asked of
+    a stand-in `tensorflow` module that records the call: loading TensorFlow would
+    cost the child seconds); `train_and_evaluate` in Python leaves it to the caller."""
+    usage = ("import sys, types\n"
+             "calls = []\n"
+             "experimental = types.SimpleNamespace(\n"
+             "    enable_op_determinism=lambda: calls.append('determinism'))\n"
+             "sys.modules['tensorflow'] = types.SimpleNamespace(\n"
+             "    config=types.SimpleNamespace(experimental=experimental))\n"
+             "from absl import flags\n"
              "from examples.common import app\n"
              "def define(fv):\n"
              "    app.define_run_flags(fv, out='x')\n"
              "def main(fv):\n"
-             "    from tensorflow.python.framework import config\n"
-             "    print('determinism', config.is_op_determinism_enabled())\n"
+             "    print('determinism', calls == ['determinism'])\n"
              "    raise app.UsageError('no data in ' + fv.out + '; pass --data_dir')\n"
              "app.run(define, main)\n")
     runs = [([sys.executable, "-m", "examples.mnist", f"--data_dir={idx_folder}",
