@@ -145,11 +145,13 @@ def _estimator(model, x, config=None):
 
 
 @pytest.mark.parametrize("first, fused, wrt, act", [
-    ((), False, None, "relu"),
+    # a split ReLU without a prefix: the fused one after a prefix and the split one with
+    # wrt (below); a prefix of two layers: test_flatten_before_the_dense_layer_is_factored
+    pytest.param((), False, None, "relu", marks=pytest.mark.slow),
     (("norm",), True, None, "relu"),
     (("norm",), False, "norm", "relu"),
-    (("norm", "scale"), False, None, "relu"),
-    ((), False, None, "leaky"),
+    pytest.param(("norm", "scale"), False, None, "relu", marks=pytest.mark.slow),
+    pytest.param((), False, None, "leaky", marks=pytest.mark.slow),  # the fused one below
     (("norm",), True, None, "leaky"),
 ])
 def test_factored_loss_and_gradients_equal_the_input_axes(first, fused, wrt, act, compact):
@@ -192,7 +194,8 @@ def test_flatten_before_the_dense_layer_is_factored():
 
 
 @pytest.mark.graph
-@pytest.mark.parametrize("gamma", [100.0, pytest.param(70.0, marks=pytest.mark.slow)])
+@pytest.mark.slow  # a chunked compiled step, either way: test_compiled_step_decides_...
+@pytest.mark.parametrize("gamma", [100.0, 70.0])
 def test_chunked_and_training_steps_equal_one_chunk(gamma, compact):
     """Several chunks of factor rows: recomputed in backprop (gamma < 100) or differentiated
     in the forward pass (a training step, gamma = 100), inside a dynamic-batch graph."""
@@ -211,6 +214,31 @@ def test_chunked_and_training_steps_equal_one_chunk(gamma, compact):
     np.testing.assert_allclose(lb.numpy(), la.numpy(), rtol=1e-6)
     for u, v in zip(ga, gb):
         np.testing.assert_allclose(v.numpy(), u.numpy(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.graph
+def test_compiled_step_decides_the_factor_per_batch_in_chunks():
+    """One compiled training step (a dynamic batch, chunks of two directions) meets
+    batches whose largest number of active units is small (each example's active units)
+    and large (the H1 factor rows): the graph decides per batch, and the loss and
+    gradients equal the input axes' (run eagerly), batch after batch."""
+    model = mlp(("norm",))
+    rows = _x((40, D), seed=3)
+    kernel, bias = (w.numpy() for w in model.get_layer("d0").weights)
+    low = rows[((rows - 0.3) / 2.0 @ kernel + bias > 0).sum(1) <= 3]  # 3 active units at most
+    batches = [low[:4], np.concatenate([low[:2], 0.6 - low[:2]]), rows[:1]]  # 0.6 - x: the others
+    assert [bool(_estimator(model, xb).compact) for xb in batches[:2]] == [True, False]
+    whole = keras_roll.linearize(model)
+    budget = 2 * roll.memory_plan(whole, batches[0]).bytes_per_direction
+    chunked = keras_roll.linearize(model, memory_budget=budget)
+    assert [roll.memory_plan(chunked, xb).chunks for xb in batches[:2]] == [2, 5]
+    fast = _compiled_step(chunked, RollConfig(C=0.5), [None, D])
+    slow = _eager_step(whole, RollConfig(C=0.5, fewest_directions=False))
+    for xb in batches:
+        (la, ga), (lb, gb) = fast(xb), slow(xb)
+        np.testing.assert_allclose(la.numpy(), lb.numpy(), rtol=1e-6)
+        for u, v in zip(ga, gb):
+            np.testing.assert_allclose(u.numpy(), v.numpy(), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("build", [
@@ -329,7 +357,8 @@ def test_first_activation_is_a_relu_right_after_the_dense_layer():
                  _loss_and_grads(model, x, C=0.5, fewest_directions=False))
 
 
-@pytest.mark.parametrize("dtype", sorted(TANGENT_RTOL))
+@pytest.mark.parametrize("dtype", [  # bfloat16 tangents: tests/test_fast_paths.py
+    pytest.param("bfloat16", marks=pytest.mark.slow), "float16"])
 def test_active_factor_with_16_bit_tangents(dtype, compact):
     model = mlp()
     x = _x()
@@ -341,8 +370,8 @@ def test_active_factor_with_16_bit_tangents(dtype, compact):
 
 
 @pytest.mark.graph
-@pytest.mark.parametrize("fraction", [1.0, pytest.param(-1.0, marks=pytest.mark.slow)],
-                         ids=["active units", "H1 rows"])  # H1 rows: also in the chunked test
+@pytest.mark.slow  # both ways in one compiled step: test_compiled_step_decides_the_factor_...
+@pytest.mark.parametrize("fraction", [1.0, -1.0], ids=["active units", "H1 rows"])
 def test_active_factor_in_a_compiled_step_with_a_dynamic_batch(fraction, monkeypatch):
     """The number of directions is decided in the graph; the loss and gradients equal
     the input axes', batch after batch of different activity."""
