@@ -121,7 +121,7 @@ def test_margins_without_the_class_pairs_are_the_same(beta):
                                    atol=1e-5)
 
 
-@pytest.mark.parametrize("beta", [1.0, 0.3])
+@pytest.mark.parametrize("beta", [pytest.param(1.0, marks=pytest.mark.slow), 0.3])  # 0.3: both
 def test_crown_ibp_worst_case_logits_mix_the_robust_passes(beta):
     model = relu_net()
     x, y = small_data()
@@ -140,7 +140,8 @@ def test_a_zero_beta_variable_gives_the_intervals():
                                atol=1e-5)
 
 
-@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("beta", [  # a mix of both: test_crown_ibp_worst_case_logits_mix_...
+    0.0, pytest.param(0.5, marks=pytest.mark.slow), 1.0])
 def test_bounds_never_exceed_the_brute_force_minimum_on_a_2d_net(beta):
     model = relu_net(seed=3, d=2, hidden=(10, 10))
     x, y = small_data(n=6, d=2, seed=1)
@@ -268,9 +269,9 @@ def test_two_replicas_step_equals_one_replica(tmp_path):
         assert case["certified"][1] == pytest.approx(case["certified"][0], abs=1e-7), name
 
 
-@pytest.mark.parametrize("config", [keras_roll.IBPConfig(eps=0.1, kappa=0.4, p=2),
-                                    keras_roll.CrownIBPConfig(eps=0.1, beta=0.5)],
-                         ids=["ibp", "crown_ibp"])
+@pytest.mark.parametrize("config", [  # CrownIBPConfig extends IBPConfig: the crown_ibp case
+    pytest.param(keras_roll.IBPConfig(eps=0.1, kappa=0.4, p=2), marks=pytest.mark.slow),
+    keras_roll.CrownIBPConfig(eps=0.1, beta=0.5)], ids=["ibp", "crown_ibp"])
 def test_keras_round_trip(config, tmp_path):
     model, wrapped = wrapped_model(config)
     x, y = small_data()

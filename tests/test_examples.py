@@ -550,27 +550,32 @@ _PROBE = ("import atexit, runpy, sys\n"
           "f'tensorflow imported: {\"tensorflow\" in sys.modules}\\n'))\n"
           "sys.argv = sys.argv[1:]\n"
           "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n")
-_BEFORE_TF = [
-    (name, argv, message)
-    for name in ("mnist", "toy2d", "japanese_vowel", "caltech256", "robustness", "demo")
-    for argv, message in [(["--epochs=0"], "flag --epochs=0: 0 is not a positive integer")]
-] + [(name, ["--data_dir=/no/such/folder"], "flag --data_dir=/no/such/folder: ")
-     for name in ("mnist", "japanese_vowel", "caltech256", "robustness")] + [
+_EPOCHS = (["--epochs=0"], "flag --epochs=0: 0 is not a positive integer")
+_NO_DATA = (["--data_dir=/no/such/folder"], "flag --data_dir=/no/such/folder: ")
+# By default each example once (a missing --data_dir where it reads one) and the flags
+# checked against other flags; the rest with `make test-all`.
+_BEFORE_TF = [("toy2d", *_EPOCHS), ("demo", *_EPOCHS)] + [
+    (name, *_NO_DATA) for name in ("mnist", "japanese_vowel", "caltech256", "robustness")] + [
     ("mnist", ["--quick", "--wrt=nosuchlayer"], "the model has no layer 'nosuchlayer'"),
     ("mnist", ["--normalize=0.5"], "--normalize takes 'mean,std'"),
     ("caltech256", ["--quick", "--lr_decay_epochs=2.5"], "--lr_decay_epochs takes whole"),
 ]
+_BEFORE_TF_SLOW = [(name, *_EPOCHS)
+                   for name in ("mnist", "japanese_vowel", "caltech256", "robustness")]
 
 
-def test_bad_flags_stop_before_tensorflow_loads():
+@pytest.mark.parametrize("cases", [_BEFORE_TF, pytest.param(_BEFORE_TF_SLOW,
+                                                            marks=pytest.mark.slow)],
+                         ids=["default", "more"])
+def test_bad_flags_stop_before_tensorflow_loads(cases):
     """Every example (`python -m examples.<name>`) refuses a bad flag and a missing
     --data_dir with one FATAL line, exit status 1 and no traceback, before TensorFlow
     is imported (so in about a second, not after the 5-30 s of loading it)."""
     procs = [subprocess.Popen([sys.executable, "-c", _PROBE, f"examples.{name}", *argv],
                               cwd=REPO, env=_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
-             for name, argv, _ in _BEFORE_TF]
-    for proc, (name, argv, message) in zip(procs, _BEFORE_TF):
+             for name, argv, _ in cases]
+    for proc, (name, argv, message) in zip(procs, cases):
         out, err = proc.communicate(timeout=120)
         case = f"{name} {argv}: {err[-2000:]}"
         assert proc.returncode == 1, case

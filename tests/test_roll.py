@@ -293,7 +293,8 @@ def test_sampled_loss_is_unbiased(case, kwargs):
 @pytest.mark.graph
 @pytest.mark.parametrize("case,kwargs", [
     ("mlp", {"samples": 2}),
-    ("cnn", {"samples": 3, "strata": "channel"}),
+    # shared axes per channel: test_shared_axes_are_the_same_for_every_example
+    pytest.param("cnn", {"samples": 3, "strata": "channel"}, marks=pytest.mark.slow),
 ])
 def test_shared_axes_are_unbiased_per_example(case, kwargs):
     build, shape, groups_fn = CASES[case]
@@ -463,7 +464,11 @@ GRAD_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(GRAD_CASES))
+@pytest.mark.parametrize("name", [
+    "mlp_prelu", "residual",
+    # the RNN's weight gradient against the tape, by default in
+    # tests/test_roll_exact.py::test_packed_loss_and_gradients_match_the_reference
+    pytest.param("rnn", marks=pytest.mark.slow)])
 def test_weight_gradient_matches_reference(name):
     """Eager, eager in chunks (custom gradient) and a dynamic-batch tf.function (tf.cond)."""
     case, tf_groups = GRAD_CASES[name]
