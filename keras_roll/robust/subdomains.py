@@ -90,11 +90,12 @@ class LeafPasses:
             tf.TensorSpec([None, self.layout.size], f64)])
         self._compiled_bounds = self._compiled_forms = None
 
-    def bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas=None):
+    def bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas=None, rows=None):
         """`(lower [B, C], d lower / d (betas, alphas), the worst row's input
-        functional, scores, the slopes used)` of a batch of leaves (compiled once:
+        functional, scores, the slopes used)` of a batch of `B` leaves (compiled once:
         every batch dimension is None); `alphas` `[B, C, size]` lower slopes (NaN,
-        the default: CROWN's)."""
+        the default: CROWN's); `rows` `[B]` the rows of `los, his, deltas` that are
+        these leaves' (default: all, in order)."""
         if self._compiled_bounds is None:
             def spec(t):
                 return tf.TensorSpec([None, *t.shape[1:]], t.dtype)
@@ -106,13 +107,17 @@ class LeafPasses:
                                           (tuple(los), tuple(his), tuple(deltas))],
                 tf.TensorSpec([None, self.layout.size], f64),
                 tf.TensorSpec([None, self.rows, self.layout.size], f64),
-                tf.TensorSpec([None, self.rows, self.layout.size], f64)])
+                tf.TensorSpec([None, self.rows, self.layout.size], f64),
+                tf.TensorSpec([None], tf.int32)])
         if alphas is None:
             alphas = np.full(np.shape(betas), np.nan)
+        if rows is None:
+            rows = np.arange(np.shape(splits)[0])
         return self._compiled_bounds(x, pred, eps, tuple(los), tuple(his), tuple(deltas),
                                      tf.constant(splits, tf.float64),
                                      tf.constant(betas, tf.float64),
-                                     tf.constant(alphas, tf.float64))
+                                     tf.constant(alphas, tf.float64),
+                                     tf.constant(rows, tf.int32))
 
     def _boxes(self, x, eps, splits):
         values = capture(self.twin.interpreter, x)
@@ -177,7 +182,9 @@ class LeafPasses:
         return (lm.margins + res.offset, flat[0], tf.concat([o for o, _ in res.units], 1),
                 tf.concat(flat[1:], 1), edge)
 
-    def _bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas):
+    def _bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas, leaves):
+        los, his, deltas = (tuple(tf.gather(t, leaves) for t in part)
+                            for part in (los, his, deltas))
         lm, boxes, rows, loss = self._setup(x, pred, los, his, deltas)
         with tf.GradientTape() as tape:
             tape.watch([betas, alphas])
@@ -297,11 +304,9 @@ class _Ball:
         steps = self.options.beta_steps if self.options.alpha or np.any(splits) else 0
         live = np.arange(n)  # the leaves still open: a verified one leaves the batch
         for t in range(steps + 1):
-            part = (los, his, deltas) if len(live) == n else tuple(
-                tuple(tf.gather(v, live) for v in group) for group in (los, his, deltas))
             lower, grad, gl, sl, used = self.passes.bounds(
-                self.xt, self.pt, self.et, *part, tf.constant(s[live]),
-                tf.constant(par[live, :, :size]), tf.constant(par[live, :, size:]))
+                self.xt, self.pt, self.et, los, his, deltas, s[live], par[live, :, :size],
+                par[live, :, size:], live)
             self.calls += 1
             par[live, :, size:] = used.numpy()
             g[live], scores[live] = gl.numpy(), sl.numpy()
