@@ -230,12 +230,10 @@ class _Adam:
         t = self.t[rows][:, None, None]
         self.m[rows] = 0.9 * self.m[rows] + 0.1 * grad
         self.v[rows] = 0.999 * self.v[rows] + 0.001 * grad * grad
-        step = (self.m[rows] / (1 - 0.9 ** t)) / (np.sqrt(self.v[rows] / (1 - 0.999 ** t))
-                                                  + 1e-12)
-        out = params.copy()
-        out[rows, :, :size] = np.maximum(params[rows, :, :size] + self.rates[0] * step[..., :size],
-                                         0)
-        out[rows, :, size:] = params[rows, :, size:] + self.rates[1] * step[..., size:]
+        step = (self.m[rows] / (1 - 0.9 ** t)) / (np.sqrt(self.v[rows] / (1 - 0.999 ** t)) + 1e-12)
+        out, rate = params.copy(), np.where(np.arange(2 * size) < size, *self.rates)
+        out[rows] = params[rows] + rate * step
+        out[rows, :, :size] = np.maximum(out[rows, :, :size], 0)
         return out
 
 
