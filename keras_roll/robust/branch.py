@@ -7,8 +7,10 @@ The search over one ball (leaves, splits, multipliers and slopes) is
 `branch_radius` brackets the minimal perturbation by probing radii between a known
 lower bound and a known adversarial distance, bisecting in log space: a certified probe
 raises the lower bound, an adversarial point (shrunk further by the minimal-norm
-attack) lowers the upper bound, an undecided probe caps the next ones. Each probe gets
-a small share of the time, growing as the bracket narrows (`_probe_seconds`). Where
+attack) lowers the upper bound, an undecided probe caps the next ones. Where the
+attack's point is likely minimal, the probe just below it comes first with most of
+the time; the others get a small share, growing as the bracket narrows
+(`_probe_seconds`). Where
 the bracket closes within `exact_rtol` the radius is known. docs/design.md, section
 "Robustness radius".
 
