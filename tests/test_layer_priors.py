@@ -86,3 +86,32 @@ def test_prior_keeps_the_bounds_and_holds_the_samples():
         others = np.array([[j for j in range(4) if j != c] for c in pred])
         margins = logits[np.arange(B), pred][:, None] - np.take_along_axis(logits, others, 1)
         assert np.all(margins >= held.lower - 1e-9)
+
+
+def test_example_rows_bound_each_examples_own_units():
+    """`example_rows` with an exact 'pull-back' (the functional's value on a known
+    vector `v` per example): every example's asked-for bounds are set, whatever the
+    chunk size, and any other is either untouched or a valid bound."""
+    import tensorflow as tf
+
+    from keras_roll.compile.bounds.priors import example_rows
+
+    rng = np.random.default_rng(3)
+    v = rng.normal(size=(3, 7))
+    need_lo = rng.uniform(size=(3, 7)) < 0.4
+    need_hi = rng.uniform(size=(3, 7)) < 0.5
+    need_lo[2] = need_hi[2] = False  # an example with no row at all
+
+    def bounds_of(eye):  # [B, m, n] -> [B, m]: exact for a linear unit
+        return tf.einsum("bmn,bn->bm", eye, tf.constant(v))
+
+    for k in (1, 2, 16):
+        lo, hi = example_rows(bounds_of, tf.constant(need_lo), tf.constant(need_hi), k,
+                              tf.fill([3, 7], tf.constant(-np.inf, tf.float64)),
+                              tf.fill([3, 7], tf.constant(np.inf, tf.float64)))
+        lo, hi = lo.numpy(), hi.numpy()
+        np.testing.assert_allclose(lo[need_lo], v[need_lo], rtol=1e-15)
+        np.testing.assert_allclose(hi[need_hi], v[need_hi], rtol=1e-15)
+        # the rows that fill a chunk are other units' (valid bounds), or none
+        assert np.all((lo == -np.inf) | np.isclose(lo, v, rtol=1e-15))
+        assert np.all((hi == np.inf) | np.isclose(hi, v, rtol=1e-15))

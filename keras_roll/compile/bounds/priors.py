@@ -104,8 +104,8 @@ def example_rows(bounds_of: Callable, need_lo, need_hi, k: int, lo, hi):
     """Refines the flat bounds `lo, hi` (`[B, n]`) by `bounds_of(lam)` (`[B, m, n]`
     functionals per example -> `[B, m]` lower bounds) of each example's own rows `+e_j`
     (where `need_lo`) and `-e_j` (where `need_hi`), `k` rows per example and pull-back
-    at most, in one traced loop. An example with fewer rows than the most repeats others
-    of its units (valid bounds: max / min make that harmless)."""
+    at most, in one traced loop. An example with fewer rows than the most fills its
+    chunks with rows of its other units (valid bounds: max / min keep them sound)."""
     n, dtype = int(lo.shape[1]), lo.dtype
     flags = tf.concat([need_lo, need_hi], 1)  # [B, 2n]
     counts = tf.reduce_sum(tf.cast(flags, tf.int32), 1)
