@@ -30,7 +30,7 @@ NeurIPS 2021):
 * finally, probes at fixed radii (projected gradient descent from random points of
   the sphere) bisect between the certified radius (where known) and the best
   distance, with budgets that grow as the bracket narrows
-  (`keras_roll.robust.search.shrink_upper`); a probe ends at its first point.
+  (`keras_roll.robust.upper_search.shrink_upper`); a probe ends at its first point.
 
 The attack spends its steps where it can still gain: an input whose bracket is
 closed (`upper - lower <= tol * upper`, `lower` the certified radius) gets no further
@@ -67,7 +67,7 @@ from keras_roll.robust.attack_points import (
     valid_starts,
 )
 from keras_roll.robust.region import NormBounds
-from keras_roll.robust.search import shrink_upper
+from keras_roll.robust.upper_search import shrink_upper
 
 __all__ = ["AttackOptions", "ball_attack", "minimal_norm_attack", "probe_attack", "run_attack"]
 
@@ -95,7 +95,7 @@ class AttackOptions(NamedTuple):
             to 1/100 of it).
         gamma: the first relative change of `eps` per step (decays to `gamma / 50`).
         probe_steps: the first probe's steps in the final search at fixed radii
-            (`keras_roll.robust.search.shrink_upper`: projected gradient descent at
+            (`keras_roll.robust.upper_search.shrink_upper`: projected gradient descent at
             radii bisected between the certified radius and the best point's
             distance, with budgets that grow as the bracket narrows); 0: no probes.
         probe_budget: the steps all probes of one input may spend together (default
@@ -285,7 +285,7 @@ def probe_attack(model, x, p, pred, start, lower, options: AttackOptions | None 
     """The probes alone (`AttackOptions.probe_steps`, `probe_budget`): projected gradient
     descent at radii bisected between `lower [B]` (certified radii) and the distances of
     the adversarial points `start [B, *input_shape]`, by
-    `keras_roll.robust.search.shrink_upper`; returns `(NormBounds, [B] steps spent)`
+    `keras_roll.robust.upper_search.shrink_upper`; returns `(NormBounds, [B] steps spent)`
     (`start` where no probe found a closer point).
 
     Example:
