@@ -451,9 +451,10 @@ def _probes(runner, best, best_norm, lower) -> None:
         noise = rng(idx, x[idx].shape)
         d0 = noise * (eps / np.maximum(lp_norm(noise, runner.p), 1e-300)).reshape(shape)
         target = predict_classes(runner.model, best[idx].astype(runner.dtype))
+        before = runner.taken[idx]
         pts, dist = runner.run(idx, d0, eps, target, steps, True)
         _keep(best, best_norm, idx, pts, dist)
-        return dist
+        return dist, runner.taken[idx] - before
 
     options = runner.options
     shrink_upper(probe, _lower_of(lower, x.shape[0]), best_norm, steps=options.probe_steps,

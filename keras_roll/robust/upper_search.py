@@ -59,7 +59,9 @@ def shrink_upper(probe: Callable, lower: np.ndarray, upper: np.ndarray, *, steps
     Args:
         probe: `probe(index, eps, steps)`: the attack at radii `eps [k]` around the
             examples `index [k]` with `steps [k]` steps each; returns `[k]` distances
-            of the points it found (NaN where none).
+            of the points it found (NaN where none), or a pair of those and `[k]` the
+            steps it ran (a probe that ends early, at its first point, is charged
+            those; without them, its whole budget).
         lower: `[B]` certified radii (0 if none).
         upper: `[B]` distances of known adversarial points (NaN / inf: skipped).
         steps: the first probe's steps.
@@ -67,7 +69,8 @@ def shrink_upper(probe: Callable, lower: np.ndarray, upper: np.ndarray, *, steps
         tol: relative width of the final bracket.
 
     Returns:
-        `UpperSearch`: the upper bounds, the steps and the probes spent.
+        `UpperSearch`: the upper bounds, the steps (as the probes report them) and
+        the probes spent.
 
     Example:
 
@@ -97,8 +100,10 @@ def shrink_upper(probe: Callable, lower: np.ndarray, upper: np.ndarray, *, steps
         idx = np.flatnonzero(todo)
         eps = 0.5 * (floor[idx] + up[idx])
         cost = budget()[idx]
-        dist = np.asarray(probe(idx, eps, cost), np.float64)
-        spent[idx] += cost
+        out = probe(idx, eps, cost)
+        dist, ran = out if isinstance(out, tuple) else (out, cost)
+        dist = np.asarray(dist, np.float64)
+        spent[idx] += np.minimum(np.asarray(ran, np.int64), cost)
         probes[idx] += 1
         hit = np.isfinite(dist) & (dist < up[idx])
         up[idx[hit]] = dist[hit]
