@@ -20,7 +20,9 @@ NeurIPS 2021):
   other restarts target the other classes from `x`, nearest first by the linear
   estimate: the first `FULL_TARGETS` with `AttackOptions.steps` steps, the later ones
   short scouting runs (`scout_steps`), which catch a nearer class the estimate ranks
-  low (often in l1);
+  low (often in l1); the runs from `x` go through the loop as one batch (two in
+  l_inf and l1: sign and smooth steps), which on small batches costs about what one
+  run does per step;
 * then `AttackOptions.polish` runs from the best point so far, toward its class (for
   l_inf alternating sign and smooth steps; the last with a fine schedule);
 * every point found is moved to the first clear flip by the norm's own projection
@@ -74,6 +76,7 @@ __all__ = ["AttackOptions", "ball_attack", "minimal_norm_attack", "probe_attack"
 NOISE = 0.5  # restarts start within this share of the best radius around x
 FINE = (0.1, 0.2)  # the last polishing run's step size and gamma, as shares of the options'
 FULL_TARGETS = 2  # targeted runs with `AttackOptions.steps`; the later ones are scouts
+GROUP_ROWS = 512  # rows of the restarts from `x` run through the loop in one batch
 
 
 class AttackOptions(NamedTuple):
@@ -361,8 +364,20 @@ def _keep(best, best_norm, idx, pts, dist):
     best[idx[better]], best_norm[idx[better]] = pts[better], dist[better]
 
 
+def _groups(restarts, p, rows):
+    """The restarts in the order they run, in groups run as one batch: run 0 alone (it
+    starts from the best known point), then the later ones (from `x`) together, split
+    by their step (for l_inf and l1, sign or smooth: a scalar of the loop) and to at
+    most `GROUP_ROWS` rows (`rows` inputs each)."""
+    later = list(range(1, restarts))
+    parts = [later] if p == 2 else [later[0::2], later[1::2]]
+    size = max(1, GROUP_ROWS // max(rows, 1))
+    return [[0]] + [g[i:i + size] for g in parts for i in range(0, len(g), size)]
+
+
 def _restarts(runner, best, best_norm) -> None:
-    """The FMN runs (in place)."""
+    """The FMN runs (in place); the runs from `x` go through the loop together (one
+    batch of their rows: the loop's cost per step hardly grows with the rows)."""
     x, options = runner.x, runner.options
     b = x.shape[0]
     if not b:
@@ -371,20 +386,30 @@ def _restarts(runner, best, best_norm) -> None:
     order = _class_order(runner.model, x.astype(runner.dtype), runner.pred, runner.p) \
         if options.restarts > 1 else None
     began = time.monotonic()
-    for r in range(options.restarts):
-        if r and options.max_seconds is not None \
+    for group in _groups(options.restarts, runner.p, b):
+        if group[0] and options.max_seconds is not None \
                 and time.monotonic() - began > options.max_seconds:
             break
-        d0, target = _restart_from(r, x, best, best_norm, order, rng, runner.p, runner.lo,
-                                   runner.hi)
-        eps0 = np.where(np.isfinite(best_norm) & (r == 0), best_norm, 0.0)
-        smooth = r % 2 == 1  # l_inf: every other run steps along the smooth direction
-        steps = options.steps if r <= FULL_TARGETS else min(options.steps, options.scout_steps)
         rows = runner.open_rows(best_norm)
-        if rows.size:
-            pts, dist = runner.run(rows, d0[rows], eps0[rows], target[rows], steps, False,
-                                   smooth)
-            _keep(best, best_norm, rows, pts, dist)
+        if not rows.size:
+            break
+        d0, eps0, target, steps = [], [], [], []
+        for r in group:
+            d, t = _restart_from(r, x, best, best_norm, order, rng, runner.p, runner.lo,
+                                 runner.hi)
+            d0.append(d[rows])
+            target.append(t[rows])
+            eps0.append(np.where(np.isfinite(best_norm[rows]) & (r == 0), best_norm[rows], 0.0))
+            full = r <= FULL_TARGETS
+            steps.append(np.full(rows.size, options.steps if full
+                                 else min(options.steps, options.scout_steps)))
+        smooth = group[0] % 2 == 1  # l_inf, l1: every other run steps along the smooth direction
+        pts, dist = runner.run(np.tile(rows, len(group)), np.concatenate(d0),
+                               np.concatenate(eps0), np.concatenate(target),
+                               np.concatenate(steps), False, smooth)
+        for k in range(len(group)):  # in the order of the runs
+            part = slice(k * rows.size, (k + 1) * rows.size)
+            _keep(best, best_norm, rows, pts[part], dist[part])
 
 
 def _from_starts(runner, best, best_norm, starts) -> None:
