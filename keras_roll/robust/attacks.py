@@ -20,9 +20,9 @@ NeurIPS 2021):
   other restarts target the other classes from `x`, nearest first by the linear
   estimate: the first `FULL_TARGETS` with `AttackOptions.steps` steps, the later ones
   short scouting runs (`scout_steps`), which catch a nearer class the estimate ranks
-  low (often in l1); the runs from `x` go through the loop as one batch (two in
-  l_inf and l1: sign and smooth steps), which on small batches costs about what one
-  run does per step;
+  low (often in l1); the runs from `x` of one length (full, scouting) go through
+  the loop as one batch (two in l_inf and l1: sign and smooth steps), which on small
+  batches costs about what one run does per step;
 * then `AttackOptions.polish` runs from the best point so far, toward its class (for
   l_inf alternating sign and smooth steps; the last with a fine schedule);
 * every point found is moved to the first clear flip by the norm's own projection
@@ -367,10 +367,14 @@ def _keep(best, best_norm, idx, pts, dist):
 def _groups(restarts, p, rows):
     """The restarts in the order they run, in groups run as one batch: run 0 alone (it
     starts from the best known point), then the later ones (from `x`) together, split
-    by their step (for l_inf and l1, sign or smooth: a scalar of the loop) and to at
-    most `GROUP_ROWS` rows (`rows` inputs each)."""
-    later = list(range(1, restarts))
-    parts = [later] if p == 2 else [later[0::2], later[1::2]]
+    by their length (full runs, scouts: a batch runs as long as its longest row), by
+    their step (for l_inf and l1, sign or smooth: a scalar of the loop) and to at most
+    `GROUP_ROWS` rows (`rows` inputs each)."""
+    parts = []
+    for later in (list(range(1, min(restarts, FULL_TARGETS + 1))),
+                  list(range(FULL_TARGETS + 1, restarts))):
+        parts += [later] if p == 2 else [later[0::2], later[1::2]]
+    parts = [g for g in parts if g]
     size = max(1, GROUP_ROWS // max(rows, 1))
     return [[0]] + [g[i:i + size] for g in parts for i in range(0, len(g), size)]
 
