@@ -29,7 +29,8 @@ import tensorflow as tf
 import keras_roll
 import keras_roll.robust.api as robust_api
 from keras_roll.robust.bounds import RelaxedMargins, relaxed_margins
-from keras_roll.robust.search import MAX_STEPS, search_certified, shrink_upper
+from keras_roll.robust.search import MAX_STEPS, search_certified
+from keras_roll.robust.upper_search import shrink_upper
 from tests.test_robust_exact import _mlp, affine_stack, exact_milp, near_boundary
 
 TOL = 1e-3  # robust_radius's default bisect_tol

@@ -225,7 +225,7 @@ class _Run:
 
     def _search(self, x64, pred, idx, todo, p, rr: RobustRadius):
         """The attack's probes at fixed radii between the certified radius and the
-        upper bound (`keras_roll.robust.search.shrink_upper`)."""
+        upper bound (`keras_roll.robust.upper_search.shrink_upper`)."""
         open_ = ~_bounds_meet(rr.lower[p][idx], rr.upper[p][idx], self.search.exact_rtol)
         sub = np.flatnonzero(todo & open_ & np.isfinite(rr.upper[p][idx]))
         if not sub.size or not self.search.attack.probe_steps:

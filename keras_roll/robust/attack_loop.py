@@ -9,7 +9,7 @@ Pintor et al., NeurIPS 2021; shrinks by `1 - gamma` while the point is adversari
 grows by `1 + gamma` once it is not, and before the first adversarial point is the
 linear estimate of the distance to the boundary) or stays fixed (projected gradient
 descent at a given radius: the probes of
-`keras_roll.robust.search.shrink_upper`). Step size and `gamma` decay along a cosine
+`keras_roll.robust.upper_search.shrink_upper`). Step size and `gamma` decay along a cosine
 over each row's own number of steps; a row stops moving after its steps, and the
 loop ends once every row has, or once every fixed row holds a point (a probe needs
 one). After the steps, each best point is moved to the first clear flip along the

@@ -20,7 +20,9 @@ NeurIPS 2021):
   other restarts target the other classes from `x`, nearest first by the linear
   estimate: the first `FULL_TARGETS` with `AttackOptions.steps` steps, the later ones
   short scouting runs (`scout_steps`), which catch a nearer class the estimate ranks
-  low (often in l1);
+  low (often in l1); the runs from `x` of one length (full, scouting) go through
+  the loop as one batch (two in l_inf and l1: sign and smooth steps), which on small
+  batches costs about what one run does per step;
 * then `AttackOptions.polish` runs from the best point so far, toward its class (for
   l_inf alternating sign and smooth steps; the last with a fine schedule);
 * every point found is moved to the first clear flip by the norm's own projection
@@ -30,7 +32,7 @@ NeurIPS 2021):
 * finally, probes at fixed radii (projected gradient descent from random points of
   the sphere) bisect between the certified radius (where known) and the best
   distance, with budgets that grow as the bracket narrows
-  (`keras_roll.robust.search.shrink_upper`); a probe ends at its first point.
+  (`keras_roll.robust.upper_search.shrink_upper`); a probe ends at its first point.
 
 The attack spends its steps where it can still gain: an input whose bracket is
 closed (`upper - lower <= tol * upper`, `lower` the certified radius) gets no further
@@ -67,13 +69,14 @@ from keras_roll.robust.attack_points import (
     valid_starts,
 )
 from keras_roll.robust.region import NormBounds
-from keras_roll.robust.search import shrink_upper
+from keras_roll.robust.upper_search import shrink_upper
 
 __all__ = ["AttackOptions", "ball_attack", "minimal_norm_attack", "probe_attack", "run_attack"]
 
 NOISE = 0.5  # restarts start within this share of the best radius around x
 FINE = (0.1, 0.2)  # the last polishing run's step size and gamma, as shares of the options'
 FULL_TARGETS = 2  # targeted runs with `AttackOptions.steps`; the later ones are scouts
+GROUP_ROWS = 512  # rows of the restarts from `x` run through the loop in one batch
 
 
 class AttackOptions(NamedTuple):
@@ -81,7 +84,7 @@ class AttackOptions(NamedTuple):
 
     Attributes:
         steps: gradient steps per run (default 150).
-        restarts: runs per input (default 5). The first is untargeted (the largest
+        restarts: runs per input (default 7). The first is untargeted (the largest
             other output) from the best known adversarial point (or `x`); the others
             target the other classes in turn, nearest first by the linear estimate of
             their distance at `x` (from `x`; once every class was targeted, from random
@@ -95,7 +98,7 @@ class AttackOptions(NamedTuple):
             to 1/100 of it).
         gamma: the first relative change of `eps` per step (decays to `gamma / 50`).
         probe_steps: the first probe's steps in the final search at fixed radii
-            (`keras_roll.robust.search.shrink_upper`: projected gradient descent at
+            (`keras_roll.robust.upper_search.shrink_upper`: projected gradient descent at
             radii bisected between the certified radius and the best point's
             distance, with budgets that grow as the bracket narrows); 0: no probes.
         probe_budget: the steps all probes of one input may spend together (default
@@ -106,9 +109,10 @@ class AttackOptions(NamedTuple):
             with a tenth of the step size and a fifth of `gamma` (`FINE`): it settles
             the point the others reached.
         scout_steps: steps of the targeted runs after the first `FULL_TARGETS` (default
-            50, never more than `steps`): short runs toward the classes the linear
-            estimate ranks further away, which find the nearest class where the
-            estimate is wrong (often for l1);
+            25, never more than `steps`): short runs toward the classes the linear
+            estimate ranks further away (by default the 3rd to the 6th), which find
+            the nearest class where the estimate is wrong (often for l1: on CNN-S the
+            nearest class in l1 can rank 5th);
             the polishing runs then continue from whichever point is closest. They
             run only when `restarts` exceeds `FULL_TARGETS + 1`; a cheaper schedule
             is `AttackOptions(steps=100, restarts=3, polish=3, probe_budget=1000)`
@@ -127,7 +131,7 @@ class AttackOptions(NamedTuple):
     """
 
     steps: int = 150
-    restarts: int = 5
+    restarts: int = 7
     max_seconds: float | None = None
     seed: int = 0
     step_size: float = 1.0
@@ -135,7 +139,7 @@ class AttackOptions(NamedTuple):
     probe_steps: int = 50
     probe_budget: int = 400
     polish: int = 4
-    scout_steps: int = 50
+    scout_steps: int = 25
     hop: float = 0.0
 
     def checked(self) -> AttackOptions:
@@ -230,7 +234,7 @@ def minimal_norm_attack(model, x, p=2, *, pred=None, start=None, domain=None,
             distance. Points that do not clearly change the class are ignored.
         domain: None (no bounds), or `(low, high)`: numbers or arrays broadcastable to
             the input shape, in the model's input units; every point stays inside.
-        options: an `AttackOptions` (default: 150 steps, 5 runs (two of them short
+        options: an `AttackOptions` (default: 150 steps, 7 runs (four of them short
             scouting runs), 4 polishing runs, then probes at fixed radii).
         lower: `[B]` radii known to hold no adversarial point (certified), which
             bound the probes' brackets from below (default: none).
@@ -285,7 +289,7 @@ def probe_attack(model, x, p, pred, start, lower, options: AttackOptions | None 
     """The probes alone (`AttackOptions.probe_steps`, `probe_budget`): projected gradient
     descent at radii bisected between `lower [B]` (certified radii) and the distances of
     the adversarial points `start [B, *input_shape]`, by
-    `keras_roll.robust.search.shrink_upper`; returns `(NormBounds, [B] steps spent)`
+    `keras_roll.robust.upper_search.shrink_upper`; returns `(NormBounds, [B] steps spent)`
     (`start` where no probe found a closer point).
 
     Example:
@@ -360,8 +364,24 @@ def _keep(best, best_norm, idx, pts, dist):
     best[idx[better]], best_norm[idx[better]] = pts[better], dist[better]
 
 
+def _groups(restarts, p, rows):
+    """The restarts in the order they run, in groups run as one batch: run 0 alone (it
+    starts from the best known point), then the later ones (from `x`) together, split
+    by their length (full runs, scouts: a batch runs as long as its longest row), by
+    their step (for l_inf and l1, sign or smooth: a scalar of the loop) and to at most
+    `GROUP_ROWS` rows (`rows` inputs each)."""
+    parts = []
+    for later in (list(range(1, min(restarts, FULL_TARGETS + 1))),
+                  list(range(FULL_TARGETS + 1, restarts))):
+        parts += [later] if p == 2 else [later[0::2], later[1::2]]
+    parts = [g for g in parts if g]
+    size = max(1, GROUP_ROWS // max(rows, 1))
+    return [[0]] + [g[i:i + size] for g in parts for i in range(0, len(g), size)]
+
+
 def _restarts(runner, best, best_norm) -> None:
-    """The FMN runs (in place)."""
+    """The FMN runs (in place); the runs from `x` go through the loop together (one
+    batch of their rows: the loop's cost per step hardly grows with the rows)."""
     x, options = runner.x, runner.options
     b = x.shape[0]
     if not b:
@@ -370,20 +390,30 @@ def _restarts(runner, best, best_norm) -> None:
     order = _class_order(runner.model, x.astype(runner.dtype), runner.pred, runner.p) \
         if options.restarts > 1 else None
     began = time.monotonic()
-    for r in range(options.restarts):
-        if r and options.max_seconds is not None \
+    for group in _groups(options.restarts, runner.p, b):
+        if group[0] and options.max_seconds is not None \
                 and time.monotonic() - began > options.max_seconds:
             break
-        d0, target = _restart_from(r, x, best, best_norm, order, rng, runner.p, runner.lo,
-                                   runner.hi)
-        eps0 = np.where(np.isfinite(best_norm) & (r == 0), best_norm, 0.0)
-        smooth = r % 2 == 1  # l_inf: every other run steps along the smooth direction
-        steps = options.steps if r <= FULL_TARGETS else min(options.steps, options.scout_steps)
         rows = runner.open_rows(best_norm)
-        if rows.size:
-            pts, dist = runner.run(rows, d0[rows], eps0[rows], target[rows], steps, False,
-                                   smooth)
-            _keep(best, best_norm, rows, pts, dist)
+        if not rows.size:
+            break
+        d0, eps0, target, steps = [], [], [], []
+        for r in group:
+            d, t = _restart_from(r, x, best, best_norm, order, rng, runner.p, runner.lo,
+                                 runner.hi)
+            d0.append(d[rows])
+            target.append(t[rows])
+            eps0.append(np.where(np.isfinite(best_norm[rows]) & (r == 0), best_norm[rows], 0.0))
+            full = r <= FULL_TARGETS
+            steps.append(np.full(rows.size, options.steps if full
+                                 else min(options.steps, options.scout_steps)))
+        smooth = group[0] % 2 == 1  # l_inf, l1: every other run steps along the smooth direction
+        pts, dist = runner.run(np.tile(rows, len(group)), np.concatenate(d0),
+                               np.concatenate(eps0), np.concatenate(target),
+                               np.concatenate(steps), False, smooth)
+        for k in range(len(group)):  # in the order of the runs
+            part = slice(k * rows.size, (k + 1) * rows.size)
+            _keep(best, best_norm, rows, pts[part], dist[part])
 
 
 def _from_starts(runner, best, best_norm, starts) -> None:
@@ -451,9 +481,10 @@ def _probes(runner, best, best_norm, lower) -> None:
         noise = rng(idx, x[idx].shape)
         d0 = noise * (eps / np.maximum(lp_norm(noise, runner.p), 1e-300)).reshape(shape)
         target = predict_classes(runner.model, best[idx].astype(runner.dtype))
+        before = runner.taken[idx]
         pts, dist = runner.run(idx, d0, eps, target, steps, True)
         _keep(best, best_norm, idx, pts, dist)
-        return dist
+        return dist, runner.taken[idx] - before
 
     options = runner.options
     shrink_upper(probe, _lower_of(lower, x.shape[0]), best_norm, steps=options.probe_steps,

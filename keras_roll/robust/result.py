@@ -78,7 +78,7 @@ class BoundSource(Choice):
     radius; `BRANCH`: branch and bound; `WALK`: the region walk's point; `ATTACK`:
     the minimal-norm attack's point; `SEARCH`: a point of the radius search's probes
     at fixed radii between the certified radius and the upper bound
-    (`keras_roll.robust.search.shrink_upper`).
+    (`keras_roll.robust.upper_search.shrink_upper`).
 
     Example:
 
