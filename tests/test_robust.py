@@ -20,6 +20,10 @@ from keras_roll.robust import adversarial
 from keras_roll.robust.adversarial import lp_norm, model_outputs, predict_classes
 
 NORMS = (2, np.inf)
+# The attack's budget where the attack is not the subject (its own tests:
+# tests/test_attacks.py and tests/test_attack_*.py): a short run, one polish, few probes.
+CHEAP = keras_roll.robust.AttackOptions(steps=30, restarts=2, polish=1, probe_steps=10,
+                                        probe_budget=40)
 
 pytestmark = pytest.mark.graph  # the methods' shared results: faster compiled
 
@@ -50,7 +54,8 @@ def trained():
 @pytest.fixture(scope="module")
 def results(trained):
     model, x, y = trained
-    out = {m: keras_roll.robust_radius(model, x, y, norms=NORMS, method=m, verbose=False)
+    out = {m: keras_roll.robust_radius(model, x, y, norms=NORMS, method=m, attack=CHEAP,
+                                       verbose=False)
            for m in ("best", "region", "walk", "relaxation", "interval")}
     return out
 
@@ -173,7 +178,7 @@ def test_unsupported_layers(trained):
     with pytest.raises(keras_roll.UnsupportedModelError, match="'pool'.*MaxPooling2D"):
         keras_roll.robust_radius(model, x, method="relaxation", verbose=False)
     with pytest.warns(UserWarning, match="'pool'"):
-        rr = keras_roll.robust_radius(model, x, norms=(2,), verbose=False)
+        rr = keras_roll.robust_radius(model, x, norms=(2,), attack=CHEAP, verbose=False)
     assert set(rr.lower_method[2]) <= {"region", "decision"}
     assert np.all(rr.lower[2] <= rr.upper[2])
 
