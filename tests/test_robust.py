@@ -5,6 +5,7 @@ references are the float32 Keras model itself (probes inside the lower bound nev
 change its prediction, adversarial points do) and the methods against each other.
 """
 
+import contextlib
 import dataclasses
 import gc
 import warnings
@@ -25,7 +26,21 @@ NORMS = (2, np.inf)
 CHEAP = keras_roll.robust.AttackOptions(steps=30, restarts=2, polish=1, probe_steps=10,
                                         probe_budget=40)
 
-pytestmark = pytest.mark.graph  # the methods' shared results: faster compiled
+# The tests on the trained model's shared results run compiled (`graph`: its passes
+# trace once and serve every call); those that make one call on a new model of their
+# own run eagerly (cheaper than tracing it), as the default suite does.
+
+
+@contextlib.contextmanager
+def _compiled():
+    """Runs the module fixtures' tf.functions as graphs (this module is not marked
+    `graph`: only the tests on those fixtures are)."""
+    previous = tf.config.functions_run_eagerly()
+    tf.config.run_functions_eagerly(False)
+    try:
+        yield
+    finally:
+        tf.config.run_functions_eagerly(previous)
 
 
 def _blobs(n, seed):
@@ -44,7 +59,8 @@ def trained():
     model = keras.Model(inp, keras.layers.Dense(3, activation="softmax")(h))
     x, y = _blobs(600, 0)
     model.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
-    model.fit(x, y, epochs=15, batch_size=64, verbose=0)
+    with _compiled():
+        model.fit(x, y, epochs=15, batch_size=64, verbose=0)
     # Six inputs: one of them is adversarial only by a hair in the float32 model, which
     # once flipped back in a batch of another size (a gap too thin for softmax outputs).
     xt, yt = _blobs(6, 1)
@@ -54,12 +70,14 @@ def trained():
 @pytest.fixture(scope="module")
 def results(trained):
     model, x, y = trained
-    out = {m: keras_roll.robust_radius(model, x, y, norms=NORMS, method=m, attack=CHEAP,
-                                       verbose=False)
-           for m in ("best", "region", "walk", "relaxation", "interval")}
+    with _compiled():
+        out = {m: keras_roll.robust_radius(model, x, y, norms=NORMS, method=m, attack=CHEAP,
+                                           verbose=False)
+               for m in ("best", "region", "walk", "relaxation", "interval")}
     return out
 
 
+@pytest.mark.graph
 def test_best_combines_the_methods(results):
     best = results["best"]
     for p in NORMS:
@@ -80,6 +98,7 @@ def test_best_combines_the_methods(results):
             assert np.all(~(rr.upper[p] < best.lower[p]))
 
 
+@pytest.mark.graph
 def test_relaxation_beats_intervals(results):
     for p in NORMS:
         relax, ibp = results["relaxation"].lower[p], results["interval"].lower[p]
@@ -88,6 +107,7 @@ def test_relaxation_beats_intervals(results):
         assert np.median(relax[correct]) > 1.5 * np.median(ibp[correct])
 
 
+@pytest.mark.graph
 def test_probes_inside_the_lower_bound_keep_the_prediction(trained, results):
     """Probes at 0.999 x lower (toward the adversarial point, and 200 random ones per
     input), evaluated by the float32 Keras model, never change the prediction."""
@@ -107,6 +127,7 @@ def test_probes_inside_the_lower_bound_keep_the_prediction(trained, results):
             assert np.all(predict_classes(model, pts) == best.predicted[i])
 
 
+@pytest.mark.graph
 def test_adversarial_points_change_the_prediction(trained, results):
     model, x, _ = trained
     for m in ("best", "walk", "region"):
@@ -119,6 +140,7 @@ def test_adversarial_points_change_the_prediction(trained, results):
                                        rr.upper[p][found], rtol=1e-12)
 
 
+@pytest.mark.graph
 def test_labels_misclassified_inputs_get_radius_zero(trained, results):
     model, x, y = trained
     wrong = y.copy()
@@ -132,6 +154,7 @@ def test_labels_misclassified_inputs_get_radius_zero(trained, results):
     assert rr.certified_accuracy(0.0, 2) == pytest.approx(np.mean(rr.correct))
 
 
+@pytest.mark.graph
 def test_batch_composition_does_not_change_the_bounds(trained, results):
     model, x, y = trained
     part = keras_roll.robust_radius(model, x[3:6], y[3:6], norms=NORMS, method="relaxation",
@@ -141,6 +164,7 @@ def test_batch_composition_does_not_change_the_bounds(trained, results):
                                    rtol=1e-6)
 
 
+@pytest.mark.graph
 def test_nan_rows_get_nan_and_a_warning(trained, results):
     model, x, y = trained
     bad = x[:4].copy()
@@ -153,6 +177,7 @@ def test_nan_rows_get_nan_and_a_warning(trained, results):
     np.testing.assert_allclose(rr.lower[2][keep], results["region"].lower[2][keep])
 
 
+@pytest.mark.graph
 def test_streams_and_wrapped_models_give_the_same_bounds(trained, results):
     model, x, y = trained
     ds = tf.data.Dataset.from_tensor_slices((x[:5], y[:5])).batch(2)
@@ -167,7 +192,7 @@ def test_streams_and_wrapped_models_give_the_same_bounds(trained, results):
         np.testing.assert_allclose(rr2.lower[p], results["region"].lower[p][:5])
 
 
-def test_unsupported_layers(trained):
+def test_unsupported_layers():
     keras.utils.set_random_seed(1)
     inp = keras.Input((6, 6, 1))
     h = keras.layers.Conv2D(3, 3, activation="relu", name="conv")(inp)
@@ -183,6 +208,7 @@ def test_unsupported_layers(trained):
     assert np.all(rr.lower[2] <= rr.upper[2])
 
 
+@pytest.mark.graph
 def test_bad_arguments(trained):
     model, x, y = trained
     cases = [
@@ -214,6 +240,7 @@ def test_bad_arguments(trained):
         keras_roll.robust_radius(single, np.zeros((2, 4), np.float32), verbose=False)
 
 
+@pytest.mark.graph
 def test_result_api(results):
     rr = results["best"]
     assert rr.lower["l2"] is rr.lower[2] and rr.upper["linf"] is rr.upper[np.inf]
@@ -232,6 +259,7 @@ def test_result_api(results):
     assert np.all(gap[np.isfinite(gap)] >= 1.0)
 
 
+@pytest.mark.graph
 def test_rigor_float32_is_the_unguarded_bound(trained, results):
     model, x, y = trained
     with warnings.catch_warnings():
@@ -243,6 +271,7 @@ def test_rigor_float32_is_the_unguarded_bound(trained, results):
     assert raw.rigor == "float32"
 
 
+@pytest.mark.graph
 def test_summary_counts_exact_among_correctly_classified(results):
     """A misclassified input has radius 0, exactly: the summary's exact share leaves it out."""
     rr = results["best"]
