@@ -5,7 +5,6 @@ references are the float32 Keras model itself (probes inside the lower bound nev
 change its prediction, adversarial points do) and the methods against each other.
 """
 
-import contextlib
 import dataclasses
 import gc
 import warnings
@@ -19,28 +18,22 @@ import tensorflow as tf
 import keras_roll
 from keras_roll.robust import adversarial
 from keras_roll.robust.adversarial import lp_norm, model_outputs, predict_classes
+from tests.test_robust_exact import CHEAP  # a short attack, where it is not the subject
 
 NORMS = (2, np.inf)
-# The attack's budget where the attack is not the subject (its own tests:
-# tests/test_attacks.py and tests/test_attack_*.py): a short run, one polish, few probes.
-CHEAP = keras_roll.robust.AttackOptions(steps=30, restarts=2, polish=1, probe_steps=10,
-                                        probe_budget=40)
 
 # The tests on the trained model's shared results run compiled (`graph`: its passes
 # trace once and serve every call); those that make one call on a new model of their
 # own run eagerly (cheaper than tracing it), as the default suite does.
 
 
-@contextlib.contextmanager
-def _compiled():
-    """Runs the module fixtures' tf.functions as graphs (this module is not marked
-    `graph`: only the tests on those fixtures are)."""
-    previous = tf.config.functions_run_eagerly()
+@pytest.fixture(scope="module", autouse=True)
+def _module_function_mode():
+    """The module's fixtures (the trained model, its shared results) run compiled
+    (conftest.py's fixture of that name would run them eagerly: the module is not
+    marked `graph`, only the tests on them are)."""
     tf.config.run_functions_eagerly(False)
-    try:
-        yield
-    finally:
-        tf.config.run_functions_eagerly(previous)
+    yield
 
 
 def _blobs(n, seed):
@@ -59,8 +52,7 @@ def trained():
     model = keras.Model(inp, keras.layers.Dense(3, activation="softmax")(h))
     x, y = _blobs(600, 0)
     model.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
-    with _compiled():
-        model.fit(x, y, epochs=15, batch_size=64, verbose=0)
+    model.fit(x, y, epochs=15, batch_size=64, verbose=0)
     # Six inputs: one of them is adversarial only by a hair in the float32 model, which
     # once flipped back in a batch of another size (a gap too thin for softmax outputs).
     xt, yt = _blobs(6, 1)
@@ -70,10 +62,9 @@ def trained():
 @pytest.fixture(scope="module")
 def results(trained):
     model, x, y = trained
-    with _compiled():
-        out = {m: keras_roll.robust_radius(model, x, y, norms=NORMS, method=m, attack=CHEAP,
-                                           verbose=False)
-               for m in ("best", "region", "walk", "relaxation", "interval")}
+    out = {m: keras_roll.robust_radius(model, x, y, norms=NORMS, method=m, attack=CHEAP,
+                                       verbose=False)
+           for m in ("best", "region", "walk", "relaxation", "interval")}
     return out
 
 

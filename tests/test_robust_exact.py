@@ -28,8 +28,9 @@ scipy_sparse = pytest.importorskip("scipy.sparse")
 
 RTOL = 2e-5  # MILP feasibility / float32 rounding of the compared quantities
 EXACT_RTOL = 2e-3  # robust_radius's exact_rtol (1e-3) and the references' own error
-# A short attack: the upper bounds are checked against the references whatever their
-# tightness (the attack's own tests: tests/test_attacks.py, tests/test_attack_*.py).
+# A short attack where the attack is not the subject: the upper bounds are checked
+# against the references whatever their tightness (the attack's own tests:
+# tests/test_attacks.py, tests/test_attack_*.py; tests/test_robust.py uses it too).
 CHEAP = keras_roll.robust.AttackOptions(steps=30, restarts=2, polish=1, probe_steps=10,
                                         probe_budget=40)
 
