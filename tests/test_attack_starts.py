@@ -33,7 +33,9 @@ def _flips(model, pts):
     return np.argmax(np.asarray(model(pts.astype(np.float32), training=False)), axis=1) != 0
 
 
-@pytest.mark.parametrize("p", (1, 2, np.inf))
+# l2 slow: l1 and l_inf keep the two other projections; the attack's l2 runs from known
+# starts are tests/test_attacks.py's test_starts_from_a_known_point_and_only_shrinks_it.
+@pytest.mark.parametrize("p", (1, pytest.param(2, marks=pytest.mark.slow), np.inf))
 def test_a_second_start_reaches_the_other_side(p):
     model, x = _two_sided()
     near = x + np.array([1.5, 0.0], np.float32)  # class 1, distance 1.5

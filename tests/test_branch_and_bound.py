@@ -50,15 +50,26 @@ def _grid(x, eps, p, n=241):
     return x + pts
 
 
+_PASSES = {}
+
+
+def _net_2d(p):
+    """`(model, stages, passes)`: a 2-10-10-3 ReLU net and its unguarded leaf passes in
+    norm `p` (CROWN's layer bounds), built once per norm for the tests of this file."""
+    if p not in _PASSES:
+        model = _mlp((10, 10), 0.0, 2, 3, 5)
+        twin = linearize(model).at_dtype("float64")
+        _PASSES[p] = (model, affine_stack(model),
+                      LeafPasses(twin, p, False, twin.memory_budget, 8, layer_steps=0))
+    return _PASSES[p]
+
+
 # (l_inf, no refinement) slow: its two halves run by default, l_inf in (inf, True)
 # and the unrefined boxes in (2, False).
 @pytest.mark.parametrize("p,refine", [(np.inf, True), (2, False),
                                       pytest.param(np.inf, False, marks=pytest.mark.slow)])
 def test_random_splits_and_multipliers_stay_sound(p, refine):
-    model = _mlp((10, 10), 0.0, 2, 3, 5)
-    stages = affine_stack(model)
-    twin = linearize(model).at_dtype("float64")
-    passes = LeafPasses(twin, p, False, twin.memory_budget, 8, layer_steps=0)  # final pass
+    model, stages, passes = _net_2d(p)  # final pass
     rng = np.random.default_rng(0)
     x = rng.normal(size=2)
     pred = int(np.argmax(forward(stages, x[None])))
@@ -103,12 +114,15 @@ def _small(seed=0):
 
 
 def test_balls_just_inside_the_milp_radius_are_certified():
+    """One input (the slow test_branch_closes_the_bracket_at_the_milp_radius runs four,
+    through robust_radius); CROWN's layer bounds on every leaf (`layer_steps=0`: the
+    optimized ones are tests/test_branch_layer_bounds.py's subject)."""
     model, stages, x = _small()
     p = np.inf
     twin = linearize(model).at_dtype("float64")
-    passes = LeafPasses(twin, p, True, twin.memory_budget, 32)
+    passes = LeafPasses(twin, p, True, twin.memory_budget, 32, layer_steps=0)
     flat = x.reshape(len(x), -1).astype(np.float64)
-    for i in range(2):
+    for i in range(1):
         pred = int(predict_classes(model, x[i:i + 1])[0])
         raw, exact = exact_milp(stages, flat[i], pred, p, 0.5, 3)
         radius = min(raw, exact)
@@ -154,10 +168,7 @@ def test_branch_closes_on_a_wider_mlp():
 
 
 def test_balls_beyond_the_radius_hold_real_adversarial_points():
-    model = _mlp((16, 16), 0.0, 2, 3, 3)
-    stages = affine_stack(model)
-    twin = linearize(model).at_dtype("float64")
-    passes = LeafPasses(twin, 2, True, twin.memory_budget, 16, layer_steps=0)
+    model, stages, passes = _net_2d(2)  # the passes of test_random_splits_...[2-False]
     x = np.random.default_rng(3).normal(size=(2, 2)).astype(np.float32).astype(np.float64)
     for i in range(len(x)):
         pred = int(predict_classes(model, x[i:i + 1])[0])

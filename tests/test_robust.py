@@ -18,10 +18,22 @@ import tensorflow as tf
 import keras_roll
 from keras_roll.robust import adversarial
 from keras_roll.robust.adversarial import lp_norm, model_outputs, predict_classes
+from tests.test_robust_exact import CHEAP  # a short attack, where it is not the subject
 
 NORMS = (2, np.inf)
 
-pytestmark = pytest.mark.graph  # the methods' shared results: faster compiled
+# The tests on the trained model's shared results run compiled (`graph`: its passes
+# trace once and serve every call); those that make one call on a new model of their
+# own run eagerly (cheaper than tracing it), as the default suite does.
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_function_mode():
+    """The module's fixtures (the trained model, its shared results) run compiled
+    (conftest.py's fixture of that name would run them eagerly: the module is not
+    marked `graph`, only the tests on them are)."""
+    tf.config.run_functions_eagerly(False)
+    yield
 
 
 def _blobs(n, seed):
@@ -50,11 +62,13 @@ def trained():
 @pytest.fixture(scope="module")
 def results(trained):
     model, x, y = trained
-    out = {m: keras_roll.robust_radius(model, x, y, norms=NORMS, method=m, verbose=False)
+    out = {m: keras_roll.robust_radius(model, x, y, norms=NORMS, method=m, attack=CHEAP,
+                                       verbose=False)
            for m in ("best", "region", "walk", "relaxation", "interval")}
     return out
 
 
+@pytest.mark.graph
 def test_best_combines_the_methods(results):
     best = results["best"]
     for p in NORMS:
@@ -75,6 +89,7 @@ def test_best_combines_the_methods(results):
             assert np.all(~(rr.upper[p] < best.lower[p]))
 
 
+@pytest.mark.graph
 def test_relaxation_beats_intervals(results):
     for p in NORMS:
         relax, ibp = results["relaxation"].lower[p], results["interval"].lower[p]
@@ -83,6 +98,7 @@ def test_relaxation_beats_intervals(results):
         assert np.median(relax[correct]) > 1.5 * np.median(ibp[correct])
 
 
+@pytest.mark.graph
 def test_probes_inside_the_lower_bound_keep_the_prediction(trained, results):
     """Probes at 0.999 x lower (toward the adversarial point, and 200 random ones per
     input), evaluated by the float32 Keras model, never change the prediction."""
@@ -102,6 +118,7 @@ def test_probes_inside_the_lower_bound_keep_the_prediction(trained, results):
             assert np.all(predict_classes(model, pts) == best.predicted[i])
 
 
+@pytest.mark.graph
 def test_adversarial_points_change_the_prediction(trained, results):
     model, x, _ = trained
     for m in ("best", "walk", "region"):
@@ -114,6 +131,7 @@ def test_adversarial_points_change_the_prediction(trained, results):
                                        rr.upper[p][found], rtol=1e-12)
 
 
+@pytest.mark.graph
 def test_labels_misclassified_inputs_get_radius_zero(trained, results):
     model, x, y = trained
     wrong = y.copy()
@@ -127,6 +145,7 @@ def test_labels_misclassified_inputs_get_radius_zero(trained, results):
     assert rr.certified_accuracy(0.0, 2) == pytest.approx(np.mean(rr.correct))
 
 
+@pytest.mark.graph
 def test_batch_composition_does_not_change_the_bounds(trained, results):
     model, x, y = trained
     part = keras_roll.robust_radius(model, x[3:6], y[3:6], norms=NORMS, method="relaxation",
@@ -136,6 +155,7 @@ def test_batch_composition_does_not_change_the_bounds(trained, results):
                                    rtol=1e-6)
 
 
+@pytest.mark.graph
 def test_nan_rows_get_nan_and_a_warning(trained, results):
     model, x, y = trained
     bad = x[:4].copy()
@@ -148,6 +168,7 @@ def test_nan_rows_get_nan_and_a_warning(trained, results):
     np.testing.assert_allclose(rr.lower[2][keep], results["region"].lower[2][keep])
 
 
+@pytest.mark.graph
 def test_streams_and_wrapped_models_give_the_same_bounds(trained, results):
     model, x, y = trained
     ds = tf.data.Dataset.from_tensor_slices((x[:5], y[:5])).batch(2)
@@ -162,7 +183,7 @@ def test_streams_and_wrapped_models_give_the_same_bounds(trained, results):
         np.testing.assert_allclose(rr2.lower[p], results["region"].lower[p][:5])
 
 
-def test_unsupported_layers(trained):
+def test_unsupported_layers():
     keras.utils.set_random_seed(1)
     inp = keras.Input((6, 6, 1))
     h = keras.layers.Conv2D(3, 3, activation="relu", name="conv")(inp)
@@ -173,11 +194,12 @@ def test_unsupported_layers(trained):
     with pytest.raises(keras_roll.UnsupportedModelError, match="'pool'.*MaxPooling2D"):
         keras_roll.robust_radius(model, x, method="relaxation", verbose=False)
     with pytest.warns(UserWarning, match="'pool'"):
-        rr = keras_roll.robust_radius(model, x, norms=(2,), verbose=False)
+        rr = keras_roll.robust_radius(model, x, norms=(2,), attack=CHEAP, verbose=False)
     assert set(rr.lower_method[2]) <= {"region", "decision"}
     assert np.all(rr.lower[2] <= rr.upper[2])
 
 
+@pytest.mark.graph
 def test_bad_arguments(trained):
     model, x, y = trained
     cases = [
@@ -209,6 +231,7 @@ def test_bad_arguments(trained):
         keras_roll.robust_radius(single, np.zeros((2, 4), np.float32), verbose=False)
 
 
+@pytest.mark.graph
 def test_result_api(results):
     rr = results["best"]
     assert rr.lower["l2"] is rr.lower[2] and rr.upper["linf"] is rr.upper[np.inf]
@@ -227,6 +250,7 @@ def test_result_api(results):
     assert np.all(gap[np.isfinite(gap)] >= 1.0)
 
 
+@pytest.mark.graph
 def test_rigor_float32_is_the_unguarded_bound(trained, results):
     model, x, y = trained
     with warnings.catch_warnings():
@@ -238,6 +262,7 @@ def test_rigor_float32_is_the_unguarded_bound(trained, results):
     assert raw.rigor == "float32"
 
 
+@pytest.mark.graph
 def test_summary_counts_exact_among_correctly_classified(results):
     """A misclassified input has radius 0, exactly: the summary's exact share leaves it out."""
     rr = results["best"]

@@ -34,6 +34,17 @@ from keras_roll.robust.upper_search import shrink_upper
 from tests.test_robust_exact import _mlp, affine_stack, exact_milp, near_boundary
 
 TOL = 1e-3  # robust_radius's default bisect_tol
+# Compiled: the MLP tests share one model (`_shared_mlp`), whose passes trace once.
+pytestmark = pytest.mark.graph
+_MODELS = {}
+
+
+def _shared_mlp():
+    """The 6-32-32-4 ReLU MLP (seed 7) of the MLP tests, built once: its compiled passes
+    (cached per model) serve every test of the file."""
+    if not _MODELS:
+        _MODELS["mlp"] = _mlp((32, 32), 0.0, 6, 4, 7)
+    return _MODELS["mlp"]
 
 
 def _cnn(seed):
@@ -81,7 +92,7 @@ def _inputs(model, n, seed):
 
 @pytest.mark.parametrize("kind", ["mlp", pytest.param("cnn", marks=pytest.mark.slow)])
 def test_fewer_passes_and_bounds_no_looser(kind):
-    model = _mlp((32, 32), 0.0, 6, 4, 0) if kind == "mlp" else _cnn(1)
+    model = _shared_mlp() if kind == "mlp" else _cnn(1)
     x = _inputs(model, 6, 2)
     out = {}
     for roots in (True, False):
@@ -170,8 +181,8 @@ def test_certified_balls_keep_the_prediction(kind, rigor):
 def test_root_of_a_failed_pass_is_certified():
     """A pass at a radius it does not certify still certifies every radius up to its
     root: the points of those balls keep the prediction."""
-    model = _mlp((32, 32), 0.0, 6, 4, 5)
-    x = _inputs(model, 8, 6)
+    model = _shared_mlp()
+    x = _inputs(model, 8, 7)  # inputs whose failed passes all have a positive root
     twin = keras_roll.linearize(model).at_dtype("float64")
     pred = np.argmax(np.asarray(model(x)), -1)
     rr = keras_roll.robust_radius(model, x, norms=(np.inf,), method="relaxation",
@@ -189,7 +200,7 @@ def test_root_of_a_failed_pass_is_certified():
 @pytest.mark.parametrize("rigor", [pytest.param("float64", marks=pytest.mark.slow),
                                    "float32"])
 def test_lower_bound_never_exceeds_the_milp(rigor):
-    model = _mlp((32, 32), 0.0, 6, 4, 7)
+    model = _shared_mlp()
     stages = affine_stack(model)
     x = near_boundary(stages, (6,), 3, seed=8)
     rr = keras_roll.robust_radius(model, x, norms=(np.inf,), method="relaxation",
@@ -309,7 +320,7 @@ def test_upper_never_below_the_milp_and_records_the_methods():
     `concat`."""
     from keras_roll.robust import BoundSource, RobustRadius
 
-    model = _mlp((32, 32), 0.0, 6, 4, 7)
+    model = _shared_mlp()
     stages = affine_stack(model)
     x = near_boundary(stages, (6,), 4, seed=9).astype(np.float32)
     rr = keras_roll.robust_radius(model, x, norms=(np.inf,), rigor="float32",
