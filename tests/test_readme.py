@@ -5,7 +5,7 @@ pasted: its first block loads MNIST with `keras_roll.data.mnist_splits()`, which
 reads the Keras cache, and the test puts a small MNIST-layout `mnist.npz` there
 (`$KERAS_HOME/datasets/mnist.npz`, as `keras.datasets.mnist.load_data()` would):
 random 0..255 images, 16 of them left for training after the 5,000 validation ones,
-and 10 test images.
+and 3 test images.
 
 From docs/guide.md the blocks of `GUIDE_SECTIONS` run the same way (the guide's
 model is the README's), after a preamble that defines the data the guide leaves to
@@ -15,9 +15,9 @@ cannot have; `GUIDE_SKIPPED` names them with the reason and the test file that
 covers them instead.
 
 The default suite runs the slow calls with smaller budgets (`SHORTER`: fewer
-epochs, a smaller genetic search, the robustness radius's region method); each
-substitution must match the text exactly once, so a change of the snippet is
-noticed, and the tests marked `slow` run every block verbatim.
+epochs, a smaller genetic search, the robustness radius's region method, fewer
+SmoothGrad samples); each substitution must match the text exactly once, so a change
+of the snippet is noticed, and the tests marked `slow` run every block verbatim.
 
 No documented call may print TensorFlow's "triggered tf.function retracing"
 warning: the README's certificate and `fit` with `MarginMonitor`, and integrated
@@ -94,6 +94,7 @@ SHORTER = (
     ("README.md", "MarginMonitor(x_val)", "MarginMonitor(x_val[:16])"),
     ("README.md", 'norms=(2, np.inf), wrt="rescale")',
      'norms=(2, np.inf), wrt="rescale", method="region")'),
+    ("README.md", "samples=50, seed=0)", "samples=4, seed=0)"),
     ("docs/guide.md", 'mode="max", seed=0)', 'mode="max", seed=0, population=24, generations=2)'),
     ("docs/guide.md", "epochs=10", "epochs=2"),
     ("docs/guide.md", "norms=(2, np.inf))", 'norms=(2, np.inf), method="region")'),
@@ -193,7 +194,7 @@ def readme_blocks() -> list[Block]:
     return python_blocks(ROOT / "README.md")
 
 
-README_TEST_IMAGES = 10
+README_TEST_IMAGES = 3  # `x_test[:10]` takes them all
 
 
 @pytest.fixture
