@@ -235,6 +235,8 @@ def test_streams_of_batches_give_the_array_results(mlp_case, kind):
         np.testing.assert_allclose(cert.margins[p], ref.margins[p], rtol=1e-12)
         assert cert.binding[p] == ref.binding[p]
     np.testing.assert_allclose(cert.boundary_point(2), ref.boundary_point(2), rtol=1e-9)
+    if kind != "x":  # the other readers share certify's `read_batches`: one stream suffices
+        return
     sb = keras_roll.stability_bounds(model, streams[kind](), verbose=False)
     np.testing.assert_allclose(sb.upper, keras_roll.stability_bounds(model, x, verbose=False).upper)
     rc = keras_roll.count_regions(model, streams[kind](), verbose=False)
