@@ -42,6 +42,7 @@ from keras_roll.compile.bounds import (
     SlopeOptions,
 )
 from keras_roll.compile.bounds.intermediate import DEFAULT_MAX_SECONDS
+from keras_roll.compile.bounds.priors import PriorStore
 from keras_roll.compile.twin import linearize
 from keras_roll.compile.units import Units, resolve_units
 from keras_roll.distribute import Replicas
@@ -246,11 +247,13 @@ class _Run:
             bound, rr.intermediate = choice.method, (choice,)
 
         gap = self._gap(terms)  # certified where every margin exceeds it
+        store = PriorStore(len(sub))  # each probe's layer bounds: priors of smaller ones
 
         def values(i, eps):
             bounds = relaxed_margins(self.twin, xs[i], ps[i], eps, p, method=bound,
                                      guard=self.rigor, memory_budget=self.budget,
-                                     slopes=self.search.slopes)
+                                     slopes=self.search.slopes, prior=store.get(i, eps))
+            store.add(i, eps, bounds.boxes)
             return np.min(bounds.lower, axis=1) - gap, bounds.root(gap)
 
         known = rr.lower[p][idx[sub]]

@@ -120,6 +120,9 @@ class BranchOptions(NamedTuple):
         layer_steps: gradient steps per layer bound of every leaf on its own split
             multipliers and slopes (beta-CROWN in the layer bounds; default 8; 0:
             CROWN's layer bounds on the cut intervals).
+        clock: what `max_seconds` counts: "wall" (elapsed time, the default) or
+            "cpu" (this process's CPU time, every thread's: a budget that a shared
+            machine's load does not shrink).
 
     Example:
 
@@ -137,6 +140,7 @@ class BranchOptions(NamedTuple):
     alpha: bool = True
     candidates: int = 3
     layer_steps: int = 8
+    clock: str = "wall"
 
     @staticmethod
     def of(value) -> BranchOptions | None:
@@ -170,6 +174,9 @@ class BranchOptions(NamedTuple):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"BranchOptions.{name} must be True or False, "
                                  f"got {getattr(self, name)!r}.")
+        if self.clock not in ("wall", "cpu"):
+            raise ValueError(f"BranchOptions.clock must be 'wall' or 'cpu', got "
+                             f"{self.clock!r}.")
         return self
 
 

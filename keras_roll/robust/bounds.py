@@ -58,6 +58,7 @@ from keras_roll.compile.bounds.intermediate import (
     choose_intermediate,
     interval_lines,
 )
+from keras_roll.compile.bounds.priors import flat_boxes, prior_boxes, prior_width
 from keras_roll.compile.caches import cached
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.structure import structure_of
@@ -171,18 +172,21 @@ def _loss_of(arithmetic: Arithmetic):
 
 
 def _relaxed_terms(structure, values, rows, eps, p, arithmetic, budget, examples,
-                   crown: bool = True, slopes=None):
+                   crown: bool = True, slopes=None, prior=None):
     """The relaxation of `lower_bounds` (CROWN, or CROWN-IBP where not `crown`), keeping
     its final bound's linear form in `eps`: `(lower, offset, slope)` `[B, C]` with
     `lower >= offset - eps * slope`, and the linear form a lower bound of the margins on
     every ball of radius `r <= eps` (the intermediate bounds of the ball of radius `eps`
     hold on the smaller balls). With `slopes` (a `SlopeOptions`), the final bound's
-    lower slopes are optimized (alpha-CROWN)."""
+    lower slopes are optimized (alpha-CROWN). `prior`: `{op index: Box}`, bounds over a
+    ball no smaller (`keras_roll.compile.bounds.priors`). Also returns the refined
+    intervals (`priors.flat_boxes`)."""
     lines = RelaxedOps(values)
     loss = _loss_of(arithmetic)
     refine = None
     if crown:
-        refine = relaxation_refiner(structure, values, lines, eps, p, budget, examples, loss)
+        refine = relaxation_refiner(structure, values, lines, eps, p, budget, examples, loss,
+                                    prior=prior)
         if slopes is not None and slopes.intermediate:
             refine = optimized_refiner(refine, structure, values, lines, eps, p, budget,
                                        examples, slopes)
@@ -202,7 +206,7 @@ def _relaxed_terms(structure, values, rows, eps, p, arithmetic, budget, examples
     low, offset, slope = bound() if slopes is None else optimize_lower_slopes(
         lines, bound, tf.shape(rows)[1], slopes)
     lower = tf.maximum(low, interval_lower_bounds(structure, values, boxes, rows))
-    return lower, offset, slope
+    return lower, offset, slope, flat_boxes(structure, values, boxes.boxes)
 
 
 def guard_arithmetic(twin, mode: str) -> Arithmetic:
@@ -225,26 +229,31 @@ def guard_arithmetic(twin, mode: str) -> Arithmetic:
 
 
 def _bounds_fn(twin, method: BoundMethod, mode: str, budget: int, examples: int, slopes,
-               x, pred, eps, norm):
+               x, pred, eps, norm, prior=None):
     """`[B, L-1]` lower bounds of the margins `f_y - f_j` over the ball, and the linear
     form of the relaxation's (offset and slope in `eps`; NaN for interval bounds),
     compiled. The norm is an input, its `norm_code` (a scalar int32 tensor): one trace
     serves the three norms (it enters the pass only through the dual norm at the
-    input)."""
+    input). `prior` (`[B, width]`, NaN where none): bounds over balls no smaller, for
+    CROWN's layer bounds (`keras_roll.compile.bounds.priors`); the refined intervals
+    are the fourth result (`[B, 0]` for interval bounds)."""
     lm = logit_margins(twin.interpreter, x, pred)
     arithmetic = guard_arithmetic(twin, mode)
     if method is BoundMethod.INTERVAL:
         low = lower_bounds(lm.structure, lm.values, lm.rows, eps, norm, method, arithmetic,
                            budget, examples)
         nan = tf.fill(tf.shape(low), tf.constant(np.nan, low.dtype))
-        return lm.margins + low, nan, nan
+        out = lm.margins + low, nan, nan
+        return out if prior is None else (*out, tf.zeros([tf.shape(low)[0], 0], low.dtype))
     check_bounds(lm.structure, method.passes, lm.values.masks)
-    low, offset, slope = _relaxed_terms(lm.structure, lm.values, lm.rows, eps, norm,
-                                        arithmetic, budget, examples,
-                                        crown=method is not BoundMethod.CROWN_IBP,
-                                        slopes=slopes if method is BoundMethod.ALPHA_CROWN
-                                        else None)
-    return lm.margins + low, lm.margins + offset, slope
+    held = (prior_boxes(lm.structure, lm.values, prior)
+            if method is BoundMethod.RELAXATION and prior is not None else None)
+    low, offset, slope, boxes = _relaxed_terms(
+        lm.structure, lm.values, lm.rows, eps, norm, arithmetic, budget, examples,
+        crown=method is not BoundMethod.CROWN_IBP,
+        slopes=slopes if method is BoundMethod.ALPHA_CROWN else None, prior=held)
+    out = lm.margins + low, lm.margins + offset, slope
+    return out if prior is None else (*out, boxes)
 
 
 def intermediate_choice(twin, x: np.ndarray, choice: IntermediateBounds | str,
@@ -290,11 +299,15 @@ class RelaxedMargins(NamedTuple):
         offset, slope: `[B, L-1]` the relaxation's final bound as a linear function of
             the radius, `offset - r * slope`, a lower bound of the margin on every ball
             of radius `r` up to the one asked for (NaN for interval bounds).
+        boxes: `[B, width]` the refined intervals of every relaxed op's input
+            (`keras_roll.compile.bounds.priors.flat_boxes`; no columns for interval
+            bounds): the `prior` of a later pass on a ball no larger.
     """
 
     lower: np.ndarray
     offset: np.ndarray
     slope: np.ndarray
+    boxes: np.ndarray | None = None
 
     def root(self, gap: float = 0.0) -> np.ndarray:
         """`[B]`: the radius below which the linear form keeps every margin above `gap`
@@ -311,7 +324,8 @@ class RelaxedMargins(NamedTuple):
 def relaxed_margins(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
                     method: BoundMethod | str = BoundMethod.RELAXATION, guard=True,
                     memory_budget: int | None = None,
-                    slopes: SlopeOptions | None = None) -> RelaxedMargins:
+                    slopes: SlopeOptions | None = None,
+                    prior: np.ndarray | None = None) -> RelaxedMargins:
     """The bound pass over the lp balls of radii `eps`, with the linear form of the
     relaxation's bound in the radius (numpy).
 
@@ -332,6 +346,9 @@ def relaxed_margins(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
         memory_budget: bytes of functionals per pull-back.
         slopes: the optimization budget of method "alpha_crown" (`SlopeOptions`,
             default `SlopeOptions()`).
+        prior: optional `[B, width]` bounds of a pass at radii no smaller around the
+            same inputs (its `boxes`; NaN rows where none): CROWN's layer bounds skip
+            the units they prove stable (`keras_roll.compile.bounds.priors`).
 
     Example:
 
@@ -347,17 +364,21 @@ def relaxed_margins(twin, x: np.ndarray, pred: np.ndarray, eps: np.ndarray, p,
     slopes = SlopeOptions() if slopes is None else SlopeOptions(*slopes).checked()
     key = (BoundMethod(method), guard_mode(guard), budget, chunk, slopes)
     fn = cached(twin, ("relaxation", *key), lambda: compile_batched(
-        functools.partial(_bounds_fn, twin, *key), twin, "xyen"))
+        functools.partial(_bounds_fn, twin, *key), twin, "xyenb"))
     norm = tf.constant(norm_code(p), tf.int32)
+    width = prior_width(twin, x.shape[1:]) if key[0] is BoundMethod.RELAXATION else 0
+    if prior is None or not width:
+        prior = np.full((x.shape[0], width), np.nan)
     out = []
     for s in range(0, x.shape[0], chunk):
         res = fn(tf.constant(x[s:s + chunk]),
                  tf.constant(np.asarray(pred[s:s + chunk], np.int64)),
-                 tf.constant(np.asarray(eps[s:s + chunk], np.float64)), norm)
+                 tf.constant(np.asarray(eps[s:s + chunk], np.float64)), norm,
+                 tf.constant(np.asarray(prior[s:s + chunk], np.float64)))
         out.append([r.numpy() for r in res])
     if not out:
         z = np.zeros((0, 0))
-        return RelaxedMargins(z, z, z)
+        return RelaxedMargins(z, z, z, z)
     return RelaxedMargins(*[np.concatenate(parts) for parts in zip(*out)])
 
 

@@ -7,8 +7,10 @@ The search over one ball (leaves, splits, multipliers and slopes) is
 `branch_radius` brackets the minimal perturbation by probing radii between a known
 lower bound and a known adversarial distance, bisecting in log space: a certified probe
 raises the lower bound, an adversarial point (shrunk further by the minimal-norm
-attack) lowers the upper bound, an undecided probe caps the next ones. Each probe gets
-a small share of the time, growing as the bracket narrows (`_probe_seconds`). Where
+attack) lowers the upper bound, an undecided probe caps the next ones. Where the
+attack's point is likely minimal, the probe just below it comes first with most of
+the time; the others get a small share, growing as the bracket narrows
+(`_probe_seconds`). Where
 the bracket closes within `exact_rtol` the radius is known. docs/design.md, section
 "Robustness radius".
 
@@ -83,8 +85,9 @@ class BranchRadius(NamedTuple):
 
 NEAR = 1.5  # probe just below the upper bound first where it is within this of the lower
 PROBE_SHARE = 1 / 32  # the first probe's share of max_seconds in the widest bracket
-FIRST_SHARE = 1 / 2  # the share of the probe just below the upper bound (it closes the
-# bracket where the attack found the minimal point, the common case where U < NEAR L)
+FIRST_SHARE = 3 / 4  # the share of the probe just below the upper bound (it closes the
+# bracket where the attack found the minimal point, the common case where U < NEAR L;
+# on the ROLL-tuned MNIST MLP 9 of 10 brackets closed at 5 CPU s with 3/4, 7 with 1/2)
 
 
 def _next_probe(lo: float, top: float, first: bool, rtol: float) -> float:
@@ -99,13 +102,17 @@ def _next_probe(lo: float, top: float, first: bool, rtol: float) -> float:
 
 
 def _probe_seconds(max_seconds: float, width0: float, lo: float, top: float,
-                   left: float, first: bool) -> float:
+                   left: float, first: bool, missed: bool = False) -> float:
     """The budget of one probe: `PROBE_SHARE` of `max_seconds` in the first bracket
     (`log(top / lo) = width0`), growing as the bracket narrows (in proportion to
     `width0 / log(top / lo)`: a probe near both ends decides more often with more
-    leaves), at most half of the time `left` unless it is the last that fits."""
+    leaves), at most half of the time `left` unless it is the last that fits; all
+    that is `left` once the first probe (`FIRST_SHARE`) was `missed` (undecided: a
+    shorter probe than that would not bound even a few levels of leaves)."""
     if first:
         return min(left, FIRST_SHARE * max_seconds)
+    if missed:
+        return left
     width = np.log(top / lo) if lo > 0 else width0
     share = PROBE_SHARE * max_seconds * max(1.0, width0 / max(width, 1e-12))
     return left if share >= 0.5 * left else share
@@ -183,14 +190,15 @@ class _Spent(NamedTuple):
 
 def _bracket(passes, model, x, pred, lo, hi, gap, rtol, options):
     """One input's probes: `(lower, upper, point or None, _Spent)`."""
-    deadline = time.monotonic() + options.max_seconds
+    now = time.process_time if options.clock == "cpu" else time.monotonic
+    deadline = now() + options.max_seconds
     ceiling = hi if np.isfinite(hi) else 2.0 * lo  # lowered by undecided probes
-    point, spent = None, _Spent()
+    point, spent, missed = None, _Spent(), False
     first = np.isfinite(hi) and hi < NEAR * lo  # then the attack's point is likely minimal
     width0 = np.log(ceiling / lo) if lo > 0 and ceiling > lo else 1.0
     while np.isfinite(ceiling) and ceiling > 0:
         top = min(hi, ceiling) if np.isfinite(hi) else ceiling
-        left = deadline - time.monotonic()
+        left = deadline - now()
         if (np.isfinite(hi) and hi - lo <= rtol * hi) or left <= 0:
             break
         if top - lo <= rtol * top:  # capped by undecided probes: retry below hi, longer
@@ -198,10 +206,10 @@ def _bracket(passes, model, x, pred, lo, hi, gap, rtol, options):
                 break
             ceiling = top = hi
         eps = _next_probe(lo, top, first, rtol)
-        seconds = _probe_seconds(options.max_seconds, width0, lo, top, left, first)
+        seconds = _probe_seconds(options.max_seconds, width0, lo, top, left, first, missed)
         verdict = verify_ball(passes, model, x, pred, eps, gap, options,
-                              time.monotonic() + seconds)
-        first, steps = False, 0
+                              now() + seconds)
+        steps = 0
         if verdict.status == "certified":
             lo = eps
         elif verdict.status == "adversarial":
@@ -210,7 +218,8 @@ def _bracket(passes, model, x, pred, lo, hi, gap, rtol, options):
                 hi, point = dist, pt
             ceiling = min(ceiling, dist)
         else:
-            ceiling = eps
+            ceiling, missed = eps, missed or first
+        first = False
         spent = spent.add(verdict, steps)
     return lo, hi, point, spent
 

@@ -23,13 +23,15 @@ BATCH_SPECS = {
     "e": lambda shape: tf.TensorSpec([None], tf.float64),  # radii
     "n": lambda shape: tf.TensorSpec([], tf.int32),  # a norm's code (geometry.norm_code)
     "g": lambda shape: tf.TensorSpec([], tf.int32),  # a guard mode's code
+    "b": lambda shape: tf.TensorSpec([None, None], tf.float64),  # flat bounds per example
 }
 
 
 def compile_batched(fn, twin, kinds: str):
     """`fn` compiled once for any batch size: `kinds` names its tensor arguments in order
     (`BATCH_SPECS`: 'x' a float64 batch of inputs, 'y' classes, 'e' radii, 'n' a norm's
-    code and 'g' a guard mode's, so that one trace serves every norm and guard), so the
+    code, 'g' a guard mode's and 'b' flat bounds per example, so that one trace serves
+    every norm and guard), so the
     searches, whose batches shrink as examples finish, never retrace it."""
     shape = tuple(twin.input_shape)
     signature = [BATCH_SPECS[k](shape) for k in kinds]

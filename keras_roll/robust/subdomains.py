@@ -90,11 +90,12 @@ class LeafPasses:
             tf.TensorSpec([None, self.layout.size], f64)])
         self._compiled_bounds = self._compiled_forms = None
 
-    def bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas=None):
+    def bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas=None, rows=None):
         """`(lower [B, C], d lower / d (betas, alphas), the worst row's input
-        functional, scores, the slopes used)` of a batch of leaves (compiled once:
+        functional, scores, the slopes used)` of a batch of `B` leaves (compiled once:
         every batch dimension is None); `alphas` `[B, C, size]` lower slopes (NaN,
-        the default: CROWN's)."""
+        the default: CROWN's); `rows` `[B]` the rows of `los, his, deltas` that are
+        these leaves' (default: all, in order)."""
         if self._compiled_bounds is None:
             def spec(t):
                 return tf.TensorSpec([None, *t.shape[1:]], t.dtype)
@@ -106,13 +107,17 @@ class LeafPasses:
                                           (tuple(los), tuple(his), tuple(deltas))],
                 tf.TensorSpec([None, self.layout.size], f64),
                 tf.TensorSpec([None, self.rows, self.layout.size], f64),
-                tf.TensorSpec([None, self.rows, self.layout.size], f64)])
+                tf.TensorSpec([None, self.rows, self.layout.size], f64),
+                tf.TensorSpec([None], tf.int32)])
         if alphas is None:
             alphas = np.full(np.shape(betas), np.nan)
+        if rows is None:
+            rows = np.arange(np.shape(splits)[0])
         return self._compiled_bounds(x, pred, eps, tuple(los), tuple(his), tuple(deltas),
                                      tf.constant(splits, tf.float64),
                                      tf.constant(betas, tf.float64),
-                                     tf.constant(alphas, tf.float64))
+                                     tf.constant(alphas, tf.float64),
+                                     tf.constant(rows, tf.int32))
 
     def _boxes(self, x, eps, splits):
         values = capture(self.twin.interpreter, x)
@@ -177,7 +182,9 @@ class LeafPasses:
         return (lm.margins + res.offset, flat[0], tf.concat([o for o, _ in res.units], 1),
                 tf.concat(flat[1:], 1), edge)
 
-    def _bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas):
+    def _bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas, leaves):
+        los, his, deltas = (tuple(tf.gather(t, leaves) for t in part)
+                            for part in (los, his, deltas))
         lm, boxes, rows, loss = self._setup(x, pred, los, his, deltas)
         with tf.GradientTape() as tape:
             tape.watch([betas, alphas])
@@ -212,17 +219,21 @@ class _Adam:
     bound pass clips the slopes to their range (the slopes it used replace them)."""
 
     def __init__(self, params: np.ndarray, beta_rate: float, alpha_rate: float):
-        self.m, self.v, self.t = np.zeros_like(params), np.zeros_like(params), 0
+        self.m, self.v = np.zeros_like(params), np.zeros_like(params)
+        self.t = np.zeros(len(params))
         self.rates = (beta_rate, alpha_rate)
 
-    def step(self, params: np.ndarray, grad: np.ndarray, size: int) -> np.ndarray:
-        self.t += 1
-        self.m = 0.9 * self.m + 0.1 * grad
-        self.v = 0.999 * self.v + 0.001 * grad * grad
-        step = (self.m / (1 - 0.9 ** self.t)) / (np.sqrt(self.v / (1 - 0.999 ** self.t)) + 1e-12)
-        out = params.copy()
-        out[..., :size] = np.maximum(params[..., :size] + self.rates[0] * step[..., :size], 0)
-        out[..., size:] = params[..., size:] + self.rates[1] * step[..., size:]
+    def step(self, params: np.ndarray, grad: np.ndarray, size: int, rows) -> np.ndarray:
+        """`params` with leaves `rows` (the ones still open) one step further up
+        `grad` (`[len(rows), C, 2 size]`)."""
+        self.t[rows] += 1
+        t = self.t[rows][:, None, None]
+        self.m[rows] = 0.9 * self.m[rows] + 0.1 * grad
+        self.v[rows] = 0.999 * self.v[rows] + 0.001 * grad * grad
+        step = (self.m[rows] / (1 - 0.9 ** t)) / (np.sqrt(self.v[rows] / (1 - 0.999 ** t)) + 1e-12)
+        out, rate = params.copy(), np.where(np.arange(2 * size) < size, *self.rates)
+        out[rows] = params[rows] + rate * step
+        out[rows, :, :size] = np.maximum(out[rows, :, :size], 0)
         return out
 
 
@@ -257,7 +268,7 @@ class _Ball:
         self.et = tf.constant(float(eps), tf.float64)
         self.root = None
         self.repeated: dict = {}  # rows -> the root's boxes repeated
-        self.leaves = self.calls = self.attack_steps = self.linear = 0
+        self.leaves = self.calls = self.attack_steps = self.linear = self.looks = 0
         self.solved: set = set()  # the split patterns of the leaves solved as programs
 
     def layer_boxes(self, splits: np.ndarray):
@@ -272,8 +283,9 @@ class _Ball:
     def _root_rows(self, rows: int) -> tuple:
         """The ball's `(los, his, deltas)` repeated for `rows` leaves (kept per size)."""
         if rows not in self.repeated:
-            self.repeated[rows] = tuple(tuple(tf.repeat(t, rows, axis=0) for t in part)
-                                        for part in self.root[:3])
+            self.repeated[rows] = tuple(
+                tuple(tf.tile(t, [rows] + [1] * (len(t.shape) - 1)) for t in part)
+                for part in self.root[:3])
         return self.repeated[rows]
 
     def evaluate(self, splits: np.ndarray, params: np.ndarray):
@@ -282,32 +294,37 @@ class _Ball:
         `alpha` (NaN: CROWN's), raised by `options.beta_steps` Adam steps (the slopes
         only with `options.alpha`; every iterate is sound, the best bound is kept)."""
         n, size = splits.shape
-        rows = 1 << max(0, (n - 1).bit_length())
-        s = _padded(splits.astype(np.float64), rows)
-        par = _padded(params, rows)
+        s, par = splits.astype(np.float64), params.copy()
         los, his, deltas, empty = self.layer_boxes(s)
-        st = tf.constant(s)
         adam = _Adam(par, self.options.beta_rate, ALPHA_RATE if self.options.alpha else 0.0)
         best = np.full(par.shape[:2], -np.inf)
+        g, scores = np.zeros((n, *self.x.shape)), np.zeros((n, size))
         steps = self.options.beta_steps if self.options.alpha or np.any(splits) else 0
+        live = np.arange(n)  # the leaves still open: a verified one leaves the batch
         for t in range(steps + 1):
-            lower, grad, g, scores, used = self.passes.bounds(
-                self.xt, self.pt, self.et, los, his, deltas, st, tf.constant(par[..., :size]),
-                tf.constant(par[..., size:]))
+            lower, grad, gl, sl, used = self.passes.bounds(
+                self.xt, self.pt, self.et, los, his, deltas, s[live], par[live, :, :size],
+                par[live, :, size:], live)
             self.calls += 1
-            par[..., size:] = used.numpy()
-            lower = np.where(empty[:, None], np.inf, lower.numpy())
-            best = np.maximum(best, lower)
-            if t == steps or np.all(best.min(axis=1) > self.gap):
+            par[live, :, size:] = used.numpy()
+            g[live], scores[live] = gl.numpy(), sl.numpy()
+            best[live] = np.maximum(best[live], np.where(empty[live, None], np.inf,
+                                                         lower.numpy()))
+            still = best[live].min(axis=1) <= self.gap
+            if t == steps or not still.any():
                 break
-            par = adam.step(par, grad.numpy(), size)
+            par = adam.step(par, grad.numpy()[still], size, live[still])
+            live = live[still]
         self.leaves += n
-        return best[:n], par[:n], g.numpy()[:n], scores.numpy()[:n]
+        return best, par, g, scores
 
     def adversarial(self, g: np.ndarray):
         """The first leaf optimum (the linear bound's minimiser over the ball) that the
-        model classifies as another class, else the first such point of a projected
-        gradient attack from the optima of up to `ATTACK_STARTS` leaves; or None."""
+        model classifies as another class, else (at the 1st, 2nd, 4th, 8th... call:
+        the leaves' optima move little from one level to the next) the first such
+        point of a projected gradient attack from the optima of up to `ATTACK_STARTS`
+        leaves; or None."""
+        self.looks += 1
         flat = g.reshape(g.shape[0], -1)[:ATTACK_STARTS]
         live = np.any(flat != 0, axis=1)
         if not live.any():
@@ -315,7 +332,7 @@ class _Ball:
         u = steepest_directions(flat[live], self.p_norm, -np.ones(int(live.sum())))
         pts = self.x[None] + self.eps * u.reshape(-1, *self.x.shape)
         found = self._flipped(pts)
-        if found is None:
+        if found is None and self.looks & (self.looks - 1) == 0:
             self.attack_steps += PGD_STEPS * len(pts)
             pts = _padded(pts, ATTACK_STARTS)  # one batch size: the loop compiles once
             out = ball_attack(self.model, self.x, pts - self.x[None], self.pred,
@@ -338,6 +355,7 @@ class _Ball:
         return self.passes.p
 
     def run(self, deadline: float) -> BallVerdict:
+        now = time.process_time if self.options.clock == "cpu" else time.monotonic
         n = self.passes.layout.size
         splits = np.zeros((1, n), np.int8)
         betas = np.zeros((1, self.passes.rows, n))
@@ -356,7 +374,7 @@ class _Ball:
             if not open_.any():
                 return self._verdict("certified", None, np.inf)
             low, sp, be, sc, worst = low[open_], sp[open_], be[open_], sc[open_], worst[open_]
-            if time.monotonic() > deadline or self.leaves >= self.options.max_leaves:
+            if now() > deadline or self.leaves >= self.options.max_leaves:
                 return self._verdict("unknown", None, float(worst.min()))
             take = np.argsort(worst)[:max(1, self.options.batch // 2)]  # the lowest first
             rest = np.setdiff1d(np.arange(len(worst)), take)

@@ -50,6 +50,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.autotune import probed_budget
+from keras_roll.compile.caches import batch_polymorphic
 from keras_roll.compile.chunking import auto_candidates, plan_chunks, remembered_budget
 from keras_roll.compile.interpreter import (
     Interpreter,
@@ -178,7 +179,7 @@ class NormsTransform(TangentTransform):
 
 def _chunk(program, folds, trace, start, k, example_shape, with_max):
     """One chunk of input axes in float32: `((sum |g|, sum g^2[, max |g|]) [b, N], input
-    norms per op)`; `trace` has float32 records."""
+    norms per op)`; `trace` has float32 records; `example_shape` a tuple of ints."""
     d = tf.reduce_prod(example_shape)
     axes = start + tf.range(k)
     dirs = tf.reshape(tf.one_hot(axes, d, dtype=tf.float32), tf.concat([[k], example_shape], 0))
@@ -280,8 +281,8 @@ def _compiled(twin) -> _Compiled:
         interp = twin.interpreter if twin.dtype == "float64" else \
             Interpreter(twin.program, "float64")
 
-        def compiled(fn):
-            return tf.function(fn, reduce_retracing=True, autograph=False)
+        def compiled(fn):  # one trace serves every batch size (a slice's, the last's)
+            return batch_polymorphic(tf.function(fn, reduce_retracing=True, autograph=False))
 
         fns = _Compiled(compiled(functools.partial(_chunk, interp.program, interp.folds)),
                         compiled(functools.partial(_error_pass, interp)))
@@ -334,8 +335,7 @@ def tangent_norms(twin, fwd, memory_budget: int | None = None,
     neurons, inputs = None, None
     for start in plan.direction_starts():
         out, norms = fns.chunk(trace32, tf.constant(start, tf.int32),
-                               tf.constant(plan.per_chunk, tf.int32),
-                               tf.constant(shape, tf.int32), bool(with_max))
+                               tf.constant(plan.per_chunk, tf.int32), shape, bool(with_max))
         neurons = _accumulate(neurons, out)
         if inputs is None:
             inputs = [None if n is None else [_accumulate(None, t) for t in n] for n in norms]
@@ -383,8 +383,8 @@ def _chunk_seconds(twin, x, per, with_max):
     """`seconds(budget, plan)`: the float32 pass of one chunk of `plan` on the first
     examples of `x`, per example and direction (as `tangent_norms` cuts it)."""
     fns = _compiled(twin)
-    shape = tf.constant(x.shape[1:], tf.int32)
-    d = int(np.prod(x.shape[1:]))
+    shape = tuple(int(s) for s in x.shape[1:])
+    d = int(np.prod(shape))
     traces = {}
 
     def seconds(budget, plan):

@@ -39,6 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.bounds.ibp import RoundingLoss
+from keras_roll.compile.bounds.priors import example_rows, prior_open
 from keras_roll.compile.bounds.rules import (
     ActivationBounds,
     Box,
@@ -379,7 +380,7 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
                        eps, p, budget: int, examples: int,
                        loss: Callable[[list], RoundingLoss] = RoundingLoss,
                        affine_shortcut: bool = True, skip_stable: bool = True,
-                       windows: bool = True):
+                       windows: bool = True, prior: dict | None = None):
     """`interval_pass`'s `refine` for CROWN: the relaxation's bounds of a nonlinear op's
     input (`+-I` rows pulled back, in chunks of at most `budget` bytes for `examples`
     examples, run one at a time in one traced loop), intersected with its interval; the
@@ -404,6 +405,10 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
     so only the `+I` rows are pulled back and `hi = -lo`: the same bounds for half the
     work (`affine_shortcut=False` pulls back both signs, for comparison).
 
+    `prior` (`{op index: Box}`, relative; `keras_roll.compile.bounds.priors`): bounds of
+    the same inputs over a ball no smaller, intersected with each interval first; a
+    plain ReLU's dense rows are then each example's own open units (`example_rows`).
+
     Example:
 
     ```python
@@ -418,6 +423,9 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
         if n == 0:
             return box
         signs, k, _ = layer_plan(structure, values, index, budget, examples, affine_shortcut)
+        held = (prior or {}).get(index)
+        if held is not None:
+            box = Box(tf.maximum(box.lo, held.lo), tf.minimum(box.hi, held.hi))
         view = (conv_windows(structure, values, key) if windows
                 and type(lines) is RelaxedOps and not lines.slopes else None)
         if view is not None:
@@ -427,6 +435,9 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
                         tf.minimum(box.hi, tf.reshape(hi, tf.shape(box.hi))))
             lines.set(index, node, tight)
             return tight
+        if held is not None and signs == 2 and skip_stable and plain_relu(node.op):
+            return _prior_rows(structure, values, lines, eps, p, loss, deltas, node, index,
+                               box, k)
         every = tf.ones([n], tf.bool)
         need_lo, need_hi = (open_units(node, lines, index, box) if skip_stable and signs == 2
                             else (every, every))
@@ -449,3 +460,23 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
         return tight
 
     return refine
+
+
+def _prior_rows(structure, values, lines, eps, p, loss, deltas, node, index, box, k):
+    """`relaxation_refiner`'s dense rows of a plain ReLU's input under a prior: each
+    example's own open units (`priors.example_rows`), `k` rows per pull-back."""
+    key, z0 = node.inputs[0], values.inputs[index][0]
+    shape = [int(d) for d in z0.shape[1:]]
+    need_lo, need_hi = prior_open(z0, box)
+
+    def bounds_of(eye):  # [B, m, n] -> [B, m]
+        lam = tf.reshape(eye, tf.concat([tf.shape(eye)[:2], shape], 0))
+        return relaxed_lower_bounds(structure, values, key, lam, lines, deltas, eps, p, loss)
+
+    n = int(np.prod(shape))
+    lo, hi = example_rows(bounds_of, need_lo, need_hi, k,
+                          tf.reshape(box.lo + tf.zeros_like(z0), [-1, n]),
+                          tf.reshape(box.hi + tf.zeros_like(z0), [-1, n]))
+    tight = Box(tf.reshape(lo, tf.shape(z0)), tf.reshape(hi, tf.shape(z0)))
+    lines.set(index, node, tight)
+    return tight
