@@ -56,11 +56,19 @@ $(STAMP): setup.py
 # long files of few tests to run alone at the end.
 XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder,)
 
+# Every worker collects every test file: it imports TensorFlow (about 7 CPU s), rewrites
+# the asserts of each test file and compiles keras_roll (about 7 CPU s more, on 2 cores
+# under load). Python's bytecode caches (__pycache__, which pytest also keeps its
+# rewritten files in) save the second part from the second run on: collection took 18.5
+# CPU s a worker without them, 11 with them. So the tests write them even where
+# PYTHONDONTWRITEBYTECODE is set (`make clean` removes them).
+KEEP_PYC := PYTHONDONTWRITEBYTECODE=
+
 test: venv
-	$(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
+	$(KEEP_PYC) $(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 test-all: venv
-	KERAS_ROLL_TEST_GRAPH=1 $(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+	$(KEEP_PYC) KERAS_ROLL_TEST_GRAPH=1 $(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 lint: venv
 	$(PY) -m ruff check .

@@ -13,15 +13,27 @@
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "keras_roll"
 KERAS_BOUNDARY = "keras_roll/compile/keras_internals.py"
 CHUNK_PLANNER = "keras_roll/compile/chunking.py"
-def _modules():
-    for path in sorted(PACKAGE.rglob("*.py")):
-        yield str(path.relative_to(ROOT)), ast.parse(path.read_text(), str(path))
+
+
+@functools.cache
+def _modules() -> tuple:
+    """`(path relative to the root, ast)` of every module of the package, parsed once
+    for all the checks (each would otherwise parse the package again)."""
+    return tuple((str(path.relative_to(ROOT)), ast.parse(path.read_text(), str(path)))
+                 for path in sorted(PACKAGE.rglob("*.py")))
+
+
+@functools.cache
+def _walk(tree: ast.AST) -> tuple:
+    """`ast.walk(tree)`, listed once per tree: the checks walk the same trees often."""
+    return tuple(ast.walk(tree))
 
 
 def _private(name: str) -> bool:
@@ -31,9 +43,9 @@ def _private(name: str) -> bool:
 def _own_names(tree: ast.AST) -> set[str]:
     """Names a module defines: its functions and methods, and the attributes it
     assigns on `self` (a layer may use its own cell's private state)."""
-    names = {node.name for node in ast.walk(tree)
+    names = {node.name for node in _walk(tree)
              if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    for node in ast.walk(tree):
+    for node in _walk(tree):
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names |= {t.attr for t in targets if isinstance(t, ast.Attribute)
@@ -45,7 +57,7 @@ def underscored_accesses(rel: str, tree: ast.AST) -> list[str]:
     """`file:line what` for every access to another module's private name."""
     own = _own_names(tree)
     found = []
-    for node in ast.walk(tree):
+    for node in _walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("keras"):
             found += [f"{rel}:{node.lineno} from {node.module} import {a.name}"
                       for a in node.names if _private(a.name)]
@@ -69,7 +81,7 @@ def underscored_accesses(rel: str, tree: ast.AST) -> list[str]:
 
 def keras_src_imports(rel: str, tree: ast.AST) -> list[str]:
     found = []
-    for node in ast.walk(tree):
+    for node in _walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("keras.src"):
             found.append(f"{rel}:{node.lineno} from {node.module}")
         if isinstance(node, ast.Import):
@@ -81,7 +93,7 @@ def keras_src_imports(rel: str, tree: ast.AST) -> list[str]:
 def budget_divisions(rel: str, tree: ast.AST) -> list[str]:
     """Floor divisions of a name mentioning a budget (how chunk sizes are computed)."""
     found = []
-    for node in ast.walk(tree):
+    for node in _walk(tree):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv):
             text = ast.unparse(node.left)
             if "budget" in text:
@@ -152,9 +164,9 @@ def graph_walks(rel: str, tree: ast.AST) -> list[str]:
     or assigns to a subscript keyed by its loop variable's `output` (an environment of
     values by key, as `interpreter.propagate` keeps)."""
     found = []
-    loops = [(n, n.iter, n.target, n.body) for n in ast.walk(tree)
+    loops = [(n, n.iter, n.target, n.body) for n in _walk(tree)
              if isinstance(n, (ast.For, ast.AsyncFor))]
-    loops += [(n, g.iter, g.target, [n]) for n in ast.walk(tree)
+    loops += [(n, g.iter, g.target, [n]) for n in _walk(tree)
               if isinstance(n, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp))
               for g in n.generators]
     for loop, iterable, target, body in loops:
@@ -245,7 +257,7 @@ def _unit(dotted: str) -> str:
 
 def _type_checking_lines(tree: ast.AST) -> set[int]:
     lines = set()
-    for node in ast.walk(tree):
+    for node in _walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             for child in node.body:
                 lines |= {n.lineno for n in ast.walk(child) if hasattr(n, "lineno")}
@@ -256,7 +268,7 @@ def unit_imports(rel: str, tree: ast.AST) -> list[tuple[int, str]]:
     """`(line, unit)` of every keras_roll unit that the module `rel` imports."""
     skip = _type_checking_lines(tree)
     found = []
-    for node in ast.walk(tree):
+    for node in _walk(tree):
         if getattr(node, "lineno", None) in skip:
             continue
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \

@@ -354,8 +354,10 @@ def _whole_array_search(model, x, y, eps, population, generations, seed, memory_
     return dist, points
 
 
+# In memory (every other search of this file) and in a temporary file; compiled: its
+# many small chunks take ten times longer eagerly.
 @pytest.mark.graph
-@pytest.mark.parametrize("memory_budget", [None, 300])  # in memory; in a temporary file
+@pytest.mark.parametrize("memory_budget", [pytest.param(None, marks=pytest.mark.slow), 300])
 def test_chunked_populations_reproduce_the_whole_array_search_bit_for_bit(memory_budget,
                                                                           monkeypatch):
     model, _ = _model(dtype="float32")

@@ -20,8 +20,8 @@ example leaves to the reader); one that fails as written is listed in `KNOWN_BRO
 and expected to fail until it is fixed; every other example runs, and
 `test_every_docstring_example_is_run_or_listed` fails for a listed one that no
 longer exists. The examples of
-`SLOW` (certification, radii, attribution: seconds each) run in the tests marked
-`slow`; the others in the default suite.
+`SLOW` (certification, radii, attribution, training steps: half a second or more
+each) run in the tests marked `slow`; the others in the default suite.
 """
 
 from __future__ import annotations
@@ -127,6 +127,10 @@ SLOW = {
     "module keras_roll.options[0]", "module keras_roll.robust.api[0]",
     "module keras_roll.robust.result[0]", "module keras_roll.regularizers.ramps[0]", "wrap[0]",
     "module keras_roll.callbacks[0]",
+    # half a second or more each (a fit, a bound pass, a distortion search)
+    "module keras_roll.regularizers.wrap[0]", "Distortion.concat[0]",
+    "module keras_roll.regularizers.certified[0]", "module keras_roll.regularizers.roll[0]",
+    "testing.check_bounds[0]", "regularizers.regularizer_loss[0]", "l2_margins[0]",
 }
 
 

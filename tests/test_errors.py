@@ -141,8 +141,12 @@ def test_tiny_gamma_keeps_the_largest_bracket(mlp_case):
 # ------------------------------------------------------ Normalization and retracing
 
 
-@pytest.mark.parametrize("stats", ["adapted", "given"])
-@pytest.mark.parametrize("samples", [None, 3])
+# Each statistic and each ROLL once by default; the other two pairs in `make test-all`.
+@pytest.mark.parametrize("stats, samples", [
+    ("adapted", None), ("given", 3),
+    pytest.param("adapted", 3, marks=pytest.mark.slow),
+    pytest.param("given", None, marks=pytest.mark.slow),
+])
 def test_fit_with_normalization_and_a_partial_last_batch(stats, samples):
     """Normalization inside the model, 130 = 2 x 64 + 2 examples (a retrace
     with a dynamic batch), exact and sampled ROLL: one epoch trains."""
@@ -207,7 +211,11 @@ class _Batches(keras.utils.PyDataset):
 
 
 @pytest.mark.graph
-@pytest.mark.parametrize("kind", ["x", "xy", "xyw", "unbatched", "generator", "pydataset"])
+@pytest.mark.parametrize("kind", [
+    "x", "xyw", "unbatched", "generator", "pydataset",
+    # (x, y) tuples: "xyw" (a longer tuple) and "generator" (yields pairs) cover them
+    pytest.param("xy", marks=pytest.mark.slow),
+])
 def test_streams_of_batches_give_the_array_results(mlp_case, kind):
     """tf.data, generators and PyDatasets are certified batch by batch."""
     model, x = mlp_case
@@ -227,6 +235,8 @@ def test_streams_of_batches_give_the_array_results(mlp_case, kind):
         np.testing.assert_allclose(cert.margins[p], ref.margins[p], rtol=1e-12)
         assert cert.binding[p] == ref.binding[p]
     np.testing.assert_allclose(cert.boundary_point(2), ref.boundary_point(2), rtol=1e-9)
+    if kind != "x":  # the other readers share certify's `read_batches`: one stream suffices
+        return
     sb = keras_roll.stability_bounds(model, streams[kind](), verbose=False)
     np.testing.assert_allclose(sb.upper, keras_roll.stability_bounds(model, x, verbose=False).upper)
     rc = keras_roll.count_regions(model, streams[kind](), verbose=False)
@@ -373,7 +383,7 @@ def test_no_retracing_warnings_across_batch_sizes_and_models():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for seed in range(3):  # TensorFlow used to count all twins' traces together
-                model = small_mlp(seed=seed)
+                model = small_mlp(seed=seed, widths=(6,))  # one hidden layer: quicker traces
                 for b in (1, 8, 13):
                     xb = np.random.default_rng(b).normal(size=(b, 5)).astype("float32")
                     keras_roll.certify(model, xb, verbose=False)

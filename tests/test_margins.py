@@ -3,6 +3,8 @@ references: plane geometry on hand-built 2-D networks, tf.GradientTape Jacobians
 of Keras-visible pre-activations, pattern sampling inside the certified balls,
 and the bisection search on the real network."""
 
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -129,9 +131,15 @@ LINES_B = np.array([-1.0, 0.5, 2.0])
 POINTS = np.array([[0.3, 0.9], [2.0, -1.0], [-1.5, 0.25], [0.1, -2.5]])
 
 
+@functools.cache
+def lines_net():
+    """`relu_net_2d` over the three lines, built once for the tests that only read it."""
+    return relu_net_2d(LINES_W.T, LINES_B)
+
+
 @pytest.mark.parametrize("p", NORMS)
 def test_hand_built_margins_match_plane_geometry(p):
-    model = relu_net_2d(LINES_W.T, LINES_B)
+    model = lines_net()
     cert = certify(model, POINTS, norms=NORMS, verbose=False)
     for i, x in enumerate(POINTS):
         dists = [geometric_distance(x, w, b, p) for w, b in zip(LINES_W, LINES_B)]
@@ -141,7 +149,7 @@ def test_hand_built_margins_match_plane_geometry(p):
 
 
 def test_hand_built_directional_margins():
-    model = relu_net_2d(LINES_W.T, LINES_B)
+    model = lines_net()
     rng = np.random.default_rng(0)
     dirs = rng.normal(size=(len(POINTS), 5, 2))
     dirs[:, 0] = [1.0, 0.0]
@@ -175,7 +183,7 @@ def test_two_layers_hand_built():
 
 
 def test_neuron_on_breakpoint_gives_zero():
-    model = relu_net_2d(LINES_W.T, LINES_B)
+    model = lines_net()
     x = np.array([[1.0, 0.0]])  # z_0 = 1 + 0 - 1 = 0 exactly, g_0 = (1, 2)
     d = np.array([[[1.0, 0.0], [-1.0, 0.0]]])
     cert = certify(model, x, directions=d, verbose=False)
@@ -200,7 +208,7 @@ def test_zero_gradient_neurons_never_bind():
     kernel = np.concatenate([LINES_W.T, np.zeros((2, 1))], axis=1)
     bias = np.concatenate([LINES_B, [0.0]])
     cert = certify(relu_net_2d(kernel, bias), POINTS, verbose=False)
-    ref = certify(relu_net_2d(LINES_W.T, LINES_B), POINTS, verbose=False)
+    ref = certify(lines_net(), POINTS, verbose=False)
     for p in NORMS:
         np.testing.assert_array_equal(cert.margins[p], ref.margins[p])
         assert np.all(cert.binding_index[p] != 3)
@@ -308,9 +316,10 @@ def test_streaming_in_small_chunks_changes_nothing_float32():
     x = np.random.default_rng(3).uniform(0, 4, size=(3, 8, 8, 2)).astype("float32")
     d = np.random.default_rng(4).normal(size=(3, 4, 8, 8, 2))
     lin = keras_roll.linearize(model)
-    small = {"batch_size": 2, "memory_budget": 200_000, "verbose": False}
+    # 3 axis chunks per batch of 2 (the slow float64 test below takes 10, at 200_000)
+    small = {"batch_size": 2, "memory_budget": 800_000, "verbose": False}
     chunks = [(c[0], c[2]) for c in lin.iter_axis_chunks(x, batch_size=2,
-                                                           memory_budget=200_000)]
+                                                           memory_budget=800_000)]
     assert len({sl.start for sl, _ in chunks}) == 2 and len({s for _, s in chunks}) > 2
     big = certify(lin, x, directions=d, verbose=False, rigor="float32")
     got = certify(lin, x, directions=d, rigor="float32", **small)
@@ -376,7 +385,10 @@ def test_masked_rnn_ignores_padded_steps():
         assert valid[np.arange(len(j)), j].all()
 
 
-@pytest.mark.parametrize("p", NORMS)
+# l2 by default: the l1 and l_inf margins are checked exactly against plane geometry
+# (test_hand_built_margins_match_plane_geometry) and the tape (test_margins_match_dense_*)
+@pytest.mark.parametrize("p", [pytest.param(1, marks=pytest.mark.slow), 2,
+                               pytest.param(np.inf, marks=pytest.mark.slow)])
 def test_certified_balls_are_sound_by_sampling(p):
     model = zoo.mlp(fused=False, dtype="float64", seed=2)
     sub = preactivation_model(model, ["dense0", "dense1"])
@@ -454,7 +466,7 @@ def test_bisection_agrees_with_analytic(which):
 
 
 def test_stability_bounds_hand_built():
-    model = relu_net_2d(LINES_W.T, LINES_B)
+    model = lines_net()
     sb = stability_bounds(model, POINTS, verbose=False)
     assert sb.upper.shape == POINTS.shape
     for i, x in enumerate(POINTS):

@@ -327,10 +327,6 @@ def test_none_means_the_default_everywhere(planar):
     cert = keras_roll.certify(model, x, rigor=None, method=None, verbose=None)
     assert cert.rigor is Rigor.FLOAT64 and cert.method is Method.ANALYTIC
     np.testing.assert_array_equal(cert.margins[2], default.margins[2])
-    # one point: the options resolve the same for any batch (6 points: 8 s more, eagerly)
-    rr = keras_roll.robust_radius(model, x[:1], norms=(2,), method=None, rigor=None,
-                                  verbose=False)
-    assert rr.rigor is Rigor.FLOAT64 and rr.method == "best"
     ig = keras_roll.integrated_gradients(model, x, steps=3, rule=None, verbose=False)
     assert ig.rule == "right" and ig.method == "riemann"
     d = keras_roll.gradient_distortion(model, x, samples=4, seed=0, domain=None, mode=None,
@@ -342,6 +338,15 @@ def test_none_means_the_default_everywhere(planar):
     config = keras_roll.RollConfig(lam=None, C=None, gamma=None, estimator=None,
                                    share_axes=None, fewest_directions=None)
     assert config == keras_roll.RollConfig()
+
+
+@pytest.mark.slow  # "best" traces the attack's compiled loop (5 s on this tiny model)
+def test_none_means_the_default_for_robust_radius(planar):
+    model, x = planar
+    # one point: the options resolve the same for any batch
+    rr = keras_roll.robust_radius(model, x[:1], norms=(2,), method=None, rigor=None,
+                                  verbose=False)
+    assert rr.rigor is Rigor.FLOAT64 and rr.method == "best"
 
 
 def test_robust_radius_takes_its_options_one_way(planar):

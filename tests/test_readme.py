@@ -4,8 +4,8 @@ Every ```python block of README.md runs, in order and in one namespace, exactly 
 pasted: its first block loads MNIST with `keras_roll.data.mnist_splits()`, which
 reads the Keras cache, and the test puts a small MNIST-layout `mnist.npz` there
 (`$KERAS_HOME/datasets/mnist.npz`, as `keras.datasets.mnist.load_data()` would):
-random 0..255 images, 16 of them left for training after the 5,000 validation ones,
-and 10 test images.
+random 0..255 images, 4 of them left for training after the 5,000 validation ones,
+and 3 test images.
 
 From docs/guide.md the blocks of `GUIDE_SECTIONS` run the same way (the guide's
 model is the README's), after a preamble that defines the data the guide leaves to
@@ -15,9 +15,9 @@ cannot have; `GUIDE_SKIPPED` names them with the reason and the test file that
 covers them instead.
 
 The default suite runs the slow calls with smaller budgets (`SHORTER`: fewer
-epochs, a smaller genetic search, the robustness radius's region method); each
-substitution must match the text exactly once, so a change of the snippet is
-noticed, and the tests marked `slow` run every block verbatim.
+epochs, a smaller genetic search, the robustness radius's region method, fewer
+SmoothGrad samples); each substitution must match the text exactly once, so a change
+of the snippet is noticed, and the tests marked `slow` run every block verbatim.
 
 No documented call may print TensorFlow's "triggered tf.function retracing"
 warning: the README's certificate and `fit` with `MarginMonitor`, and integrated
@@ -89,11 +89,12 @@ GUIDE_SKIPPED = {
 # (document, text, the same with a smaller budget) for the default suite.
 SHORTER = (
     ("README.md", 'mode="max", seed=0)', 'mode="max", seed=0, population=24, generations=2)'),
-    ("README.md", "epochs=10", "epochs=2"),
-    ("README.md", "validation_data=(x_val, y_val)", "validation_data=(x_val[:16], y_val[:16])"),
-    ("README.md", "MarginMonitor(x_val)", "MarginMonitor(x_val[:16])"),
+    ("README.md", "epochs=10", "epochs=1"),
+    ("README.md", "validation_data=(x_val, y_val)", "validation_data=(x_val[:4], y_val[:4])"),
+    ("README.md", "MarginMonitor(x_val)", "MarginMonitor(x_val[:4])"),
     ("README.md", 'norms=(2, np.inf), wrt="rescale")',
      'norms=(2, np.inf), wrt="rescale", method="region")'),
+    ("README.md", "samples=50, seed=0)", "samples=4, seed=0)"),
     ("docs/guide.md", 'mode="max", seed=0)', 'mode="max", seed=0, population=24, generations=2)'),
     ("docs/guide.md", "epochs=10", "epochs=2"),
     ("docs/guide.md", "norms=(2, np.inf))", 'norms=(2, np.inf), method="region")'),
@@ -193,7 +194,7 @@ def readme_blocks() -> list[Block]:
     return python_blocks(ROOT / "README.md")
 
 
-README_TEST_IMAGES = 10
+README_TEST_IMAGES = 3  # `x_test[:10]` takes them all
 
 
 @pytest.fixture
@@ -203,7 +204,7 @@ def mnist_in_keras_cache(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     folder = tmp_path / "keras_home" / "datasets"
     folder.mkdir(parents=True)
-    n_train = 5000 + 16  # the 5,000 validation images, and 16 to train on
+    n_train = 5000 + 4  # the 5,000 validation images, and 4 to train on
     np.savez(folder / "mnist.npz",
              x_train=rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
              y_train=rng.integers(0, 10, n_train, dtype=np.uint8),
@@ -250,7 +251,7 @@ def test_readme_runs_as_written(mnist_in_keras_cache):
     ns = run_readme(shortened("README.md", readme_blocks()))
     # the snippets did what their comments say
     n = README_TEST_IMAGES
-    assert ns["x_train"].shape == (16, 784) and ns["x_val"].shape == (5000, 784)
+    assert ns["x_train"].shape == (4, 784) and ns["x_val"].shape == (5000, 784)
     assert float(ns["x"].max()) > 1.0                  # raw 0..255 pixels, as the model wants
     assert ns["cert"].margins[2].shape == (n,)
     assert ns["rr"].lower[2].shape == (n,)

@@ -310,7 +310,9 @@ def test_check_rule_refuses_what_it_cannot_check():
         check_rule(L.Dense(2, activation="tanh"), input_shape=(3,))
 
 
-@pytest.mark.parametrize("rows_per_pass", [2048, 40])
+# One block of rows (2048) is what check_rule runs in every conformance test above, whose
+# references it is; the tiled blocks (40) only here.
+@pytest.mark.parametrize("rows_per_pass", [pytest.param(2048, marks=pytest.mark.slow), 40])
 def test_tape_jacobian_equals_the_tapes_batch_jacobian(rows_per_pass):
     """`tape_jacobian` (tiled reverse passes) against `tape.batch_jacobian`, for two
     outputs of a small CNN, in one block of rows and in blocks of 13 outputs (3

@@ -19,8 +19,6 @@ from keras_roll.roll.callbacks import MarginMonitor
 NORMS = (1, 2, np.inf)
 SCALE = np.float32(1 / 255)  # what Rescaling(1 / 255) multiplies by in float32
 
-pytestmark = pytest.mark.graph  # many compiled passes: faster as graphs
-
 
 def _dense_body(seed=0):
     keras.utils.set_random_seed(seed)
