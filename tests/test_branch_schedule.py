@@ -9,6 +9,8 @@ holds `r`, closes within `rtol` where the budget allows, probes bisect in log sp
 and the budgets it hands out grow as the bracket narrows and never exceed the time.
 """
 
+import time
+
 import numpy as np
 import pytest
 
@@ -47,7 +49,7 @@ class _Oracle:
 def _run(monkeypatch, oracle, lo, hi, seconds=30.0, rtol=1e-3):
     monkeypatch.setattr(branch, "verify_ball", oracle.verify)
     monkeypatch.setattr(branch, "_shrink", oracle.shrink)
-    monkeypatch.setattr(branch.time, "monotonic", oracle.monotonic)
+    monkeypatch.setattr(time, "monotonic", oracle.monotonic)
 
     class _P:
         p = np.inf

@@ -13,6 +13,7 @@ bound = bound_method_of(twin, RobustMethod.BEST)       # BoundMethod.RELAXATION
 from __future__ import annotations
 
 import numbers
+import time
 import warnings
 from typing import NamedTuple
 
@@ -141,6 +142,10 @@ class BranchOptions(NamedTuple):
     candidates: int = 3
     layer_steps: int = 8
     clock: str = "wall"
+
+    def now(self) -> float:
+        """Seconds on the clock that `max_seconds` counts (`clock`)."""
+        return time.process_time() if self.clock == "cpu" else time.monotonic()
 
     @staticmethod
     def of(value) -> BranchOptions | None:

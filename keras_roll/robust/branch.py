@@ -25,7 +25,6 @@ res.lower, res.upper            # [B] each, a bracket at least as narrow
 
 from __future__ import annotations
 
-import time
 from typing import NamedTuple
 
 import numpy as np
@@ -190,15 +189,14 @@ class _Spent(NamedTuple):
 
 def _bracket(passes, model, x, pred, lo, hi, gap, rtol, options):
     """One input's probes: `(lower, upper, point or None, _Spent)`."""
-    now = time.process_time if options.clock == "cpu" else time.monotonic
-    deadline = now() + options.max_seconds
+    deadline = options.now() + options.max_seconds
     ceiling = hi if np.isfinite(hi) else 2.0 * lo  # lowered by undecided probes
     point, spent, missed = None, _Spent(), False
     first = np.isfinite(hi) and hi < NEAR * lo  # then the attack's point is likely minimal
     width0 = np.log(ceiling / lo) if lo > 0 and ceiling > lo else 1.0
     while np.isfinite(ceiling) and ceiling > 0:
         top = min(hi, ceiling) if np.isfinite(hi) else ceiling
-        left = deadline - now()
+        left = deadline - options.now()
         if (np.isfinite(hi) and hi - lo <= rtol * hi) or left <= 0:
             break
         if top - lo <= rtol * top:  # capped by undecided probes: retry below hi, longer
@@ -208,7 +206,7 @@ def _bracket(passes, model, x, pred, lo, hi, gap, rtol, options):
         eps = _next_probe(lo, top, first, rtol)
         seconds = _probe_seconds(options.max_seconds, width0, lo, top, left, first, missed)
         verdict = verify_ball(passes, model, x, pred, eps, gap, options,
-                              now() + seconds)
+                              options.now() + seconds)
         steps = 0
         if verdict.status == "certified":
             lo = eps

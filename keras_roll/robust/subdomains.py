@@ -34,7 +34,6 @@ verdict.status     # "certified", "adversarial" or "unknown"
 
 from __future__ import annotations
 
-import time
 from typing import NamedTuple
 
 import numpy as np
@@ -355,7 +354,6 @@ class _Ball:
         return self.passes.p
 
     def run(self, deadline: float) -> BallVerdict:
-        now = time.process_time if self.options.clock == "cpu" else time.monotonic
         n = self.passes.layout.size
         splits = np.zeros((1, n), np.int8)
         betas = np.zeros((1, self.passes.rows, n))
@@ -374,7 +372,7 @@ class _Ball:
             if not open_.any():
                 return self._verdict("certified", None, np.inf)
             low, sp, be, sc, worst = low[open_], sp[open_], be[open_], sc[open_], worst[open_]
-            if now() > deadline or self.leaves >= self.options.max_leaves:
+            if self.options.now() > deadline or self.leaves >= self.options.max_leaves:
                 return self._verdict("unknown", None, float(worst.min()))
             take = np.argsort(worst)[:max(1, self.options.batch // 2)]  # the lowest first
             rest = np.setdiff1d(np.arange(len(worst)), take)
