@@ -22,7 +22,7 @@ from keras_roll.compile.twin import linearize
 from keras_roll.robust import BranchOptions
 from keras_roll.robust.subdomains import LeafPasses, _Ball
 from tests.test_branch_schedule import _Oracle
-from tests.test_robust_exact import _mlp, affine_stack, forward, pre_activations
+from tests.test_robust_exact import _mlp, affine_stack, forward, grid_margins
 
 
 class _P:
@@ -73,12 +73,7 @@ def test_leaves_bounded_together_or_alone_agree_and_stay_sound():
     rng = np.random.default_rng(1)
     x, eps = rng.normal(size=2), 0.5
     pred = int(np.argmax(forward(stages, x[None])))
-    t = np.linspace(-eps, eps, 161)
-    grid = x + np.stack(np.meshgrid(t, t), -1).reshape(-1, 2)
-    pre, logits = pre_activations(stages, grid)
-    pre = np.concatenate(pre, axis=1)
-    others = [(pred + 1 + k) % 3 for k in range(2)]
-    margins = logits[:, [pred]] - logits[:, others]
+    pre, margins = grid_margins(stages, x, eps, 161, pred)
     n = passes.layout.size
     splits = np.zeros((6, n), np.int8)  # each leaf holds a point of the grid
     for k in range(1, 6):

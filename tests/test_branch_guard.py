@@ -18,7 +18,7 @@ from keras_roll.options import Rigor
 from keras_roll.robust import BranchOptions
 from keras_roll.robust.bounds import guard_loss
 from keras_roll.robust.subdomains import LeafPasses, _Ball
-from tests.test_robust_exact import _mlp, affine_stack, forward, pre_activations
+from tests.test_robust_exact import _mlp, affine_stack, forward, grid_margins
 
 pytestmark = pytest.mark.graph
 
@@ -45,12 +45,7 @@ def test_probabilistic_leaves_stay_sound_on_the_grid():
     x = rng.normal(size=2)
     pred = int(np.argmax(forward(stages, x[None])))
     eps = 0.6
-    t = np.linspace(-eps, eps, 241)
-    pts = x + np.stack(np.meshgrid(t, t), -1).reshape(-1, 2)
-    pre, logits = pre_activations(stages, pts)
-    pre = np.concatenate(pre, axis=1)
-    others = [(pred + 1 + k) % 3 for k in range(2)]
-    margins = logits[:, [pred]] - logits[:, others]
+    pre, margins = grid_margins(stages, x, eps, 241, pred)
     n = pre.shape[1]
     splits = np.zeros((8, n), np.int8)
     for k in range(1, 8):

@@ -99,6 +99,16 @@ def pre_activations(stages, h):
     return out, h
 
 
+def grid_margins(stages, x, eps, n, pred, classes=3):
+    """`(every activation stage's inputs [n * n, units], margins [n * n, classes - 1])`
+    on an `n x n` grid of the l_inf ball of radius `eps` around the 2-D point `x`: the
+    margins of class `pred` over the other classes, in the order `pred + 1, ...`."""
+    t = np.linspace(-eps, eps, n)
+    pre, logits = pre_activations(stages, x + np.stack(np.meshgrid(t, t), -1).reshape(-1, 2))
+    others = [(pred + 1 + k) % classes for k in range(classes - 1)]
+    return np.concatenate(pre, axis=1), logits[:, [pred]] - logits[:, others]
+
+
 def forward(stages, x):
     return pre_activations(stages, np.asarray(x, np.float64).reshape(len(x), -1))[1]
 
