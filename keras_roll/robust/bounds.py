@@ -229,7 +229,7 @@ def guard_arithmetic(twin, mode: str) -> Arithmetic:
 
 
 def _bounds_fn(twin, method: BoundMethod, mode: str, budget: int, examples: int, slopes,
-               x, pred, eps, norm, prior):
+               x, pred, eps, norm, prior=None):
     """`[B, L-1]` lower bounds of the margins `f_y - f_j` over the ball, and the linear
     form of the relaxation's (offset and slope in `eps`; NaN for interval bounds),
     compiled. The norm is an input, its `norm_code` (a scalar int32 tensor): one trace
@@ -243,15 +243,17 @@ def _bounds_fn(twin, method: BoundMethod, mode: str, budget: int, examples: int,
         low = lower_bounds(lm.structure, lm.values, lm.rows, eps, norm, method, arithmetic,
                            budget, examples)
         nan = tf.fill(tf.shape(low), tf.constant(np.nan, low.dtype))
-        return lm.margins + low, nan, nan, tf.zeros([tf.shape(low)[0], 0], low.dtype)
+        out = lm.margins + low, nan, nan
+        return out if prior is None else (*out, tf.zeros([tf.shape(low)[0], 0], low.dtype))
     check_bounds(lm.structure, method.passes, lm.values.masks)
     held = (prior_boxes(lm.structure, lm.values, prior)
-            if method is BoundMethod.RELAXATION else None)
+            if method is BoundMethod.RELAXATION and prior is not None else None)
     low, offset, slope, boxes = _relaxed_terms(
         lm.structure, lm.values, lm.rows, eps, norm, arithmetic, budget, examples,
         crown=method is not BoundMethod.CROWN_IBP,
         slopes=slopes if method is BoundMethod.ALPHA_CROWN else None, prior=held)
-    return lm.margins + low, lm.margins + offset, slope, boxes
+    out = lm.margins + low, lm.margins + offset, slope
+    return out if prior is None else (*out, boxes)
 
 
 def intermediate_choice(twin, x: np.ndarray, choice: IntermediateBounds | str,
