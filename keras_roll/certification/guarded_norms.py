@@ -44,7 +44,6 @@ import tensorflow as tf
 
 from keras_roll.certification.gradient_norms import GradNorms, iter_gradient_norms
 from keras_roll.certification.margin_math import neuron_arrays, neuron_distances
-from keras_roll.compile.caches import batch_polymorphic, cached
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.options import parse_norm
 from keras_roll.rounding.exact_norms import exact_norms
@@ -98,7 +97,7 @@ def guarded_norms(twin, x, batch_size, memory_budget, rigor, norms=(1, 2, math.i
     plan = plan_chunks(int(x.shape[0]), layout.input_size, layout.tangent_bytes(4), budget,
                        batch_size, max_examples=SLICE_EXAMPLES)
     for sl in plan.example_slices():
-        fwd = _primal(twin)(tf.cast(x[sl], twin.dtype))
+        fwd = twin.compiled.primal(tf.cast(x[sl], twin.dtype))
         try:
             gn, err = _slice(guard, twin, x[sl], fwd, budget, with_max)
         except UnsupportedTangentBound:
@@ -107,14 +106,6 @@ def guarded_norms(twin, x, batch_size, memory_budget, rigor, norms=(1, 2, math.i
                                      norms)
             return
         yield sl, fwd, gn, err
-
-
-def _primal(twin):
-    """The twin's compiled primal, its first trace for any batch size
-    (`batch_polymorphic`): the twin's layout traced it for one example, and a slice of
-    another size would trace it again."""
-    return cached(twin, ("batch polymorphic primal", id(twin.compiled)),
-                  lambda: batch_polymorphic(twin.compiled.primal))
 
 
 def _slice(guard, twin, xs, fwd, budget, with_max):
@@ -130,7 +121,7 @@ def _slice(guard, twin, xs, fwd, budget, with_max):
     l1 = np.full((b, n), np.inf)
     tn = fwd_rest = None
     if rest.size:
-        fwd_rest = fwd if rest.size == b else _primal(twin)(
+        fwd_rest = fwd if rest.size == b else twin.compiled.primal(
             tf.cast(tf.gather(xs, rest), twin.dtype))
         tn = tangent_norms(twin, fwd_rest, budget, with_max)
         l1[rest] = tn.upper.l1

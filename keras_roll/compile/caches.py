@@ -139,6 +139,8 @@ def batch_polymorphic(fn):
         return fn(*args)
 
     call.python_function = fn
+    if hasattr(fn, "experimental_get_tracing_count"):
+        call.experimental_get_tracing_count = fn.experimental_get_tracing_count
     return call
 
 

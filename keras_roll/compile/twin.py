@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import keras
@@ -37,7 +38,7 @@ import tensorflow as tf
 from keras_roll import inputs
 from keras_roll.compile import streaming
 from keras_roll.compile.autotune import axis_budget
-from keras_roll.compile.caches import cached
+from keras_roll.compile.caches import batch_polymorphic, cached
 from keras_roll.compile.graph import Program, build_program
 from keras_roll.compile.interpreter import JVP, ForwardPass, Interpreter, Trace
 from keras_roll.compile.layout import NeuronLayout
@@ -63,11 +64,13 @@ class CompiledPasses(NamedTuple):
     """The interpreter's passes compiled with `tf.function` (`Linearized.compiled`).
 
     They take checked tensors (see `Linearized.check_input`) and retrace little
-    (`reduce_retracing=True`). Executors that stream many chunks call these
-    (`keras_roll.compile.streaming`).
+    (`reduce_retracing=True`); the primal's first trace takes any batch size
+    (`keras_roll.compile.caches.batch_polymorphic`), so the twin's one-example layout
+    pass, a batch and a data set's last slice share one graph. Executors that stream
+    many chunks call these (`keras_roll.compile.streaming`).
     """
 
-    primal: tf.types.experimental.PolymorphicFunction
+    primal: Callable
     tangent: tf.types.experimental.PolymorphicFunction
     axes_tangent: tf.types.experimental.PolymorphicFunction
 
@@ -82,7 +85,7 @@ class CompiledPasses(NamedTuple):
                                autograph=False)
 
         kind = type(lin)
-        return cls(compiled(kind.primal), compiled(kind.tangent_from_trace),
+        return cls(batch_polymorphic(compiled(kind.primal)), compiled(kind.tangent_from_trace),
                    compiled(kind.axes_tangent))
 
 
