@@ -60,6 +60,8 @@ flags.DEFINE_integer("probe_budget", AttackOptions().probe_budget, "Steps of the
                      "fixed radii per image.")
 flags.DEFINE_float("hop", AttackOptions().hop, "Noise around the best point at the start of "
                    "the polishing runs but the last, as a share of its distance.")
+flags.DEFINE_integer("refine", AttackOptions().refine, "Rounds of first-order steps along the "
+                     "decision boundary from the best point, after the polishing runs.")
 flags.DEFINE_list("norms", ["linf", "l2", "l1"], "Norms attacked.")
 flags.DEFINE_integer("image_offset", 0, "Skip this many correctly classified test images "
                      "(a held-out set: the images after those a schedule was tuned on); "
@@ -177,11 +179,11 @@ def main(argv):
     n = x.shape[0]
     opts = AttackOptions(steps=FLAGS.steps, restarts=FLAGS.restarts, polish=FLAGS.polish,
                          scout_steps=FLAGS.scout_steps, probe_budget=FLAGS.probe_budget,
-                         hop=FLAGS.hop)
+                         hop=FLAGS.hop, refine=FLAGS.refine)
     print(f"machine: {os.cpu_count()} CPU cores (shared), TensorFlow {tf.__version__}")
     print(f"network: CNN-S, {note}; {n} images; attack {opts.steps} steps x "
           f"{opts.restarts} runs (scouts: {opts.scout_steps} steps) + {opts.polish} "
-          f"polishing runs")
+          f"polishing runs + {opts.refine} rounds of refinement")
     saved = {"x": x, "y": y}
     for i, w in enumerate(model.get_weights()):
         saved[f"weight_{i}"] = w

@@ -40,7 +40,7 @@ class AttackOptions(NamedTuple):
         probe_budget: the steps all probes of one input may spend together (default
             400).
         polish: runs after the restarts, each from the best point so far, toward its
-            class, with `steps` steps (default 4; 0: none). For l_inf they alternate
+            class, with `steps` steps (default 3; 0: none). For l_inf they alternate
             sign and smooth steps, which end in different local minima; the last runs
             with a tenth of the step size and a fifth of `gamma` (`FINE`): it settles
             the point the others reached.
@@ -58,6 +58,11 @@ class AttackOptions(NamedTuple):
             norm constraint `1 + hop` times the distance (default 0: no noise): basin
             hopping, which reaches neighbouring local minima the noiseless runs
             cannot leave (l_inf on CNNs).
+        refine: rounds of first-order steps along the decision boundary from the best
+            point after the polishing runs (default 4; 0: none;
+            `keras_roll.robust.attack_refine`): each costs one gradient and one model
+            call on 12 candidates per input, keeps only closer points, and the rounds
+            stop once no input gains.
 
     Example:
 
@@ -74,14 +79,15 @@ class AttackOptions(NamedTuple):
     gamma: float = 0.05
     probe_steps: int = 50
     probe_budget: int = 400
-    polish: int = 4
+    polish: int = 3
     scout_steps: int = 25
     hop: float = 0.0
+    refine: int = 4
 
     def checked(self) -> AttackOptions:
         """The options, or a ValueError naming the bad one."""
         for name in ("steps", "restarts", "seed", "probe_steps", "probe_budget", "polish",
-                     "scout_steps"):
+                     "scout_steps", "refine"):
             v = getattr(self, name)
             low = 1 if name in ("steps", "restarts", "scout_steps") else 0
             if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < low:

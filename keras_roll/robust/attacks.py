@@ -25,6 +25,10 @@ NeurIPS 2021):
   batches costs about what one run does per step;
 * then `AttackOptions.polish` runs from the best point so far, toward its class (for
   l_inf alternating sign and smooth steps; the last with a fine schedule);
+* then `AttackOptions.refine` first-order steps along the decision boundary from the
+  best point (`keras_roll.robust.attack_refine`: toward the point of least norm on the
+  boundary's tangent plane, in shares checked in the model), which settle where the
+  runs' finite schedules stop short (l1 above all: its minima sit on a few pixels);
 * every point found is moved to the first clear flip by the norm's own projection
   onto smaller balls (bisection: scaled for l2, clipped for l_inf,
   soft-thresholded for l1) and checked in the Keras model in its own dtype
@@ -67,6 +71,7 @@ from keras_roll.robust.attack_points import (
     domain_arrays,
     valid_starts,
 )
+from keras_roll.robust.attack_refine import refine_points
 from keras_roll.robust.region import NormBounds
 from keras_roll.robust.upper_search import shrink_upper
 
@@ -148,7 +153,8 @@ def minimal_norm_attack(model, x, p=2, *, pred=None, start=None, domain=None,
         domain: None (no bounds), or `(low, high)`: numbers or arrays broadcastable to
             the input shape, in the model's input units; every point stays inside.
         options: an `AttackOptions` (default: 150 steps, 7 runs (four of them short
-            scouting runs), 4 polishing runs, then probes at fixed radii).
+            scouting runs), 3 polishing runs, 4 rounds of
+            refinement, then probes at fixed radii).
         lower: `[B]` radii known to hold no adversarial point (certified), which
             bound the probes' brackets from below (default: none).
 
@@ -192,6 +198,7 @@ def run_attack(model, x, p=2, *, pred=None, start=None, domain=None,
     _from_starts(runner, best, best_norm, starts)
     _restarts(runner, best, best_norm)
     _polish(runner, best, best_norm)
+    _refine(runner, best, best_norm)
     if probes and runner.options.probe_steps:
         _probes(runner, best, best_norm, lower)
     return _bounds(runner, best, best_norm), runner.taken
@@ -378,6 +385,17 @@ def _polish(runner, best, best_norm) -> None:
         d0, eps0 = _hopped(runner, rng, idx, best, best_norm, last)
         pts, dist = runner.run(idx, d0, eps0, target, steps, False, k % 2 == 1,
                                scale=FINE if last else (1.0, 1.0))
+        _keep(best, best_norm, idx, pts, dist)
+
+
+def _refine(runner, best, best_norm) -> None:
+    """`AttackOptions.refine` first-order steps along the boundary from the best points
+    (in place; `keras_roll.robust.attack_refine`): they only keep closer points."""
+    idx = runner.open_rows(best_norm)
+    idx = idx[np.isfinite(best_norm[idx])]
+    if idx.size and runner.options.refine:
+        pts, dist = refine_points(runner.model, runner.x[idx], best[idx], runner.pred[idx],
+                                  runner.p, runner.lo, runner.hi, runner.options.refine)
         _keep(best, best_norm, idx, pts, dist)
 
 
