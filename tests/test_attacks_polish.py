@@ -47,7 +47,7 @@ def test_polish_reaches_the_closed_form_from_a_far_start(p):
         v = v if v @ a > 0 else -v
         far[i] = x64[i] + 2.0 * (f[i, y] - f[i, j]) / (v @ a) * v
     assert np.all(_flips(model, far, pred))
-    opts = dict(steps=30, restarts=1, probe_steps=0)
+    opts = dict(steps=30, restarts=1, probe_steps=0, refine=0)  # the polishing runs alone
     rough = minimal_norm_attack(model, x, p, start=far, options=AttackOptions(**opts, polish=0))
     nb = minimal_norm_attack(model, x, p, start=far,
                              options=AttackOptions(**opts, polish=3))
@@ -68,7 +68,7 @@ def test_polish_only_shrinks_the_restarts_points(p):
                               keras.layers.Dense(24, activation="relu"), keras.layers.Dense(4)])
     x = np.random.default_rng(8).normal(size=(10, 6)).astype(np.float32)
     pred = np.argmax(np.asarray(model(x, training=False)), axis=1)
-    opts = dict(steps=30, restarts=2, probe_steps=0)
+    opts = dict(steps=30, restarts=2, probe_steps=0, refine=0)  # the polishing runs alone
     before = minimal_norm_attack(model, x, p, options=AttackOptions(**opts, polish=0))
     after = minimal_norm_attack(model, x, p, options=AttackOptions(**opts, polish=2))
     found = np.isfinite(before.upper)
