@@ -235,7 +235,8 @@ def loop_function(model, p=None):
                  tf.zeros_like(steps))
         _, delta, _, best, best_norm, taken = tf.while_loop(
             lambda k, *v: tf.reduce_any(moving(k, v[3])), body, start)
-        _, adv, _ = loss_and_grad(x, delta, pred, target)
+        out = tf.reshape(model(x + delta, training=False), [tf.shape(x)[0], classes])
+        _, adv = _margins(tf.cast(out, tf.float32), pred, target, classes)  # no gradient
         best, best_norm = keep(delta, tf.cast(_flat_norm(delta, norm), tf.float32), adv, best,
                                best_norm, shape)
         return best, best_norm, _bisect(model, classes, x, best, pred, norm), taken
