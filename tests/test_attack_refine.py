@@ -113,3 +113,32 @@ def test_refinement_never_moves_away_and_every_point_flips(relu_net, p):
 def test_refine_option_is_checked():
     with pytest.raises(ValueError, match="refine"):
         AttackOptions(refine=-1).checked()
+
+
+def test_chunks_of_one_row_give_each_rows_own_refinement(relu_net, monkeypatch):
+    """The rows run in chunks that fit `CHUNK_BYTES`: with one row per chunk, each row
+    gets exactly what a call on that row alone gives (the same batch sizes, so the same
+    rounding; across batch sizes the model's rounding can pick another share), and
+    every point still flips."""
+    from keras_roll.robust import attack_refine
+
+    model = relu_net
+    x = np.random.default_rng(9).uniform(0.2, 0.8, size=(5, 8))
+    pred = np.argmax(model_outputs(model, x.astype(np.float32)), axis=1)
+    weak = AttackOptions(steps=8, restarts=1, polish=0, probe_steps=0, refine=0)
+    nb = minimal_norm_attack(model, x, 2, pred=pred, domain=(0.0, 1.0), options=weak)
+    ok = np.flatnonzero(np.isfinite(nb.upper))
+    box = (np.zeros(8), np.ones(8))
+    alone = [refine_points(model, x[i:i + 1], nb.adversarial[i:i + 1], pred[i:i + 1], 2, *box,
+                           rounds=3) for i in ok]
+    calls = []
+    inner = attack_refine._refine_rows
+    monkeypatch.setattr(attack_refine, "_refine_rows",
+                        lambda *a: calls.append(len(a[1])) or inner(*a))
+    monkeypatch.setattr(attack_refine, "CHUNK_BYTES", 1)  # one row per chunk
+    pts, dist = refine_points(model, x[ok], nb.adversarial[ok], pred[ok], 2, *box, rounds=3)
+    assert calls == [1] * ok.size
+    np.testing.assert_array_equal(dist, [d[0] for _, d in alone])
+    np.testing.assert_array_equal(pts, np.concatenate([q for q, _ in alone]))
+    assert np.all(dist <= nb.upper[ok])
+    assert clearly_other(model_outputs(model, pts.astype(np.float32)), pred[ok]).all()

@@ -30,9 +30,10 @@ import tensorflow as tf
 from keras_roll.robust.adversarial import clearly_other, lp_norm, model_outputs
 from keras_roll.robust.attack_points import checked_points, in_domain
 
-__all__ = ["SHARES", "linear_target", "refine_points"]
+__all__ = ["CHUNK_BYTES", "SHARES", "linear_target", "refine_points"]
 
 SHARES = tuple(2.0**-k for k in range(0, 12))  # shares of the step tried per round
+CHUNK_BYTES = 2**26  # candidate points (float64) per chunk of rows
 
 
 def _margin_gradients(model, pts, pred, target):
@@ -64,11 +65,21 @@ def linear_target(g: np.ndarray, level: np.ndarray, p) -> np.ndarray:
 def refine_points(model, x, best, pred, p, lo, hi, rounds: int):
     """`(points, distances)`: `best [B, *input_shape]` (adversarial points around `x`,
     clearly of another class than `pred`) moved closer by up to `rounds` first-order
-    steps along the boundary; rows where no step gains keep their point."""
-    b = x.shape[0]
+    steps along the boundary; rows where no step gains keep their point. The rows run
+    in chunks whose candidates (`len(SHARES)` per row, float64) fit `CHUNK_BYTES`."""
     pts, dist = best.copy(), lp_norm(best - x, p)
-    if not b or not rounds:
-        return pts, dist
+    width = int(np.prod(x.shape[1:]))
+    size = max(1, CHUNK_BYTES // (8 * len(SHARES) * max(width, 1)))
+    for c0 in range(0, x.shape[0] if rounds else 0, size):
+        part = slice(c0, c0 + size)
+        pts[part], dist[part] = _refine_rows(model, x[part], pts[part], dist[part], pred[part],
+                                             p, lo, hi, rounds)
+    return pts, dist
+
+
+def _refine_rows(model, x, pts, dist, pred, p, lo, hi, rounds):
+    """`refine_points` on one chunk of rows (`pts`, `dist` updated in place)."""
+    b = x.shape[0]
     shares = np.asarray(SHARES)[:, None, None]
     width = int(np.prod(x.shape[1:]))
     dtype = np.dtype(model.inputs[0].dtype)
