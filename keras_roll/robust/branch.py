@@ -5,18 +5,16 @@ The search over one ball (leaves, splits, multipliers and slopes) is
 `keras_roll.robust.subdomains.verify_ball`.
 
 `branch_radius` brackets the minimal perturbation by probing radii between a known
-lower bound and a known adversarial distance: a certified probe raises the lower
-bound, an adversarial point (shrunk further by the minimal-norm attack) lowers the
-upper bound, an undecided probe caps the next ones. Where the attack's point is likely
-minimal (a narrow bracket), the probe just below it comes first with most of the
-time. Where the bracket is wide, the relaxation is usually what is loose, and a ball
-much larger than the certified one holds too many unstable units to decide: the
-probes climb from the lower bound instead, in steps that double while a probe
-certifies in a quarter of its time and halve when it takes more than half
-(`_climb`), each with half of the time left. Once a probe is undecided, the search
-bisects in log space, each probe's share of the time growing as the bracket narrows
-(`_probe_seconds`). Where the bracket closes within `exact_rtol` the radius is known.
-docs/design.md, section "Robustness radius".
+lower bound and a known adversarial distance, bisecting in log space: a certified probe
+raises the lower bound, an adversarial point (shrunk further by the minimal-norm
+attack) lowers the upper bound, an undecided probe caps the next ones. Where the
+attack's point is likely minimal, the probe just below it comes first with most of
+the time; the others get a small share, growing as the bracket narrows
+(`_probe_seconds`). Where
+the bracket closes within `exact_rtol` the radius is known. Each probe starts from
+the leaves that certified the last certified one (`BallVerdict.cover`: the same tree,
+grown further), not from the whole ball. docs/design.md, section
+"Robustness radius".
 
 Example:
 
@@ -91,19 +89,6 @@ PROBE_SHARE = 1 / 32  # the first probe's share of max_seconds in the widest bra
 FIRST_SHARE = 3 / 4  # the share of the probe just below the upper bound (it closes the
 # bracket where the attack found the minimal point, the common case where U < NEAR L;
 # on the ROLL-tuned MNIST MLP 9 of 10 brackets closed at 5 CPU s with 3/4, 7 with 1/2)
-
-
-CLIMB = 1 / 64  # the first step above the lower bound where the bracket is wide (a
-# certified ball 1.6 % above CROWN's radius takes 1-3 CPU s on the vanilla MNIST MLP,
-# and the cost of a ball grows steeply with its radius)
-
-
-def _climb(step: float, used: float, seconds: float) -> float:
-    """The next step of the climb after a certified probe that `used` of its
-    `seconds`: doubled where it took under a quarter, halved where it took over half."""
-    if used < seconds / 4:
-        return 2.0 * step
-    return step / 2 if used > seconds / 2 else step
 
 
 def _next_probe(lo: float, top: float, first: bool, rtol: float) -> float:
@@ -208,9 +193,8 @@ def _bracket(passes, model, x, pred, lo, hi, gap, rtol, options):
     """One input's probes: `(lower, upper, point or None, _Spent)`."""
     deadline = options.now() + options.max_seconds
     ceiling = hi if np.isfinite(hi) else 2.0 * lo  # lowered by undecided probes
-    point, spent, missed = None, _Spent(), False
+    point, spent, missed, cover = None, _Spent(), False, None
     first = np.isfinite(hi) and hi < NEAR * lo  # then the attack's point is likely minimal
-    step = max(CLIMB, rtol) if lo > 0 and not first else 0.0  # a wide bracket: climb
     width0 = np.log(ceiling / lo) if lo > 0 and ceiling > lo else 1.0
     while np.isfinite(ceiling) and ceiling > 0:
         top = min(hi, ceiling) if np.isfinite(hi) else ceiling
@@ -223,21 +207,19 @@ def _bracket(passes, model, x, pred, lo, hi, gap, rtol, options):
             ceiling = top = hi
         eps = _next_probe(lo, top, first, rtol)
         seconds = _probe_seconds(options.max_seconds, width0, lo, top, left, first, missed)
-        if step:  # climbing: a step above lo, at most the middle, with half the time
-            eps, seconds = min(lo * (1.0 + step), eps), left / 2
-        start = options.now()
-        verdict = verify_ball(passes, model, x, pred, eps, gap, options, start + seconds)
+        # every later probe is above the last certified one: its leaves start the search
+        verdict = verify_ball(passes, model, x, pred, eps, gap, options,
+                              options.now() + seconds, cover=cover)
         steps = 0
         if verdict.status == "certified":
-            lo = eps
-            step = step and max(_climb(step, options.now() - start, seconds), rtol)
+            lo, cover = eps, verdict.cover
         elif verdict.status == "adversarial":
             pt, dist, steps = _shrink(model, x, verdict.point, pred, passes.p)
             if dist < hi or not np.isfinite(hi):
                 hi, point = dist, pt
             ceiling = min(ceiling, dist)
         else:
-            ceiling, missed, step = eps, missed or first, 0.0
+            ceiling, missed = eps, missed or first
         first = False
         spent = spent.add(verdict, steps)
     return lo, hi, point, spent

@@ -54,6 +54,7 @@ __all__ = ["BallVerdict", "LeafPasses", "verify_ball"]
 PGD_STEPS = 40  # steps of the attack at a fixed radius from the leaves' optima
 ATTACK_STARTS = 8  # leaves per batch whose optima start the attack
 MAX_DEPTH = 6  # units split at once in one leaf (2^MAX_DEPTH children)
+MAX_COVER_BYTES = 2**26  # the largest cover a certified ball hands on (int8 splits)
 
 
 def _padded(a: np.ndarray, n: int) -> np.ndarray:
@@ -99,6 +100,10 @@ class BallVerdict(NamedTuple):
         lower: the smallest margin bound over the open leaves (inf when certified).
         passes: batched bound passes run (each bounds up to `options.batch` leaves).
         attack_steps: gradient steps of the attacks from the leaves' optima (per start).
+        cover: where certified, the splits `[L, size]` (int8) of the leaves that
+            verified the ball: their subdomains partition the input space, so the
+            search over a larger ball can start from them (`verify_ball`'s `cover`);
+            None where not certified or larger than `MAX_COVER_BYTES`.
     """
 
     status: str
@@ -107,6 +112,7 @@ class BallVerdict(NamedTuple):
     lower: float
     passes: int = 0
     attack_steps: int = 0
+    cover: np.ndarray | None = None
 
 
 class _Ball:
@@ -206,13 +212,23 @@ class _Ball:
     def p_norm(self):
         return self.passes.p
 
-    def run(self, deadline: float) -> BallVerdict:
+    def run(self, deadline: float, cover: np.ndarray | None = None) -> BallVerdict:
+        """The search, from the whole ball or from the leaves of `cover` (splits whose
+        subdomains partition the input space, from a smaller certified ball)."""
         n = self.passes.layout.size
-        splits = np.zeros((1, n), np.int8)
-        betas = np.zeros((1, self.passes.rows, n))
-        betas = np.concatenate([betas, np.full_like(betas, np.nan)], -1)  # CROWN's slopes
-        lower, betas, g, scores = self.evaluate(splits, betas)
-        frontier = [(lower, splits, betas, scores, g)]
+        start = np.zeros((1, n), np.int8) if cover is None or not len(cover) else cover
+        parts, b = [], self.options.batch
+        for i in range(0, len(start), b):
+            splits = start[i:i + b]
+            betas = np.zeros((len(splits), self.passes.rows, n))
+            betas = np.concatenate([betas, np.full_like(betas, np.nan)], -1)  # CROWN's
+            lower, betas, g, scores = self.evaluate(splits, betas)
+            parts.append((lower, splits, betas, scores, g))
+            if i + b < len(start) and self.options.now() > deadline:
+                return self._verdict("unknown", None, float(min(
+                    part[0].min() for part in parts)))
+        frontier = [tuple(np.concatenate(part) for part in zip(*parts))]
+        done = []  # the splits of the leaves verified
         while True:
             for _, _, _, _, gs in frontier[-1:]:
                 order = np.argsort(frontier[-1][0].min(axis=1))  # the lowest bounds first
@@ -222,8 +238,11 @@ class _Ball:
             low, sp, be, sc = [np.concatenate([f[i] for f in frontier]) for i in range(4)]
             worst = low.min(axis=1)
             open_ = worst <= self.gap
+            done.append(sp[~open_])
             if not open_.any():
-                return self._verdict("certified", None, np.inf)
+                cover = np.concatenate(done).astype(np.int8)
+                return self._verdict("certified", None, np.inf,
+                                     cover if cover.nbytes <= MAX_COVER_BYTES else None)
             low, sp, be, sc, worst = low[open_], sp[open_], be[open_], sc[open_], worst[open_]
             if self.options.now() > deadline or self.leaves >= self.options.max_leaves:
                 return self._verdict("unknown", None, float(worst.min()))
@@ -270,8 +289,9 @@ class _Ball:
         params[idx, :, :size] = sol.betas
         return None, params
 
-    def _verdict(self, status: str, point, lower: float) -> BallVerdict:
-        return BallVerdict(status, point, self.leaves, lower, self.calls, self.attack_steps)
+    def _verdict(self, status: str, point, lower: float, cover=None) -> BallVerdict:
+        return BallVerdict(status, point, self.leaves, lower, self.calls, self.attack_steps,
+                           cover)
 
     def _units(self, splits, params, scores) -> np.ndarray:
         """The unit to split in each leaf: BaBSR's best, or among the
@@ -346,6 +366,9 @@ class _Ball:
 
 
 def verify_ball(passes: LeafPasses, model, x: np.ndarray, pred: int, eps: float, gap: float,
-                options: BranchOptions, deadline: float) -> BallVerdict:
-    """Branch and bound over the ball of radius `eps` around one input `x`."""
-    return _Ball(passes, model, x, pred, eps, gap, options).run(deadline)
+                options: BranchOptions, deadline: float,
+                cover: np.ndarray | None = None) -> BallVerdict:
+    """Branch and bound over the ball of radius `eps` around one input `x`, from the
+    whole ball or (`cover`: a certified smaller ball's `BallVerdict.cover`) from the
+    leaves that verified a smaller ball (the same tree, grown further)."""
+    return _Ball(passes, model, x, pred, eps, gap, options).run(deadline, cover)
