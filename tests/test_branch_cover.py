@@ -17,7 +17,7 @@ import pytest
 from keras_roll.compile.twin import linearize
 from keras_roll.robust import BranchOptions
 from keras_roll.robust.adversarial import predict_classes
-from keras_roll.robust.subdomains import BallVerdict, LeafPasses, verify_ball
+from keras_roll.robust.subdomains import BallVerdict, Cover, LeafPasses, verify_ball
 from tests.test_branch_and_bound import _small
 from tests.test_branch_schedule import _Oracle, _run
 from tests.test_robust_exact import EXACT_RTOL, exact_milp, pre_activations
@@ -36,9 +36,14 @@ def test_a_cover_partitions_the_space_and_grows_to_the_milp_radius():
     small = verify_ball(passes, model, flat, pred, 0.9 * radius, 0.0, BranchOptions(),
                         deadline=np.inf)
     assert small.status == "certified"
-    cover = small.cover
-    assert cover is not None and cover.dtype == np.int8
+    assert small.cover is not None
+    cover = small.cover.splits
+    assert cover.dtype == np.int8
     assert cover.shape == (len(cover), passes.layout.size) and len(cover) > 1
+    params = small.cover.params  # float32 multipliers (>= 0) and slopes per leaf
+    assert params.dtype == np.float32 and params.shape == (len(cover), passes.rows,
+                                                           2 * passes.layout.size)
+    assert np.all(params[..., :passes.layout.size] >= 0)
     rng = np.random.default_rng(0)
     pts = flat + rng.uniform(-2 * radius, 2 * radius, size=(20000, flat.size))
     pre = np.concatenate(pre_activations(stages, pts)[0], axis=1)  # [P, size]
@@ -47,10 +52,10 @@ def test_a_cover_partitions_the_space_and_grows_to_the_milp_radius():
     assert counts.min() >= 1
     assert np.mean(counts == 1) > 0.999
     near = verify_ball(passes, model, flat, pred, radius * (1 - EXACT_RTOL / 4), 0.0,
-                       BranchOptions(), deadline=np.inf, cover=cover)
+                       BranchOptions(), deadline=np.inf, cover=small.cover)
     assert near.status == "certified"
     far = verify_ball(passes, model, flat, pred, radius * 1.01, 0.0, BranchOptions(),
-                      deadline=np.inf, cover=cover)
+                      deadline=np.inf, cover=small.cover._replace(params=None))
     assert far.status == "adversarial"
     assert predict_classes(model, far.point[None].astype(np.float32))[0] != pred
 
@@ -64,11 +69,11 @@ class _Covering(_Oracle):
         self.covers, self.statuses = [], []
 
     def verify(self, passes, model, x, pred, eps, gap, options, deadline, cover=None):
-        self.covers.append(None if cover is None else float(cover[0, 0]))
+        self.covers.append(None if cover is None else float(cover.splits[0, 0]))
         verdict = super().verify(passes, model, x, pred, eps, gap, options, deadline)
         self.statuses.append(verdict.status)
         if verdict.status == "certified":
-            return verdict._replace(cover=np.full((1, 1), eps, np.float64))
+            return verdict._replace(cover=Cover(np.full((1, 1), eps, np.float64)))
         return verdict
 
 

@@ -48,13 +48,14 @@ from keras_roll.robust.attacks import ball_attack
 from keras_roll.robust.leaf_lp import available, solve_leaves
 from keras_roll.robust.leaf_passes import LeafPasses
 
-__all__ = ["BallVerdict", "LeafPasses", "verify_ball"]
+__all__ = ["BallVerdict", "Cover", "LeafPasses", "verify_ball"]
 
 
 PGD_STEPS = 40  # steps of the attack at a fixed radius from the leaves' optima
 ATTACK_STARTS = 8  # leaves per batch whose optima start the attack
 MAX_DEPTH = 6  # units split at once in one leaf (2^MAX_DEPTH children)
-MAX_COVER_BYTES = 2**26  # the largest cover a certified ball hands on (int8 splits)
+MAX_COVER_BYTES = 2**26  # the most a certified ball's cover keeps: its splits (int8),
+# and while they fit, the multipliers and slopes of its leaves (float32)
 
 
 def _padded(a: np.ndarray, n: int) -> np.ndarray:
@@ -100,10 +101,10 @@ class BallVerdict(NamedTuple):
         lower: the smallest margin bound over the open leaves (inf when certified).
         passes: batched bound passes run (each bounds up to `options.batch` leaves).
         attack_steps: gradient steps of the attacks from the leaves' optima (per start).
-        cover: where certified, the splits `[L, size]` (int8) of the leaves that
-            verified the ball: their subdomains partition the input space, so the
-            search over a larger ball can start from them (`verify_ball`'s `cover`);
-            None where not certified or larger than `MAX_COVER_BYTES`.
+        cover: where certified, the leaves that verified the ball (a `Cover`): their
+            subdomains partition the input space, so the search over a larger ball
+            can start from them (`verify_ball`'s `cover`); None where not certified
+            or where the splits exceed `MAX_COVER_BYTES`.
     """
 
     status: str
@@ -112,7 +113,46 @@ class BallVerdict(NamedTuple):
     lower: float
     passes: int = 0
     attack_steps: int = 0
-    cover: np.ndarray | None = None
+    cover: Cover | None = None
+
+
+class Cover(NamedTuple):
+    """The leaves of a certified ball.
+
+    Attributes:
+        splits: `[L, size]` int8, +1, -1 or 0 per unit: subdomains that partition the
+            input space.
+        params: `[L, C, 2 size]` float32, their split multipliers and lower slopes
+            (a warm start; any values are sound), or None (more than
+            `MAX_COVER_BYTES`: the search starts them from 0 and CROWN's slopes).
+    """
+
+    splits: np.ndarray
+    params: np.ndarray | None = None
+
+
+class _Done:
+    """The verified leaves of one search: their splits, and their multipliers and
+    slopes (float32) while the whole fits in `MAX_COVER_BYTES`."""
+
+    def __init__(self):
+        self.splits, self.params, self.bytes = [], [], 0
+
+    def add(self, splits: np.ndarray, params: np.ndarray) -> None:
+        self.splits.append(splits.astype(np.int8))
+        self.bytes += splits.size
+        if self.params is not None:
+            self.params.append(params.astype(np.float32))
+            self.bytes += 4 * params.size
+            if self.bytes > MAX_COVER_BYTES:
+                self.params = None  # the splits alone from here on
+                self.bytes = sum(t.size for t in self.splits)
+
+    def cover(self) -> Cover | None:
+        if self.bytes > MAX_COVER_BYTES:
+            return None
+        return Cover(np.concatenate(self.splits),
+                     None if self.params is None else np.concatenate(self.params))
 
 
 class _Ball:
@@ -212,23 +252,27 @@ class _Ball:
     def p_norm(self):
         return self.passes.p
 
-    def run(self, deadline: float, cover: np.ndarray | None = None) -> BallVerdict:
-        """The search, from the whole ball or from the leaves of `cover` (splits whose
-        subdomains partition the input space, from a smaller certified ball)."""
+    def run(self, deadline: float, cover: Cover | None = None) -> BallVerdict:
+        """The search, from the whole ball or from the leaves of `cover` (subdomains
+        that partition the input space, from a smaller certified ball)."""
         n = self.passes.layout.size
-        start = np.zeros((1, n), np.int8) if cover is None or not len(cover) else cover
+        start = np.zeros((1, n), np.int8) if cover is None or not len(cover.splits) \
+            else cover.splits
         parts, b = [], self.options.batch
         for i in range(0, len(start), b):
             splits = start[i:i + b]
-            betas = np.zeros((len(splits), self.passes.rows, n))
-            betas = np.concatenate([betas, np.full_like(betas, np.nan)], -1)  # CROWN's
+            if cover is None or cover.params is None:
+                betas = np.zeros((len(splits), self.passes.rows, n))
+                betas = np.concatenate([betas, np.full_like(betas, np.nan)], -1)  # CROWN's
+            else:
+                betas = cover.params[i:i + b].astype(np.float64)
             lower, betas, g, scores = self.evaluate(splits, betas)
             parts.append((lower, splits, betas, scores, g))
             if i + b < len(start) and self.options.now() > deadline:
                 return self._verdict("unknown", None, float(min(
                     part[0].min() for part in parts)))
         frontier = [tuple(np.concatenate(part) for part in zip(*parts))]
-        done = []  # the splits of the leaves verified
+        done = _Done()  # the leaves verified
         while True:
             for _, _, _, _, gs in frontier[-1:]:
                 order = np.argsort(frontier[-1][0].min(axis=1))  # the lowest bounds first
@@ -238,11 +282,9 @@ class _Ball:
             low, sp, be, sc = [np.concatenate([f[i] for f in frontier]) for i in range(4)]
             worst = low.min(axis=1)
             open_ = worst <= self.gap
-            done.append(sp[~open_])
+            done.add(sp[~open_], be[~open_])
             if not open_.any():
-                cover = np.concatenate(done).astype(np.int8)
-                return self._verdict("certified", None, np.inf,
-                                     cover if cover.nbytes <= MAX_COVER_BYTES else None)
+                return self._verdict("certified", None, np.inf, done.cover())
             low, sp, be, sc, worst = low[open_], sp[open_], be[open_], sc[open_], worst[open_]
             if self.options.now() > deadline or self.leaves >= self.options.max_leaves:
                 return self._verdict("unknown", None, float(worst.min()))
@@ -367,7 +409,7 @@ class _Ball:
 
 def verify_ball(passes: LeafPasses, model, x: np.ndarray, pred: int, eps: float, gap: float,
                 options: BranchOptions, deadline: float,
-                cover: np.ndarray | None = None) -> BallVerdict:
+                cover: Cover | None = None) -> BallVerdict:
     """Branch and bound over the ball of radius `eps` around one input `x`, from the
     whole ball or (`cover`: a certified smaller ball's `BallVerdict.cover`) from the
     leaves that verified a smaller ball (the same tree, grown further)."""
