@@ -54,10 +54,14 @@ def test_a_cover_partitions_the_space_and_grows_to_the_milp_radius():
     near = verify_ball(passes, model, flat, pred, radius * (1 - EXACT_RTOL / 4), 0.0,
                        BranchOptions(), deadline=np.inf, cover=small.cover)
     assert near.status == "certified"
-    far = verify_ball(passes, model, flat, pred, radius * 1.01, 0.0, BranchOptions(),
-                      deadline=np.inf, cover=small.cover._replace(params=None))
-    assert far.status == "adversarial"
-    assert predict_classes(model, far.point[None].astype(np.float32))[0] != pred
+    for options in (BranchOptions(), BranchOptions(refine=False)):  # the ball's boxes
+        far = verify_ball(passes, model, flat, pred, radius * 1.01, 0.0, options,
+                          deadline=np.inf, cover=small.cover._replace(params=None))
+        assert far.status == "adversarial"
+        assert predict_classes(model, far.point[None].astype(np.float32))[0] != pred
+    near = verify_ball(passes, model, flat, pred, radius * (1 - EXACT_RTOL / 4), 0.0,
+                       BranchOptions(refine=False), deadline=np.inf, cover=small.cover)
+    assert near.status == "certified"
 
 
 class _Covering(_Oracle):

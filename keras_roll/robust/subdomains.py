@@ -170,12 +170,19 @@ class _Ball:
         self.solved: set = set()  # the split patterns of the leaves solved as programs
 
     def layer_boxes(self, splits: np.ndarray):
-        if self.root is not None and not self.options.refine:
+        """`(los, his, deltas, empty)` of a batch of leaves: their own (`refine`) or
+        the ball's (kept in `root`, computed first: a search from a cover starts with
+        split leaves)."""
+        if self.root is None:
+            zero = np.zeros((1, splits.shape[1]))
+            los, his, deltas, empty = self.passes.boxes(self.xt, self.et, tf.constant(zero))
+            self.root = (los, his, deltas, empty)
+            if len(splits) == 1 and not splits.any():
+                return los, his, deltas, np.asarray(empty)
+        if not self.options.refine:
             n = splits.shape[0]
             return (*self._root_rows(n), np.zeros(n, bool))
         los, his, deltas, empty = self.passes.boxes(self.xt, self.et, tf.constant(splits))
-        if self.root is None:
-            self.root = (los, his, deltas, empty)
         return los, his, deltas, np.asarray(empty)
 
     def _root_rows(self, rows: int) -> tuple:
