@@ -383,7 +383,7 @@ class _Ball:
         if can.any():
             first = self._units(splits[can], params[can], scores[can])
             units = self._deeper(first, scores[can], len(can))
-            parts.append(self._children(splits[can], params[can], units))
+            parts.append(_children(splits[can], params[can], units))
         if not can.all():
             parts.append((splits[~can], params[~can]))
         return tuple(np.concatenate(part) for part in zip(*parts))
@@ -401,17 +401,18 @@ class _Ball:
         more = np.argsort(-rest, axis=1)[:, :max(0, depth - 1)]
         return np.concatenate([first[:, None], more], axis=1)
 
-    @staticmethod
-    def _children(splits, params, units):
-        """The `2^d m` children of `m` leaves split on `units` `[m, d]`: every sign
-        pattern of the `d` units (pattern-major: child `k m + i` is leaf `i`'s `k`-th)."""
-        m, d = units.shape
-        signs = 1 - 2 * ((np.arange(2 ** d)[:, None] >> np.arange(d)) & 1)  # [2^d, d]
-        kids = np.repeat(splits[None], 2 ** d, axis=0)
-        rows = np.arange(m)
-        for k in range(d):
-            kids[:, rows, units[:, k]] = signs[:, k:k + 1]
-        return kids.reshape(-1, splits.shape[1]), np.tile(params, (2 ** d, 1, 1))
+
+
+def _children(splits, params, units):
+    """The `2^d m` children of `m` leaves split on `units` `[m, d]`: every sign
+    pattern of the `d` units (pattern-major: child `k m + i` is leaf `i`'s `k`-th)."""
+    m, d = units.shape
+    signs = 1 - 2 * ((np.arange(2 ** d)[:, None] >> np.arange(d)) & 1)  # [2^d, d]
+    kids = np.repeat(splits[None], 2 ** d, axis=0)
+    rows = np.arange(m)
+    for k in range(d):
+        kids[:, rows, units[:, k]] = signs[:, k:k + 1]
+    return kids.reshape(-1, splits.shape[1]), np.tile(params, (2 ** d, 1, 1))
 
 
 def verify_ball(passes: LeafPasses, model, x: np.ndarray, pred: int, eps: float, gap: float,
