@@ -21,7 +21,11 @@ in the manner of alpha,beta-CROWN (Wang et al., NeurIPS 2021):
 * the ball is *certified* when every leaf's bound of every margin exceeds the gap;
   it holds an *adversarial point* when the minimiser of a leaf's linear bound over the
   ball changes the Keras model's prediction (checked in its own dtype); otherwise the
-  search stops at its budget (time or leaves) undecided.
+  search stops at its budget (time or leaves) undecided;
+* a certified ball hands on its leaves (`BallVerdict.cover`, verified ones included:
+  their subdomains partition the input space) with their multipliers and slopes, and
+  the search over a larger ball can start from them instead of from the whole ball
+  (the radius search's later probes, all above the last certified one, do).
 
 The compiled passes themselves are `keras_roll.robust.leaf_passes.LeafPasses`.
 
@@ -31,6 +35,8 @@ Example:
 passes = LeafPasses(twin, np.inf, True, twin.memory_budget, 64)
 verdict = verify_ball(passes, model, x, pred, eps, 0.0, BranchOptions(), deadline)
 verdict.status     # "certified", "adversarial" or "unknown"
+larger = verify_ball(passes, model, x, pred, 1.05 * eps, 0.0, BranchOptions(), deadline,
+                     cover=verdict.cover)  # where certified
 ```
 """
 
