@@ -42,6 +42,8 @@ flags.DEFINE_integer("candidates", 3, "BranchOptions.candidates (1: BaBSR alone)
 flags.DEFINE_integer("batch", 64, "BranchOptions.batch.")
 flags.DEFINE_integer("beta_steps", 8, "BranchOptions.beta_steps.")
 flags.DEFINE_integer("layer_steps", 8, "BranchOptions.layer_steps (0: CROWN's layer bounds).")
+flags.DEFINE_bool("refine", True, "BranchOptions.refine (False: the ball's layer bounds, cut "
+                  "by each leaf's splits).")
 flags.DEFINE_string("rigor", "float64", "The rounding guard.")
 flags.DEFINE_enum("clock", "wall", ["wall", "cpu"], "BranchOptions.clock: what --seconds "
                   "counts (cpu: this process's CPU time, the fair budget on a shared "
@@ -89,7 +91,8 @@ def main(_):
     keras_roll.robust_radius(model, x[:1], y[:1], **run)  # compiles
     warm = BranchOptions(max_seconds=3.0, batch=FLAGS.batch, beta_steps=FLAGS.beta_steps,
                          alpha=FLAGS.alpha, candidates=FLAGS.candidates,
-                         layer_steps=FLAGS.layer_steps, clock=FLAGS.clock)
+                         layer_steps=FLAGS.layer_steps, refine=FLAGS.refine,
+                         clock=FLAGS.clock)
     keras_roll.robust_radius(model, x[-1:], y[-1:], branch=warm, **run)  # compiles its passes
     plain, w0, c0 = _timed(lambda: keras_roll.robust_radius(model, x, y, **run))
     n = len(x)
@@ -98,7 +101,7 @@ def main(_):
         options = BranchOptions(max_seconds=seconds, batch=FLAGS.batch,
                                 beta_steps=FLAGS.beta_steps, alpha=FLAGS.alpha,
                                 candidates=FLAGS.candidates, layer_steps=FLAGS.layer_steps,
-                                clock=FLAGS.clock)
+                                refine=FLAGS.refine, clock=FLAGS.clock)
         bab, w1, c1 = _timed(
             lambda o=options: keras_roll.robust_radius(model, x, y, branch=o, **run))
         for i in range(n):
@@ -108,7 +111,9 @@ def main(_):
                   f"{bab.upper_method[p][i]}, exact {bool(bab.exact[p][i])})", flush=True)
         rows.append(_row(f"branch=BranchOptions(max_seconds={seconds:g}, "
                          f"alpha={FLAGS.alpha}, candidates={FLAGS.candidates}, "
-                         f"layer_steps={FLAGS.layer_steps}, clock={FLAGS.clock!r})",
+                         f"layer_steps={FLAGS.layer_steps}, batch={FLAGS.batch}, "
+                         f"beta_steps={FLAGS.beta_steps}, refine={FLAGS.refine}, "
+                         f"clock={FLAGS.clock!r})",
                          bab, p, w1, c1, n))
     print("| robust_radius | upper / lower, median | P90 | exact | s / image (wall) | "
           "s / image (CPU) | bound passes / image |")

@@ -17,7 +17,7 @@ import pytest
 from keras_roll.compile.twin import linearize
 from keras_roll.robust import BranchOptions
 from keras_roll.robust.adversarial import lp_norm, predict_classes
-from keras_roll.robust.subdomains import LeafPasses, _Ball, verify_ball
+from keras_roll.robust.subdomains import LeafPasses, _children, verify_ball
 from tests.test_robust_exact import _mlp, affine_stack, forward
 
 pytestmark = pytest.mark.graph
@@ -28,7 +28,7 @@ def test_children_are_every_sign_pattern_of_the_split_units():
     splits = rng.choice([-1, 0, 1], size=(3, 12)).astype(np.int8)
     units = np.array([[0, 4, 7], [1, 2, 3], [11, 5, 9]])
     params = rng.normal(size=(3, 2, 24))
-    kids, kid_params = _Ball._children(splits, params, units)
+    kids, kid_params = _children(splits, params, units)
     assert kids.shape == (24, 12) and kid_params.shape == (24, 2, 24)
     for i in range(3):
         mine = kids[i::3]  # pattern-major: child k m + i belongs to leaf i

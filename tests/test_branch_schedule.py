@@ -28,7 +28,7 @@ class _Oracle:
     def monotonic(self):
         return self.clock
 
-    def verify(self, passes, model, x, pred, eps, gap, options, deadline):
+    def verify(self, passes, model, x, pred, eps, gap, options, deadline, cover=None):
         budget = deadline - self.clock
         self.probes.append(eps)
         self.budgets.append(budget)

@@ -11,7 +11,9 @@ attack) lowers the upper bound, an undecided probe caps the next ones. Where the
 attack's point is likely minimal, the probe just below it comes first with most of
 the time; the others get a small share, growing as the bracket narrows
 (`_probe_seconds`). Where
-the bracket closes within `exact_rtol` the radius is known. docs/design.md, section
+the bracket closes within `exact_rtol` the radius is known. Each probe starts from
+the leaves that certified the last certified one (`BallVerdict.cover`: the same tree,
+grown further), not from the whole ball. docs/design.md, section
 "Robustness radius".
 
 Example:
@@ -191,7 +193,7 @@ def _bracket(passes, model, x, pred, lo, hi, gap, rtol, options):
     """One input's probes: `(lower, upper, point or None, _Spent)`."""
     deadline = options.now() + options.max_seconds
     ceiling = hi if np.isfinite(hi) else 2.0 * lo  # lowered by undecided probes
-    point, spent, missed = None, _Spent(), False
+    point, spent, missed, cover = None, _Spent(), False, None
     first = np.isfinite(hi) and hi < NEAR * lo  # then the attack's point is likely minimal
     width0 = np.log(ceiling / lo) if lo > 0 and ceiling > lo else 1.0
     while np.isfinite(ceiling) and ceiling > 0:
@@ -205,11 +207,12 @@ def _bracket(passes, model, x, pred, lo, hi, gap, rtol, options):
             ceiling = top = hi
         eps = _next_probe(lo, top, first, rtol)
         seconds = _probe_seconds(options.max_seconds, width0, lo, top, left, first, missed)
+        # every later probe is above the last certified one: its leaves start the search
         verdict = verify_ball(passes, model, x, pred, eps, gap, options,
-                              options.now() + seconds)
+                              options.now() + seconds, cover=cover)
         steps = 0
         if verdict.status == "certified":
-            lo = eps
+            lo, cover = eps, verdict.cover
         elif verdict.status == "adversarial":
             pt, dist, steps = _shrink(model, x, verdict.point, pred, passes.p)
             if dist < hi or not np.isfinite(hi):

@@ -21,7 +21,13 @@ in the manner of alpha,beta-CROWN (Wang et al., NeurIPS 2021):
 * the ball is *certified* when every leaf's bound of every margin exceeds the gap;
   it holds an *adversarial point* when the minimiser of a leaf's linear bound over the
   ball changes the Keras model's prediction (checked in its own dtype); otherwise the
-  search stops at its budget (time or leaves) undecided.
+  search stops at its budget (time or leaves) undecided;
+* a certified ball hands on its leaves (`BallVerdict.cover`, verified ones included:
+  their subdomains partition the input space) with their multipliers and slopes, and
+  the search over a larger ball can start from them instead of from the whole ball
+  (the radius search's later probes, all above the last certified one, do).
+
+The compiled passes themselves are `keras_roll.robust.leaf_passes.LeafPasses`.
 
 Example:
 
@@ -29,6 +35,8 @@ Example:
 passes = LeafPasses(twin, np.inf, True, twin.memory_budget, 64)
 verdict = verify_ball(passes, model, x, pred, eps, 0.0, BranchOptions(), deadline)
 verdict.status     # "certified", "adversarial" or "unknown"
+larger = verify_ball(passes, model, x, pred, 1.05 * eps, 0.0, BranchOptions(), deadline,
+                     cover=verdict.cover)  # where certified
 ```
 """
 
@@ -39,168 +47,21 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from keras_roll.compile.bounds import capture, logit_margins
-from keras_roll.compile.bounds.alpha import SlopeOptions
-from keras_roll.compile.bounds.ibp import Boxes
-from keras_roll.compile.bounds.rules import Box, bound_rule
-from keras_roll.compile.bounds.splits import (
-    SplitRelaxedOps,
-    leaf_forms,
-    root_boxes,
-    split_layout,
-    split_lower_bounds,
-)
-from keras_roll.compile.structure import structure_of
 from keras_roll.geometry import steepest_directions
 from keras_roll.robust.adversarial import clearly_other, model_outputs
 from keras_roll.robust.arguments import BranchOptions
 from keras_roll.robust.attacks import ball_attack
-from keras_roll.robust.bounds import guard_arithmetic, guard_loss
 from keras_roll.robust.leaf_lp import available, solve_leaves
-from keras_roll.robust.region import guard_mode
+from keras_roll.robust.leaf_passes import LeafPasses
 
-__all__ = ["BallVerdict", "LeafPasses", "verify_ball"]
-
-
-class LeafPasses:
-    """The compiled bound passes of one twin, norm and guard: the layer bounds of a
-    batch of leaves (`boxes`) and their final bounds with the multipliers' gradient
-    (`bounds`)."""
-
-    def __init__(self, twin, p, guarded, budget: int, batch: int,
-                 layer_steps: int = BranchOptions().layer_steps):
-        self.twin, self.p, self.budget, self.batch = twin, p, budget, batch
-        self.layer_options = SlopeOptions(steps=layer_steps) if layer_steps else None
-        self.structure = structure_of(twin.program)
-        # the rounding guard: True (the worst case), False, or a mode of `guard_mode`
-        self.mode = guarded if guarded in ("none", "strict", "float64") else guard_mode(guarded)
-        self.arithmetic = guard_arithmetic(twin, self.mode)
-        zero = tf.zeros([1, *twin.input_shape], tf.float64)
-        values = capture(twin.interpreter, zero)
-        self.layout = split_layout(self.structure, values)
-        out = values.value(self.structure, self.structure.output_key)
-        self.rows = int(np.prod(out.shape[1:])) - 1  # the margins f_y - f_j
-        self.relaxed = tuple(i for i, node in enumerate(self.structure.nodes)
-                             if not bound_rule(node.op).linear)
-        shape = [1, *twin.input_shape]
-        f64 = tf.float64
-        self.boxes = tf.function(self._boxes, autograph=False, input_signature=[
-            tf.TensorSpec(shape, f64), tf.TensorSpec([], f64),
-            tf.TensorSpec([None, self.layout.size], f64)])
-        self._compiled_bounds = self._compiled_forms = None
-
-    def bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas=None, rows=None):
-        """`(lower [B, C], d lower / d (betas, alphas), the worst row's input
-        functional, scores, the slopes used)` of a batch of `B` leaves (compiled once:
-        every batch dimension is None); `alphas` `[B, C, size]` lower slopes (NaN,
-        the default: CROWN's); `rows` `[B]` the rows of `los, his, deltas` that are
-        these leaves' (default: all, in order)."""
-        if self._compiled_bounds is None:
-            def spec(t):
-                return tf.TensorSpec([None, *t.shape[1:]], t.dtype)
-
-            f64 = tf.float64
-            self._compiled_bounds = tf.function(self._bounds, autograph=False, input_signature=[
-                tf.TensorSpec(x.shape, f64), tf.TensorSpec([1], tf.int64),
-                tf.TensorSpec([], f64), *[tf.nest.map_structure(spec, s) for s in
-                                          (tuple(los), tuple(his), tuple(deltas))],
-                tf.TensorSpec([None, self.layout.size], f64),
-                tf.TensorSpec([None, self.rows, self.layout.size], f64),
-                tf.TensorSpec([None, self.rows, self.layout.size], f64),
-                tf.TensorSpec([None], tf.int32)])
-        if alphas is None:
-            alphas = np.full(np.shape(betas), np.nan)
-        if rows is None:
-            rows = np.arange(np.shape(splits)[0])
-        return self._compiled_bounds(x, pred, eps, tuple(los), tuple(his), tuple(deltas),
-                                     tf.constant(splits, tf.float64),
-                                     tf.constant(betas, tf.float64),
-                                     tf.constant(alphas, tf.float64),
-                                     tf.constant(rows, tf.int32))
-
-    def _boxes(self, x, eps, splits):
-        values = capture(self.twin.interpreter, x)
-        lines = SplitRelaxedOps(values, self.layout, splits)
-        res = root_boxes(self.structure, values, eps, self.p, self.arithmetic, self.budget,
-                         lines, examples=self.batch, loss=guard_loss(self.arithmetic),
-                         layer_options=self.layer_options)
-        lead = tf.shape(splits)[:1]
-        keys = [self.structure.nodes[i].inputs[0] for i in self.relaxed]
-
-        def full(t):
-            return tf.broadcast_to(t, tf.concat([lead, tf.shape(t)[1:]], 0))
-
-        los = tuple(full(res.boxes[k].lo) for k in keys)
-        his = tuple(full(res.boxes[k].hi) for k in keys)
-        # the rounding bounds that exist (their places are the same in every call)
-        self.delta_slots = tuple(i for i, d in enumerate(res.deltas) if d is not None)
-        self.nodes = len(res.deltas)
-        deltas = tuple(full(res.deltas[i]) for i in self.delta_slots)
-        # under "float64", the noise scales of the probabilistic guard ride with them
-        noise = getattr(self.arithmetic.rounding, "noise", None) or {}
-        self.noise_keys = tuple(sorted(noise))
-        deltas += tuple(full(noise[k][j]) for j in (0, 1) for k in self.noise_keys)
-        return los, his, deltas, lines.empty
-
-    def _setup(self, x, pred, los, his, deltas):
-        """`(logit margins, Boxes of the leaves, the margins' rows, the rounding loss)`
-        inside a pass."""
-        lm = logit_margins(self.twin.interpreter, x, pred)
-        keys = [self.structure.nodes[i].inputs[0] for i in self.relaxed]
-        deltas, noise = deltas[:len(self.delta_slots)], deltas[len(self.delta_slots):]
-        k = len(self.noise_keys)
-        loss = guard_loss(self.arithmetic, {key: (noise[j], noise[k + j]) for j, key in
-                                            enumerate(self.noise_keys)} if k else None)
-        full = [None] * self.nodes
-        for i, d in zip(self.delta_slots, deltas):
-            full[i] = d
-        boxes = Boxes({k: Box(lo, hi) for k, lo, hi in zip(keys, los, his)}, full)
-        out = lm.values.value(self.structure, self.structure.output_key)
-        rows = tf.reshape(lm.rows, tf.concat([tf.shape(lm.rows)[:2], tf.shape(out)[1:]], 0))
-        return lm, boxes, rows, loss
-
-    def forms(self, x, pred, los, his, deltas, splits) -> tuple:
-        """The affine forms of a batch of leaves (`leaf_lp.solve_leaves`'s `forms`,
-        numpy): the margins' (with their values at `x`) and the splittable units'
-        (compiled once)."""
-        if self._compiled_forms is None:
-            self._compiled_forms = tf.function(self._forms, autograph=False,
-                                               reduce_retracing=True)
-        return tuple(t.numpy() for t in self._compiled_forms(
-            x, pred, tuple(los), tuple(his), tuple(deltas), tf.constant(splits, tf.float64)))
-
-    def _forms(self, x, pred, los, his, deltas, splits):
-        lm, boxes, rows, loss = self._setup(x, pred, los, his, deltas)
-        res = leaf_forms(self.structure, lm.values, rows, boxes, self.layout, splits, self.p,
-                         loss)
-        b = tf.shape(splits)[0]
-        flat = [tf.reshape(t, [b, tf.shape(t)[1], -1]) for t in
-                (res.lam_input, *(lam for _, lam in res.units))]
-        edge = self.layout.flat({i: t - lm.values.inputs[i][0] for i, t in
-                                 zip(self.layout.indices, self.layout.breakpoints)}, [1])[0]
-        return (lm.margins + res.offset, flat[0], tf.concat([o for o, _ in res.units], 1),
-                tf.concat(flat[1:], 1), edge)
-
-    def _bounds(self, x, pred, eps, los, his, deltas, splits, betas, alphas, leaves):
-        los, his, deltas = (tuple(tf.gather(t, leaves) for t in part)
-                            for part in (los, his, deltas))
-        lm, boxes, rows, loss = self._setup(x, pred, los, his, deltas)
-        with tf.GradientTape() as tape:
-            tape.watch([betas, alphas])
-            res = split_lower_bounds(self.structure, lm.values, rows, boxes, self.layout,
-                                     splits, betas, eps, self.p, alphas, loss)
-            lower = lm.margins + res.lower
-            total = tf.reduce_sum(tf.where(tf.math.is_finite(lower), lower, 0.0))
-        grads = tape.gradient(total, [betas, alphas],
-                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        worst = tf.argmin(lower, axis=1, output_type=tf.int32)
-        g = tf.gather(res.lam_input, worst, axis=1, batch_dims=1)
-        return lower, tf.concat(grads, -1), g, res.scores, res.alphas
+__all__ = ["BallVerdict", "Cover", "LeafPasses", "verify_ball"]
 
 
 PGD_STEPS = 40  # steps of the attack at a fixed radius from the leaves' optima
 ATTACK_STARTS = 8  # leaves per batch whose optima start the attack
 MAX_DEPTH = 6  # units split at once in one leaf (2^MAX_DEPTH children)
+MAX_COVER_BYTES = 2**26  # the most a certified ball's cover keeps: its splits (int8),
+# and while they fit, the multipliers and slopes of its leaves (float32)
 
 
 def _padded(a: np.ndarray, n: int) -> np.ndarray:
@@ -246,6 +107,10 @@ class BallVerdict(NamedTuple):
         lower: the smallest margin bound over the open leaves (inf when certified).
         passes: batched bound passes run (each bounds up to `options.batch` leaves).
         attack_steps: gradient steps of the attacks from the leaves' optima (per start).
+        cover: where certified, the leaves that verified the ball (a `Cover`): their
+            subdomains partition the input space, so the search over a larger ball
+            can start from them (`verify_ball`'s `cover`); None where not certified
+            or where the splits exceed `MAX_COVER_BYTES`.
     """
 
     status: str
@@ -254,6 +119,46 @@ class BallVerdict(NamedTuple):
     lower: float
     passes: int = 0
     attack_steps: int = 0
+    cover: Cover | None = None
+
+
+class Cover(NamedTuple):
+    """The leaves of a certified ball.
+
+    Attributes:
+        splits: `[L, size]` int8, +1, -1 or 0 per unit: subdomains that partition the
+            input space.
+        params: `[L, C, 2 size]` float32, their split multipliers and lower slopes
+            (a warm start; any values are sound), or None (more than
+            `MAX_COVER_BYTES`: the search starts them from 0 and CROWN's slopes).
+    """
+
+    splits: np.ndarray
+    params: np.ndarray | None = None
+
+
+class _Done:
+    """The verified leaves of one search: their splits, and their multipliers and
+    slopes (float32) while the whole fits in `MAX_COVER_BYTES`."""
+
+    def __init__(self):
+        self.splits, self.params, self.bytes = [], [], 0
+
+    def add(self, splits: np.ndarray, params: np.ndarray) -> None:
+        self.splits.append(splits.astype(np.int8))
+        self.bytes += splits.size
+        if self.params is not None:
+            self.params.append(params.astype(np.float32))
+            self.bytes += 4 * params.size
+            if self.bytes > MAX_COVER_BYTES:
+                self.params = None  # the splits alone from here on
+                self.bytes = sum(t.size for t in self.splits)
+
+    def cover(self) -> Cover | None:
+        if self.bytes > MAX_COVER_BYTES:
+            return None
+        return Cover(np.concatenate(self.splits),
+                     None if self.params is None else np.concatenate(self.params))
 
 
 class _Ball:
@@ -271,12 +176,19 @@ class _Ball:
         self.solved: set = set()  # the split patterns of the leaves solved as programs
 
     def layer_boxes(self, splits: np.ndarray):
-        if self.root is not None and not self.options.refine:
+        """`(los, his, deltas, empty)` of a batch of leaves: their own (`refine`) or
+        the ball's (kept in `root`, computed first: a search from a cover starts with
+        split leaves)."""
+        if self.root is None:
+            zero = np.zeros((1, splits.shape[1]))
+            los, his, deltas, empty = self.passes.boxes(self.xt, self.et, tf.constant(zero))
+            self.root = (los, his, deltas, empty)
+            if len(splits) == 1 and not splits.any():
+                return los, his, deltas, np.asarray(empty)
+        if not self.options.refine:
             n = splits.shape[0]
             return (*self._root_rows(n), np.zeros(n, bool))
         los, his, deltas, empty = self.passes.boxes(self.xt, self.et, tf.constant(splits))
-        if self.root is None:
-            self.root = (los, his, deltas, empty)
         return los, his, deltas, np.asarray(empty)
 
     def _root_rows(self, rows: int) -> tuple:
@@ -353,13 +265,27 @@ class _Ball:
     def p_norm(self):
         return self.passes.p
 
-    def run(self, deadline: float) -> BallVerdict:
+    def run(self, deadline: float, cover: Cover | None = None) -> BallVerdict:
+        """The search, from the whole ball or from the leaves of `cover` (subdomains
+        that partition the input space, from a smaller certified ball)."""
         n = self.passes.layout.size
-        splits = np.zeros((1, n), np.int8)
-        betas = np.zeros((1, self.passes.rows, n))
-        betas = np.concatenate([betas, np.full_like(betas, np.nan)], -1)  # CROWN's slopes
-        lower, betas, g, scores = self.evaluate(splits, betas)
-        frontier = [(lower, splits, betas, scores, g)]
+        start = np.zeros((1, n), np.int8) if cover is None or not len(cover.splits) \
+            else cover.splits
+        parts, b = [], self.options.batch
+        for i in range(0, len(start), b):
+            splits = start[i:i + b]
+            if cover is None or cover.params is None:
+                betas = np.zeros((len(splits), self.passes.rows, n))
+                betas = np.concatenate([betas, np.full_like(betas, np.nan)], -1)  # CROWN's
+            else:
+                betas = cover.params[i:i + b].astype(np.float64)
+            lower, betas, g, scores = self.evaluate(splits, betas)
+            parts.append((lower, splits, betas, scores, g))
+            if i + b < len(start) and self.options.now() > deadline:
+                return self._verdict("unknown", None, float(min(
+                    part[0].min() for part in parts)))
+        frontier = [tuple(np.concatenate(part) for part in zip(*parts))]
+        done = _Done()  # the leaves verified
         while True:
             for _, _, _, _, gs in frontier[-1:]:
                 order = np.argsort(frontier[-1][0].min(axis=1))  # the lowest bounds first
@@ -369,8 +295,9 @@ class _Ball:
             low, sp, be, sc = [np.concatenate([f[i] for f in frontier]) for i in range(4)]
             worst = low.min(axis=1)
             open_ = worst <= self.gap
+            done.add(sp[~open_], be[~open_])
             if not open_.any():
-                return self._verdict("certified", None, np.inf)
+                return self._verdict("certified", None, np.inf, done.cover())
             low, sp, be, sc, worst = low[open_], sp[open_], be[open_], sc[open_], worst[open_]
             if self.options.now() > deadline or self.leaves >= self.options.max_leaves:
                 return self._verdict("unknown", None, float(worst.min()))
@@ -417,8 +344,9 @@ class _Ball:
         params[idx, :, :size] = sol.betas
         return None, params
 
-    def _verdict(self, status: str, point, lower: float) -> BallVerdict:
-        return BallVerdict(status, point, self.leaves, lower, self.calls, self.attack_steps)
+    def _verdict(self, status: str, point, lower: float, cover=None) -> BallVerdict:
+        return BallVerdict(status, point, self.leaves, lower, self.calls, self.attack_steps,
+                           cover)
 
     def _units(self, splits, params, scores) -> np.ndarray:
         """The unit to split in each leaf: BaBSR's best, or among the
@@ -461,7 +389,7 @@ class _Ball:
         if can.any():
             first = self._units(splits[can], params[can], scores[can])
             units = self._deeper(first, scores[can], len(can))
-            parts.append(self._children(splits[can], params[can], units))
+            parts.append(_children(splits[can], params[can], units))
         if not can.all():
             parts.append((splits[~can], params[~can]))
         return tuple(np.concatenate(part) for part in zip(*parts))
@@ -479,20 +407,24 @@ class _Ball:
         more = np.argsort(-rest, axis=1)[:, :max(0, depth - 1)]
         return np.concatenate([first[:, None], more], axis=1)
 
-    @staticmethod
-    def _children(splits, params, units):
-        """The `2^d m` children of `m` leaves split on `units` `[m, d]`: every sign
-        pattern of the `d` units (pattern-major: child `k m + i` is leaf `i`'s `k`-th)."""
-        m, d = units.shape
-        signs = 1 - 2 * ((np.arange(2 ** d)[:, None] >> np.arange(d)) & 1)  # [2^d, d]
-        kids = np.repeat(splits[None], 2 ** d, axis=0)
-        rows = np.arange(m)
-        for k in range(d):
-            kids[:, rows, units[:, k]] = signs[:, k:k + 1]
-        return kids.reshape(-1, splits.shape[1]), np.tile(params, (2 ** d, 1, 1))
+
+
+def _children(splits, params, units):
+    """The `2^d m` children of `m` leaves split on `units` `[m, d]`: every sign
+    pattern of the `d` units (pattern-major: child `k m + i` is leaf `i`'s `k`-th)."""
+    m, d = units.shape
+    signs = 1 - 2 * ((np.arange(2 ** d)[:, None] >> np.arange(d)) & 1)  # [2^d, d]
+    kids = np.repeat(splits[None], 2 ** d, axis=0)
+    rows = np.arange(m)
+    for k in range(d):
+        kids[:, rows, units[:, k]] = signs[:, k:k + 1]
+    return kids.reshape(-1, splits.shape[1]), np.tile(params, (2 ** d, 1, 1))
 
 
 def verify_ball(passes: LeafPasses, model, x: np.ndarray, pred: int, eps: float, gap: float,
-                options: BranchOptions, deadline: float) -> BallVerdict:
-    """Branch and bound over the ball of radius `eps` around one input `x`."""
-    return _Ball(passes, model, x, pred, eps, gap, options).run(deadline)
+                options: BranchOptions, deadline: float,
+                cover: Cover | None = None) -> BallVerdict:
+    """Branch and bound over the ball of radius `eps` around one input `x`, from the
+    whole ball or (`cover`: a certified smaller ball's `BallVerdict.cover`) from the
+    leaves that verified a smaller ball (the same tree, grown further)."""
+    return _Ball(passes, model, x, pred, eps, gap, options).run(deadline, cover)
