@@ -185,7 +185,7 @@ def cnn_run():
              "expected": dict(mode="expected", samples=FLAGS.samples)}
     print(f"{model.name}: {x.shape[0]} image(s), eps={EPS:g}, population "
           f"{FLAGS.population}, {FLAGS.generations} generations, {FLAGS.samples} draws; "
-          f"{os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at the start")
+          f"{os.cpu_count()} CPU cores, load {os.getloadavg()[0]:.1f} at the start")
     for mode in FLAGS.modes:
         extra = modes[mode]
         for call in ("first", "warm")[:2 if FLAGS.warm else 1]:
@@ -196,7 +196,7 @@ def cnn_run():
             peak = _status_kib("VmHWM") / 2**20
             print(f"{mode:>8} {call:>5}: {wall / len(xs):7.1f} s wall, {cpu / len(xs):7.1f} s "
                   f"CPU per image ({res.evaluations} gradients each), peak RSS {peak:.2f} GiB, "
-                  f"distortion {np.round(res.distortion, 4).tolist()}, load average "
+                  f"distortion {np.round(res.distortion, 4).tolist()}, load "
                   f"{os.getloadavg()[0]:.1f}", flush=True)
 
 
