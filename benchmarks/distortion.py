@@ -15,12 +15,13 @@ writes by hand; the compiled loop (`tf.function`, batch 256) is shown for contex
 
 `--cnn=cnn_l` (or `cnn_s`, `resnet18`) instead times the README's settings on one of
 the CNNs of `benchmarks/cnn.py` (MNIST test images from `--data`, else random ones;
-the predicted classes): the worst case (population 4800, 30 generations) and
-the expected distortion (8000 draws) of `--num_examples` images, eps 8/256 in [0, 1]
-pixels; the first call (tracing included) and a warm call, in wall and CPU seconds
-(`time.process_time()`, all threads), the peak RSS and the worst distortion found.
+the predicted classes): the worst case (population 4800, `--generations=30` for the
+README's settings) and the expected distortion (8000 draws) of `--num_examples`
+images, eps 8/256 in [0, 1] pixels; the first call (tracing included) and a warm
+call, in wall and CPU seconds (`time.process_time()`, all threads), the peak RSS and
+the distortion found.
 
-    python -m benchmarks.distortion --cnn=cnn_l [--num_examples=1] [--generations=30]
+    python -m benchmarks.distortion --cnn=cnn_l --generations=30 [--num_examples=1]
                                     [--samples=8000] [--nowarm] [--modes=max,expected]
 
 `--memory` instead measures the peak memory of one worst-case search at 299x299x3

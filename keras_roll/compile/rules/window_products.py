@@ -6,7 +6,7 @@ output has at most `MAX_POSITIONS` positions is one matrix product: its input wi
 `[kh * kw * c_in, c_out]`. These are the same sums as the convolution's. ResNet-18's
 last stages on 32x32 images have such outputs (2x2 and 1x1). There, TensorFlow's CPU
 convolution costs up to 5 times the product. Its input gradient costs more still: a
-full convolution of the padded output gradient, or `Conv2DBackpropInput`, up to 9
+full convolution of the padded output gradient, or `Conv2DBackpropInput`, up to 8
 times the product's transpose. Larger outputs keep the convolution (`fallback`).
 
 Example:
