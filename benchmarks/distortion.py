@@ -13,6 +13,17 @@ writes by hand; the compiled loop (`tf.function`, batch 256) is shown for contex
     python -m benchmarks.distortion [--num_examples=2] [--population=4800]
                                     [--generations=3] [--repeats=3] [--quick]
 
+`--cnn=cnn_l` (or `cnn_s`, `resnet18`) instead times the README's settings on one of
+the CNNs of `benchmarks/cnn.py` (MNIST test images from `--data`, else random ones;
+the predicted classes): the worst case (population 4800, `--generations=30` for the
+README's settings) and the expected distortion (8000 draws) of `--num_examples`
+images, eps 8/256 in [0, 1] pixels; the first call (tracing included) and a warm
+call, in wall and CPU seconds (`time.process_time()`, all threads), the peak RSS and
+the distortion found.
+
+    python -m benchmarks.distortion --cnn=cnn_l --generations=30 [--num_examples=1]
+                                    [--samples=8000] [--nowarm] [--modes=max,expected]
+
 `--memory` instead measures the peak memory of one worst-case search at 299x299x3
 with the paper's population of 4800 (populations stored in a temporary file in
 chunks) against the memory budget: the peak resident set size above what the model
@@ -36,6 +47,7 @@ from absl import app, flags  # noqa: E402
 import keras_roll  # noqa: E402
 from benchmarks._models import mlp, small_cnn  # noqa: E402
 from benchmarks._util import interleaved_medians  # noqa: E402
+from benchmarks.cnn_models import CNNS  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_examples", 2, "Examples searched per run.")
@@ -45,6 +57,14 @@ flags.DEFINE_integer("repeats", 3, "Timed repetitions (the median is reported)."
 flags.DEFINE_integer("batch", 256, "Batch size of the tf.GradientTape baselines.")
 flags.DEFINE_bool("memory", False, "Measure the peak memory of a 299x299x3 search instead.")
 flags.DEFINE_integer("memory_budget_mib", 64, "memory_budget of the --memory run, in MiB.")
+flags.DEFINE_string("cnn", None, "Time the README's settings on this CNN of benchmarks/cnn.py "
+                    "(cnn_s, cnn_l, resnet18) instead.")
+flags.DEFINE_string("data", "/work/shared/data/mnist.npz", "mnist.npz for --cnn (absent: "
+                    "random images).")
+flags.DEFINE_integer("samples", 8000, "Draws of the expected distortion (--cnn).")
+flags.DEFINE_list("modes", ["max", "expected"], "Modes timed by --cnn, in this order (the "
+                  "first call of the first one traces the shared gradient function).")
+flags.DEFINE_bool("warm", True, "Also a warm call after the first (--cnn).")
 flags.DEFINE_bool("quick", False, "A short run: population 480, 1 generation, 1 repetition.")
 
 EPS = 8 / 256
@@ -143,10 +163,51 @@ def memory_run():
           f"above it ({(peak - before) / 1024 / FLAGS.memory_budget_mib:.2f} x the budget)")
 
 
+def cnn_run():
+    """The README's settings on a CNN: first and warm calls, wall and CPU seconds, peak RSS."""
+    if FLAGS.cnn == "resnet18":
+        keras.utils.set_random_seed(0)
+        model = keras_roll.models.resnet18(input_shape=(32, 32, 3), classes=10)
+    else:
+        model = CNNS[FLAGS.cnn]()
+    n, shape = FLAGS.num_examples, tuple(model.input_shape[1:])
+    kw = dict(eps=EPS, seed=0, verbose=False, domain=(0.0, 1.0))
+    if shape == (28, 28, 1) and os.path.exists(FLAGS.data):  # MNIST behind "rescale"
+        with np.load(FLAGS.data) as f:
+            x = f["x_test"][:n].reshape(n, *shape).astype("float32")
+        kw["wrt"] = "rescale"
+    else:
+        x = np.random.default_rng(0).uniform(0, 1, (n, *shape)).astype("float32")
+        if shape == (28, 28, 1):
+            x, kw["wrt"] = 255 * x, "rescale"
+    y = np.argmax(model.predict(x, verbose=0), axis=-1)  # the predicted classes
+    modes = {"max": dict(mode="max", population=FLAGS.population,
+                         generations=FLAGS.generations),
+             "expected": dict(mode="expected", samples=FLAGS.samples)}
+    print(f"{model.name}: {x.shape[0]} image(s), eps={EPS:g}, population "
+          f"{FLAGS.population}, {FLAGS.generations} generations, {FLAGS.samples} draws; "
+          f"{os.cpu_count()} CPU cores, load {os.getloadavg()[0]:.1f} at the start")
+    for mode in FLAGS.modes:
+        extra = modes[mode]
+        for call in ("first", "warm")[:2 if FLAGS.warm else 1]:
+            xs, ys = (x[:1], y[:1]) if call == "first" else (x, y)
+            wall, cpu = time.perf_counter(), time.process_time()
+            res = keras_roll.gradient_distortion(model, xs, ys, **kw, **extra)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            peak = _status_kib("VmHWM") / 2**20
+            print(f"{mode:>8} {call:>5}: {wall / len(xs):7.1f} s wall, {cpu / len(xs):7.1f} s "
+                  f"CPU per image ({res.evaluations} gradients each), peak RSS {peak:.2f} GiB, "
+                  f"distortion {np.round(res.distortion, 4).tolist()}, load "
+                  f"{os.getloadavg()[0]:.1f}", flush=True)
+
+
 def main(argv):
     del argv
     if FLAGS.memory:
         memory_run()
+        return
+    if FLAGS.cnn:
+        cnn_run()
         return
     if FLAGS.quick:
         FLAGS.population, FLAGS.generations, FLAGS.repeats = 480, 1, 1

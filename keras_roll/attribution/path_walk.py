@@ -149,7 +149,10 @@ def exact_walk(engine, x, base, weights, max_regions, budget, bar):
     active = list(range(n))
     over = np.zeros(n, bool)
     done = [0.0] * n  # share of each path walked, as the progress bar shows it
-    chunk = engine.chunk_size(ex_shape, budget, scale=2.0)  # + the tangent pass
+    # A probe's tangent pass runs after its gradient, on the kept forward records: its
+    # peak per point measured below the plain gradient's estimate (0.65 of it on
+    # ResNet-18, 0.86 on a 48k-neuron CNN, 0.5 on an MLP), so the chunks take that estimate.
+    chunk = engine.chunk_size(ex_shape, budget)
     while active:
         owner, points, inside = [], [], []
         for e in active:

@@ -35,6 +35,7 @@ from keras_roll.compile.rules.base import (
     split_batch,
 )
 from keras_roll.compile.rules.registry import register_rule
+from keras_roll.compile.rules.window_products import window_products
 
 # --------------------------------------------------------------------------- helpers
 
@@ -276,8 +277,8 @@ def _conv_linear(layer):
     if (isinstance(layer, keras.layers.Conv2D) and layer.data_format == "channels_last"
             and tuple(layer.strides) == (1, 1) and tuple(layer.dilation_rate) == (1, 1)
             and getattr(layer, "groups", 1) == 1 and layer.padding in ("valid", "same")):
-        return _conv_by_convolutions(layer)
-    return lambda x, ks: layer.convolution_op(x, ks[0])
+        return window_products(layer, _conv_by_convolutions(layer))
+    return window_products(layer, lambda x, ks: layer.convolution_op(x, ks[0]))
 
 
 def _conv_by_convolutions(layer):
