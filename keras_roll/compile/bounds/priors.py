@@ -31,11 +31,12 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.bounds.margins import logit_margins
-from keras_roll.compile.bounds.rules import Box, bound_rule
+from keras_roll.compile.bounds.rules import Box, bound_rule, plain_relu
 from keras_roll.compile.caches import cached
+from keras_roll.compile.rules.activations import Activation
 
 __all__ = ["PriorStore", "example_rows", "flat_boxes", "prior_boxes", "prior_open",
-           "prior_width", "relaxed_layout"]
+           "prior_width", "relaxed_layout", "stable_skip"]
 
 
 def relaxed_layout(structure, values) -> list:
@@ -98,6 +99,18 @@ def prior_open(z0: tf.Tensor, box: Box) -> tuple:
     b = tf.shape(z0)[0]
     lo, hi = tf.reshape(z0 + box.lo, [b, -1]), tf.reshape(z0 + box.hi, [b, -1])
     return (lo < 0) & (hi > 0), hi > 0
+
+
+def stable_skip(structure, node, z0: tf.Tensor, box: Box) -> tuple | None:
+    """`prior_open(z0, box)` where op `node` is a plain ReLU and the only op that reads
+    its input (the rows of the units that stay open, and the upper rows of the positive
+    ones: the rows the interval `box` leaves CROWN to compute per example); None (every
+    row) otherwise, where another op's intervals would see the skipped rows' bounds."""
+    key = node.inputs[0]
+    readers = sum(key in n.inputs for n in structure.nodes)
+    if not (isinstance(node.op, Activation) and plain_relu(node.op)) or readers != 1:
+        return None
+    return prior_open(z0, box)
 
 
 def example_rows(bounds_of: Callable, need_lo, need_hi, k: int, lo, hi):
