@@ -88,7 +88,7 @@ def test_windows_of_valid_convolutions_only():
 def test_windowed_bounds_are_the_dense_bounds(p):
     """Every activation input's box equals the dense pull-back's to float64 rounding
     (without the guard), in one chunk and in several (a 48 kB budget: three chunks or
-    four); with the stable units' rows skipped, where each example's rows are pulled
+    four); with the inactive units' rows skipped, where each example's rows are pulled
     back (`_same_where_pulled`)."""
     eps = 0.15 if p == np.inf else 0.6
     ref, keys = _boxes(eps, windows=False, p=p)
@@ -106,13 +106,13 @@ def test_windowed_bounds_are_the_dense_bounds(p):
 
 
 def _same_where_pulled(got, ref, z0):
-    """The box `got` (stable units' rows skipped) equals `ref` (every row pulled back)
-    where its own example's rows were pulled back (the units open on it: both bounds,
-    the positive ones: the upper), and holds `ref` elsewhere with the same signs."""
+    """The box `got` (inactive units' rows skipped) equals `ref` (every row pulled back)
+    where its own example's rows were pulled back (the units it does not prove
+    inactive), and holds `ref` elsewhere with the same signs."""
     lo, hi, ref_lo, ref_hi = (np.reshape(t, (B, -1)) for t in (*got, *ref))
     z0 = np.reshape(z0, (B, -1))
-    opened, positive = (z0 + lo < 0) & (z0 + hi > 0), z0 + hi > 0
-    np.testing.assert_allclose(lo[opened], ref_lo[opened], rtol=1e-10, atol=1e-13)
+    positive = z0 + hi > 0
+    np.testing.assert_allclose(lo[positive], ref_lo[positive], rtol=1e-10, atol=1e-13)
     np.testing.assert_allclose(hi[positive], ref_hi[positive], rtol=1e-10, atol=1e-13)
     assert np.all(lo <= ref_lo + 1e-13) and np.all(hi >= ref_hi - 1e-13)
     for a, b in ((lo, ref_lo), (hi, ref_hi)):
@@ -143,7 +143,7 @@ def test_robust_radius_passes_under_both_rigors(mode):
     """The compiled pass of `robust_radius` (`relaxed_margins`' function) gives the same
     lower bounds and linear form with and without windows, under the worst-case
     guard and under rigor "float64" (whose noise terms are cut into the windows), with
-    the stable units' rows skipped in the windows or not."""
+    the inactive units' rows skipped in the windows or not."""
     twin, _, x, _ = _setup()
     args = (tf.constant(x), tf.constant([0, 1], tf.int64), tf.constant([0.1, 0.15],
                                                                          tf.float64))

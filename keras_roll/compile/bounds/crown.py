@@ -398,11 +398,12 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
     graph does not depend on how many units are open. An affine input (below) keeps
     every unit's rows: they are cheap and exact.
 
-    The units of a convolution (`keras_roll.compile.bounds.windows`) pull all
-    their rows back through their receptive fields instead (`windows=True`): the same
-    bounds for a fraction of the work (auto_LiRPA's "patches" serve the same purpose),
-    each example's own rows (`priors.stable_skip`: those `skip_stable` pulls back, where
-    the ReLU alone reads its input; else every row).
+    The units of a convolution (`keras_roll.compile.bounds.windows`) pull their rows
+    back through their receptive fields instead (`windows=True`): the same bounds for
+    a fraction of the work (auto_LiRPA's "patches" serve the same purpose), each
+    example's own rows of the units its interval does not prove inactive
+    (`priors.stable_skip`, where the ReLU alone reads its input; else every row), the
+    same bounds wherever they reach.
 
     An input that is an affine function of the model input alone (`affine_in_input`,
     the first layer's pre-activation) needs no relaxation: its pull-back is exact, and

@@ -102,15 +102,19 @@ def prior_open(z0: tf.Tensor, box: Box) -> tuple:
 
 
 def stable_skip(structure, node, z0: tf.Tensor, box: Box) -> tuple | None:
-    """`prior_open(z0, box)` where op `node` is a plain ReLU and the only op that reads
-    its input (the rows of the units that stay open, and the upper rows of the positive
-    ones: the rows the interval `box` leaves CROWN to compute per example); None (every
-    row) otherwise, where another op's intervals would see the skipped rows' bounds."""
+    """`(lower, upper)`, `[B, n]` bool each: per example, the units of op `node`'s input
+    whose rows CROWN must pull back where the op is a plain ReLU and the only op that
+    reads its input: those its interval `box` (relative to `z0`) does not prove
+    inactive, both rows. An inactive unit's lines are exact whatever its bounds (0,
+    `rules.exact_relu_line`) and its output is 0: its bounds reach nothing else. An
+    active unit keeps its lower row: its lower bound reaches the next layer's
+    intervals (a looser one may open units there). None (every row) otherwise."""
     key = node.inputs[0]
     readers = sum(key in n.inputs for n in structure.nodes)
     if not (isinstance(node.op, Activation) and plain_relu(node.op)) or readers != 1:
         return None
-    return prior_open(z0, box)
+    _, positive = prior_open(z0, box)
+    return positive, positive
 
 
 def example_rows(bounds_of: Callable, need_lo, need_hi, k: int, lo, hi):
