@@ -22,7 +22,9 @@ pooling) keep the dense rows. `conv_windows` finds the windows of a value;
 bounds.crown.relaxation_refiner`) of every unit's `+e_j` and `-e_j` rows on the
 windows (over `ConvWindows.windowed`, the program with every linear op replaced by
 its map on windows), a chunk of (example, position) pairs at a time within the
-memory budget, in one traced loop.
+memory budget, in one traced loop; with `need`, each (example, position) pulls back
+only the rows asked for (the units its interval does not prove inactive), and an
+affine value only its `+e_j` rows.
 
 Example:
 
