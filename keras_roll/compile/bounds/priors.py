@@ -36,7 +36,7 @@ from keras_roll.compile.caches import cached
 from keras_roll.compile.rules.activations import Activation
 
 __all__ = ["PriorStore", "example_rows", "flat_boxes", "prior_boxes", "prior_open",
-           "prior_width", "relaxed_layout", "stable_skip"]
+           "prior_width", "relaxed_layout", "skips_inactive", "stable_skip"]
 
 
 def relaxed_layout(structure, values) -> list:
@@ -109,12 +109,18 @@ def stable_skip(structure, node, z0: tf.Tensor, box: Box) -> tuple | None:
     `rules.exact_relu_line`) and its output is 0: its bounds reach nothing else. An
     active unit keeps its lower row: its lower bound reaches the next layer's
     intervals (a looser one may open units there). None (every row) otherwise."""
-    key = node.inputs[0]
-    readers = sum(key in n.inputs for n in structure.nodes)
-    if not (isinstance(node.op, Activation) and plain_relu(node.op)) or readers != 1:
+    if not skips_inactive(structure, node):
         return None
     _, positive = prior_open(z0, box)
     return positive, positive
+
+
+def skips_inactive(structure, node) -> bool:
+    """Whether `stable_skip` names rows for op `node`: a plain ReLU, the only op that
+    reads its input."""
+    key = node.inputs[0]
+    readers = sum(key in n.inputs for n in structure.nodes)
+    return isinstance(node.op, Activation) and plain_relu(node.op) and readers == 1
 
 
 def example_rows(bounds_of: Callable, need_lo, need_hi, k: int, lo, hi):
