@@ -313,7 +313,8 @@ def test_relu_lines_equal_the_vertex_search(monkeypatch):
     """A plain ReLU's lines come from its ends and clip(0) alone: the same lines as the
     search over every vertex of any activation, on random intervals and on the edge cases
     (an end at 0, zero width, tiny widths), and the same gradients in `lo`, `hi` but at
-    `lo = 0` exactly."""
+    `lo = 0` exactly; but a line that is one of the ReLU's pieces (every stable unit's)
+    has no float64 safety, its offset is exactly 0."""
     op = _activations()["relu"]
     assert keras_roll.compile.bounds.rules.plain_relu(op)
     assert not keras_roll.compile.bounds.rules.plain_relu(_activations()["leaky"])
@@ -336,10 +337,26 @@ def test_relu_lines_equal_the_vertex_search(monkeypatch):
     fast, fast_grads = lines_and_grads()
     monkeypatch.setattr(keras_roll.compile.bounds.rules, "plain_relu", lambda op: False)
     ref, ref_grads = lines_and_grads()
-    for got, want in zip(fast, ref):
-        np.testing.assert_array_equal(got, want)
-    # at lo = 0 exactly (a kink of the offsets in lo) each takes another subgradient
-    smooth = lo != 0.0
+    np.testing.assert_array_equal(fast[0], ref[0])  # the slopes
+    np.testing.assert_array_equal(fast[2], ref[2])
+    # a piece of the ReLU (slope 0 or 1, offset 0 but for the safety) keeps no safety:
+    # the stable units', the lower line 0 of the open ones
+    scale = 16 * 2.0**-53 * np.maximum(np.abs(lo), np.abs(hi))
+    tiny = np.finfo(np.float64).tiny  # slope 1 holds on positive normal numbers only
+    shapes = ((fast[0] == 0) | ((fast[0] == 1) & ((lo >= tiny) | (hi <= 0))),
+              ((fast[2] == 0) & (hi <= 0)) | ((fast[2] == 1) & (lo >= tiny)))
+    pieces = []
+    for shape, got, want in zip(shapes, fast[1::2], ref[1::2]):
+        piece = shape & (np.abs(want) <= scale)
+        np.testing.assert_array_equal(got[~piece], want[~piece])
+        assert np.all(got[piece] == 0.0)
+        pieces.append(piece)
+    assert np.all(pieces[0][(hi <= 0) | (lo > 1e-300)])  # stable: both lines are pieces
+    assert np.all(pieces[1][(hi <= 0) | (lo > 1e-300)])
+    assert not np.all(pieces[1])
+    # at lo = 0 exactly (a kink of the offsets in lo) each takes another subgradient;
+    # a piece's offset does not move with the bounds
+    smooth = (lo != 0.0) & ~pieces[0] & ~pieces[1]
     for got, want in zip(fast_grads, ref_grads):
         np.testing.assert_allclose(got[smooth], want[smooth], rtol=1e-9, atol=1e-9)
 

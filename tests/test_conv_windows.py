@@ -52,16 +52,18 @@ def _setup(padding="valid"):
     return twin, structure_of(twin.program), x, values
 
 
-def _refiner(windows):
-    return functools.partial(relaxation_refiner, windows=windows, skip_stable=windows)
+def _refiner(windows, skip=None):
+    skip = windows if skip is None else skip
+    return functools.partial(relaxation_refiner, windows=windows, skip_stable=skip)
 
 
-def _boxes(eps, windows, p=np.inf, guard=False, budget=2**40):
+def _boxes(eps, windows, p=np.inf, guard=False, budget=2**40, skip=None):
     """`({key: (lo, hi)}, keys)` of every activation input (numpy)."""
     twin, structure, _, values = _setup()
     keys = [n.inputs[0] for n in structure.nodes if isinstance(n.op, Activation)]
     radii = tf.fill([B], tf.constant(eps, tf.float64))
-    refine = _refiner(windows)(structure, values, RelaxedOps(values), radii, p, budget, B)
+    refine = _refiner(windows, skip)(structure, values, RelaxedOps(values), radii, p, budget,
+                                     B)
     boxes = interval_pass(structure, values, radii, arithmetic_of(twin, guard),
                           refine=refine).boxes
     return {k: (boxes[k].lo.numpy(), boxes[k].hi.numpy()) for k in keys}, keys
@@ -86,16 +88,36 @@ def test_windows_of_valid_convolutions_only():
 def test_windowed_bounds_are_the_dense_bounds(p):
     """Every activation input's box equals the dense pull-back's to float64 rounding
     (without the guard), in one chunk and in several (a 48 kB budget: three chunks or
-    four)."""
+    four); with the inactive units' rows skipped, where each example's rows are pulled
+    back (`_same_where_pulled`)."""
     eps = 0.15 if p == np.inf else 0.6
     ref, keys = _boxes(eps, windows=False, p=p)
+    _, structure, _, values = _setup()
     for budget in (2**40, 48000):
+        every, _ = _boxes(eps, windows=True, p=p, budget=budget, skip=False)
         got, _ = _boxes(eps, windows=True, p=p, budget=budget)
         for k in keys:
             for side in (0, 1):
-                np.testing.assert_allclose(got[k][side], ref[k][side], rtol=1e-10, atol=1e-13)
+                np.testing.assert_allclose(every[k][side], ref[k][side], rtol=1e-10,
+                                           atol=1e-13)
+            _same_where_pulled(got[k], ref[k], values.value(structure, k).numpy())
     z = ref[keys[2]]
     assert np.any(z[0] + 1e-9 < 0) and np.any(z[1] > 1e-9)  # the ball is not trivial
+
+
+def _same_where_pulled(got, ref, z0):
+    """The box `got` (inactive units' rows skipped) equals `ref` (every row pulled back)
+    where its own example's rows were pulled back (the units it does not prove
+    inactive), and holds `ref` elsewhere with the same signs."""
+    lo, hi, ref_lo, ref_hi = (np.reshape(t, (B, -1)) for t in (*got, *ref))
+    z0 = np.reshape(z0, (B, -1))
+    positive = z0 + hi > 0
+    np.testing.assert_allclose(lo[positive], ref_lo[positive], rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(hi[positive], ref_hi[positive], rtol=1e-10, atol=1e-13)
+    assert np.all(lo <= ref_lo + 1e-13) and np.all(hi >= ref_hi - 1e-13)
+    for a, b in ((lo, ref_lo), (hi, ref_hi)):
+        np.testing.assert_array_equal(z0 + a > 0, z0 + b > 0)
+        np.testing.assert_array_equal(z0 + a < 0, z0 + b < 0)
 
 
 def test_windowed_boxes_hold_sampled_values():
@@ -120,7 +142,8 @@ def test_windowed_boxes_hold_sampled_values():
 def test_robust_radius_passes_under_both_rigors(mode):
     """The compiled pass of `robust_radius` (`relaxed_margins`' function) gives the same
     lower bounds and linear form with and without windows, under the worst-case
-    guard and under rigor "float64" (whose noise terms are cut into the windows)."""
+    guard and under rigor "float64" (whose noise terms are cut into the windows), with
+    the inactive units' rows skipped in the windows or not."""
     twin, _, x, _ = _setup()
     args = (tf.constant(x), tf.constant([0, 1], tf.int64), tf.constant([0.1, 0.15],
                                                                          tf.float64))
@@ -171,12 +194,13 @@ def test_batch_norm_between_convolutions():
     assert conv_windows(structure, values, key) is not None
     radii = tf.fill([B], tf.constant(0.2, tf.float64))
     got = []
-    for windows in (True, False):
-        refine = _refiner(windows)(structure, values, RelaxedOps(values), radii, np.inf,
-                                   2**40, B)
+    for windows, skip in ((True, False), (False, False), (True, True)):
+        refine = _refiner(windows, skip)(structure, values, RelaxedOps(values), radii,
+                                         np.inf, 2**40, B)
         box = interval_pass(structure, values, radii, arithmetic_of(twin, True),
                             refine=refine).boxes[key]
         got.append((box.lo.numpy(), box.hi.numpy()))
     assert np.any(got[1][0] < -1e-9)  # some unit can turn negative
-    for a, b in zip(*got):
+    for a, b in zip(got[0], got[1]):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13)
+    _same_where_pulled(got[2], got[1], values.value(structure, key).numpy())

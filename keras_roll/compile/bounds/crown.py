@@ -39,12 +39,13 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.bounds.ibp import RoundingLoss
-from keras_roll.compile.bounds.priors import example_rows, prior_open
+from keras_roll.compile.bounds.priors import example_rows, prior_open, stable_skip
 from keras_roll.compile.bounds.rules import (
     ActivationBounds,
     Box,
     activation_vertices,
     bound_rule,
+    exact_relu_line,
     plain_relu,
 )
 from keras_roll.compile.bounds.traversal import Values, pull_back
@@ -197,7 +198,10 @@ def lower_offset(op: Activation, lo: tf.Tensor, hi: tf.Tensor, a: tf.Tensor) -> 
         vals = [tf.cast(op.fn(v), lo.dtype) for v in verts]
         scale = tf.reduce_max(tf.stack([tf.abs(v) for v in vals + verts]), 0)
     gaps = tf.reduce_min(tf.stack([f - a * v for f, v in zip(vals, verts)]), 0)
-    return gaps - 8.0 * _U64 * scale * (1.0 + tf.abs(a))
+    offset = gaps - 8.0 * _U64 * scale * (1.0 + tf.abs(a))
+    if plain_relu(op):  # a piece's line is exact (as `rules.relaxation_lines`'s)
+        offset = tf.where(exact_relu_line(a, gaps, lo, hi, False), tf.zeros_like(gaps), offset)
+    return offset
 
 
 class RelaxedForm(NamedTuple):
@@ -394,10 +398,12 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
     graph does not depend on how many units are open. An affine input (below) keeps
     every unit's rows: they are cheap and exact.
 
-    The units of a convolution (`keras_roll.compile.bounds.windows`) pull all
-    their rows back through their receptive fields instead (`windows=True`): the same
-    bounds for a fraction of the work, stable units included (tighter than their
-    intervals; auto_LiRPA's "patches" serve the same purpose).
+    The units of a convolution (`keras_roll.compile.bounds.windows`) pull their rows
+    back through their receptive fields instead (`windows=True`): the same bounds for
+    a fraction of the work (auto_LiRPA's "patches" serve the same purpose), each
+    example's own rows of the units its interval does not prove inactive
+    (`priors.stable_skip`, where the ReLU alone reads its input; else every row), the
+    same bounds wherever they reach.
 
     An input that is an affine function of the model input alone (`affine_in_input`,
     the first layer's pre-activation) needs no relaxation: its pull-back is exact, and
@@ -429,8 +435,10 @@ def relaxation_refiner(structure: ProgramStructure, values: Values, lines: Relax
         view = (conv_windows(structure, values, key) if windows
                 and type(lines) is RelaxedOps and not lines.slopes else None)
         if view is not None:
+            need = stable_skip(structure, node, values.inputs[index][0], box) if (
+                skip_stable and signs == 2) else None
             lo, hi = view.bounds(lines.lines, deltas, eps, budget, examples,
-                                 _window_pull(view.windowed, key, p, loss))
+                                 _window_pull(view.windowed, key, p, loss), need, signs == 1)
             tight = Box(tf.maximum(box.lo, tf.reshape(lo, tf.shape(box.lo))),
                         tf.minimum(box.hi, tf.reshape(hi, tf.shape(box.hi))))
             lines.set(index, node, tight)

@@ -40,9 +40,10 @@ import tensorflow as tf
 
 from keras_roll.compile.bounds.crown import RelaxedOps, layer_plan
 from keras_roll.compile.bounds.methods import DEFAULT_BUDGET, BoundMethod
+from keras_roll.compile.bounds.priors import skips_inactive
 from keras_roll.compile.bounds.rules import Box, bound_rule
 from keras_roll.compile.bounds.traversal import Values, pull_back
-from keras_roll.compile.bounds.windows import conv_windows
+from keras_roll.compile.bounds.windows import conv_windows, rows_per_pull
 from keras_roll.compile.chunking import DEFAULT_EXAMPLES
 from keras_roll.compile.structure import ProgramStructure
 from keras_roll.options import Choice
@@ -152,8 +153,9 @@ def crown_cost(structure: ProgramStructure, values: Values, rows: int,
     Estimated from the static shapes of `values` (nothing runs): a pull-back of `k`
     rows from op `i` costs `k` times the sizes of the values of the ops before it; the
     units of a "valid" convolution pull both rows back through their receptive fields
-    (`keras_roll.compile.bounds.windows`), at the cost of the windows. Every unit is
-    counted, open or not (which units are open depends on the ball).
+    (`keras_roll.compile.bounds.windows`; an affine value's `+e_j` rows alone), at the
+    cost of the windows. Every unit is counted, open or not (which units are open
+    depends on the ball).
 
     Args:
         structure, values: the program's structure and a `capture` of the batch.
@@ -180,13 +182,16 @@ def crown_cost(structure: ProgramStructure, values: Values, rows: int,
         if n == 0:
             continue
         view = conv_windows(structure, values, node.inputs[0])
-        if view is not None:  # every unit's rows through its receptive field
-            fit, both = view.items_per_chunk(budget, b), 2 * view.channels
-            elements += b * view.positions * both * view.entries
-            pullbacks += -(-b * view.positions // fit)
-            widest = max(widest, 3 * itemsize * fit * both * view.largest)
-            continue
         signs, k, b_i = layer_plan(structure, values, i, budget, b)
+        if view is not None:  # every unit's rows through its receptive field, at most
+            width = signs * view.channels  # an affine value's +e_j rows only
+            pull = (rows_per_pull(width) if signs == 2 and skips_inactive(structure, node)
+                    else width)
+            fit = view.items_per_chunk(budget, b, pull)
+            elements += b * view.positions * width * view.entries
+            pullbacks += -(-b * view.positions * -(-width // pull) // fit)
+            widest = max(widest, 3 * itemsize * fit * pull * view.largest)
+            continue
         chunks = -(-signs * n // k)
         elements += chunks * k * b_i * int(below[i])
         pullbacks += chunks

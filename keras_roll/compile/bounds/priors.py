@@ -31,11 +31,12 @@ import numpy as np
 import tensorflow as tf
 
 from keras_roll.compile.bounds.margins import logit_margins
-from keras_roll.compile.bounds.rules import Box, bound_rule
+from keras_roll.compile.bounds.rules import Box, bound_rule, plain_relu
 from keras_roll.compile.caches import cached
+from keras_roll.compile.rules.activations import Activation
 
 __all__ = ["PriorStore", "example_rows", "flat_boxes", "prior_boxes", "prior_open",
-           "prior_width", "relaxed_layout"]
+           "prior_width", "relaxed_layout", "skips_inactive", "stable_skip"]
 
 
 def relaxed_layout(structure, values) -> list:
@@ -98,6 +99,28 @@ def prior_open(z0: tf.Tensor, box: Box) -> tuple:
     b = tf.shape(z0)[0]
     lo, hi = tf.reshape(z0 + box.lo, [b, -1]), tf.reshape(z0 + box.hi, [b, -1])
     return (lo < 0) & (hi > 0), hi > 0
+
+
+def stable_skip(structure, node, z0: tf.Tensor, box: Box) -> tuple | None:
+    """`(lower, upper)`, `[B, n]` bool each: per example, the units of op `node`'s input
+    whose rows CROWN must pull back where the op is a plain ReLU and the only op that
+    reads its input: those its interval `box` (relative to `z0`) does not prove
+    inactive, both rows. An inactive unit's lines are exact whatever its bounds (0,
+    `rules.exact_relu_line`) and its output is 0: its bounds reach nothing else. An
+    active unit keeps its lower row: its lower bound reaches the next layer's
+    intervals (a looser one may open units there). None (every row) otherwise."""
+    if not skips_inactive(structure, node):
+        return None
+    _, positive = prior_open(z0, box)
+    return positive, positive
+
+
+def skips_inactive(structure, node) -> bool:
+    """Whether `stable_skip` names rows for op `node`: a plain ReLU, the only op that
+    reads its input."""
+    key = node.inputs[0]
+    readers = sum(key in n.inputs for n in structure.nodes)
+    return isinstance(node.op, Activation) and plain_relu(node.op) and readers == 1
 
 
 def example_rows(bounds_of: Callable, need_lo, need_hi, k: int, lo, hi):

@@ -61,6 +61,7 @@ __all__ = [
     "activation_vertices",
     "bound_rule",
     "check_bounds",
+    "exact_relu_line",
     "nondecreasing",
     "plain_relu",
     "register_bound_rule",
@@ -256,7 +257,8 @@ def relaxation_lines(op, lo: tf.Tensor, hi: tf.Tensor) -> RelaxationLines:
     radius"): for each candidate slope (the chord, the slopes of the pieces at `lo` and
     at `hi`) the offsets are the extremes of `fn(v) - a v` over the vertices, so any
     slope is sound; the line with the smaller area to the function wins (CROWN's
-    adaptive choice). The offsets get a float64 safety of `8 u` of their terms.
+    adaptive choice). The offsets get a float64 safety of `8 u` of their terms (none on a
+    plain ReLU's pieces: slope 0 or 1 and offset 0 are exact).
 
     Args:
         op: an `Activation` (breakpoints, slopes, `fn`).
@@ -292,19 +294,42 @@ def relaxation_lines(op, lo: tf.Tensor, hi: tf.Tensor) -> RelaxationLines:
         gaps = [f - a * v for f, v in zip(vals, verts)]
         safety = 8.0 * _U64 * scale * (1.0 + tf.abs(a))
         if relu:
-            b_l = tf.minimum(tf.minimum(gaps[0], gaps[1]), gaps[2]) - safety
-            b_u = tf.maximum(gaps[0], gaps[1]) + safety
+            raw_l = tf.minimum(tf.minimum(gaps[0], gaps[1]), gaps[2])
+            raw_u = tf.maximum(gaps[0], gaps[1])
         else:
-            b_l = tf.reduce_min(tf.stack(gaps), 0) - safety
-            b_u = tf.reduce_max(tf.stack(gaps), 0) + safety
+            raw_l, raw_u = tf.reduce_min(tf.stack(gaps), 0), tf.reduce_max(tf.stack(gaps), 0)
+        line_l, line_u = (a, raw_l - safety, raw_l), (a, raw_u + safety, raw_u)
         if best_l is None:
-            best_l, best_u = (a, b_l), (a, b_u)
+            best_l, best_u = line_l, line_u
             continue
-        better_l = a * mid + b_l > best_l[0] * mid + best_l[1]
-        better_u = a * mid + b_u < best_u[0] * mid + best_u[1]
-        best_l = (tf.where(better_l, a, best_l[0]), tf.where(better_l, b_l, best_l[1]))
-        best_u = (tf.where(better_u, a, best_u[0]), tf.where(better_u, b_u, best_u[1]))
+        better_l = a * mid + line_l[1] > best_l[0] * mid + best_l[1]
+        better_u = a * mid + line_u[1] < best_u[0] * mid + best_u[1]
+        best_l = tuple(tf.where(better_l, n, o) for n, o in zip(line_l, best_l))
+        best_u = tuple(tf.where(better_u, n, o) for n, o in zip(line_u, best_u))
+    if relu:  # a piece's line is exact in float64: no safety
+        best_l = (best_l[0], tf.where(exact_relu_line(best_l[0], best_l[2], lo, hi, False),
+                                      tf.zeros_like(lo), best_l[1]))
+        best_u = (best_u[0], tf.where(exact_relu_line(best_u[0], best_u[2], lo, hi, True),
+                                      tf.zeros_like(lo), best_u[1]))
     return RelaxationLines(best_l[0], best_l[1], best_u[0], best_u[1])
+
+
+_TINY = float(np.finfo(np.float64).tiny)  # the smallest normal float64
+
+
+def exact_relu_line(a, gaps, lo, hi, upper: bool) -> tf.Tensor:
+    """Where the line `a z` lies below (above, `upper`) a plain ReLU on `[lo, hi]` exactly,
+    with no float64 safety: `gaps` (the extreme of `fn(v) - a v` over the vertices) is 0
+    and the line is a piece the ReLU keeps on the whole interval (slope 0 where
+    `hi <= 0`, slope 1 where `lo` is a positive normal number, so that no flushed
+    subnormal breaks it; below, slope 0 anywhere). Its relative offset `a z0 - fn(z0)`
+    is exact too. Where these hold, a bound of the interval changes nothing of the line."""
+    zero, one = tf.equal(a, 0.0), tf.equal(a, 1.0)
+    if upper:
+        piece = (zero & (hi <= 0.0)) | (one & (lo >= _TINY))
+    else:
+        piece = zero | (one & ((lo >= _TINY) | (hi <= 0.0)))
+    return tf.equal(gaps, 0.0) & piece
 
 
 _PLAIN_RELU: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -22,7 +22,9 @@ pooling) keep the dense rows. `conv_windows` finds the windows of a value;
 bounds.crown.relaxation_refiner`) of every unit's `+e_j` and `-e_j` rows on the
 windows (over `ConvWindows.windowed`, the program with every linear op replaced by
 its map on windows), a chunk of (example, position) pairs at a time within the
-memory budget, in one traced loop.
+memory budget, in one traced loop; with `need`, each (example, position) pulls back
+only the rows asked for (the units its interval does not prove inactive), and an
+affine value only its `+e_j` rows.
 
 Example:
 
@@ -49,7 +51,7 @@ from keras_roll.compile.rules.activations import Activation
 from keras_roll.compile.rules.base import NO_RECORD, Local, Op, Tangent, apply_linear
 from keras_roll.compile.structure import ProgramStructure
 
-__all__ = ["ConvWindows", "conv_windows"]
+__all__ = ["ConvWindows", "conv_windows", "rows_per_pull"]
 
 
 class _Window(NamedTuple):
@@ -204,11 +206,13 @@ class ConvWindows:
         self.windowed = copy.copy(structure)
         self.windowed.nodes = nodes
 
-    def items_per_chunk(self, budget: int, examples: int) -> int:
-        """(Example, position) pairs per pull-back: their `2 C` rows' functionals fit
-        `budget` bytes (3 float64 copies of the largest window, as the dense rows')."""
+    def items_per_chunk(self, budget: int, examples: int, rows: int | None = None) -> int:
+        """(Example, position) pairs per pull-back: their `rows` rows' functionals (default
+        `2 C`) fit `budget` bytes (3 float64 copies of the largest window, as the dense
+        rows')."""
+        rows = 2 * self.channels if rows is None else rows
         return plan_chunks(1, examples * self.positions,
-                           3 * self.values.x.dtype.size * 2 * self.channels * self.largest,
+                           3 * self.values.x.dtype.size * rows * self.largest,
                            budget, batch_size=1, min_directions=1).per_chunk
 
     def _patches(self, t: tf.Tensor, key: int) -> tf.Tensor:
@@ -275,10 +279,11 @@ class ConvWindows:
         return cut, cut_lines, cut_deltas, at
 
     def bounds(self, lines: dict, deltas: list, eps, budget: int, examples: int,
-               pull: Callable) -> tuple[tf.Tensor, tf.Tensor]:
-        """`(lower, upper)`, `[B, n]` each: the bounds of every unit of the value, the
-        rows `+-e_j` of a chunk of (example, position) pairs at a time (at most `budget`
-        bytes of functionals), in one traced loop.
+               pull: Callable, need: tuple | None = None,
+               affine: bool = False) -> tuple[tf.Tensor, tf.Tensor]:
+        """`(lower, upper)`, `[B, n]` each: the bounds of the value's units, the rows
+        `+-e_j` of a chunk of (example, position) pairs at a time (at most `budget` bytes
+        of functionals), in one traced loop; `-inf` / `inf` where a row is not needed.
 
         Args:
             lines: `{op index: (a_l, c_l, a_u, c_u)}`, the relaxation's lines
@@ -287,34 +292,69 @@ class ConvWindows:
             eps: `[B]` radii or a scalar.
             budget: bytes of functionals per pull-back.
             examples: examples per call at most (the plan's balance).
-            pull: `pull(values, lines, deltas, rows, eps, cut) -> [m, 2C]`, the lower
-                bounds of the rows `[m, 2C, 1, 1, C]` of the value in the windows
+            pull: `pull(values, lines, deltas, rows, eps, cut) -> [m, R]`, the lower
+                bounds of the rows `[m, R, 1, 1, C]` of the value in the windows
                 over `self.windowed` (`cut(tensor, key)` cuts any other per-example
                 tensor the same way).
+            need: optional `(lower, upper)`, `[B, n]` bool each: the units whose `+e_j`
+                (`-e_j`) row is pulled back (default all); each (example, position)
+                pulls back only its own rows, `rows_per_pull` at a time.
+            affine: the value is an affine function of the input
+                (`crown.affine_in_input`): the bound of `-e_j` is that of `+e_j`, so only
+                the `+e_j` rows are pulled back (of the units in either of `need`) and
+                `upper = -lower`.
         """
         c, positions = self.channels, self.positions
         dtype = self.values.x.dtype
-        eye = np.eye(c)
-        rows = tf.constant(np.concatenate([eye, -eye])[None, :, None, None, :], dtype)
-        fit = self.items_per_chunk(budget, examples)
         total = tf.shape(self.values.x)[0] * positions
-        chunks = (total + fit - 1) // fit
-        per = (total + chunks - 1) // tf.maximum(chunks, 1)
+        width = c if affine else 2 * c
+        if need is None:
+            flags = tf.ones([total, width], tf.bool)
+        else:
+            lo_need, hi_need = (tf.reshape(t, [total, c]) for t in need)
+            flags = lo_need | hi_need if affine else tf.concat([lo_need, hi_need], 1)
+        rows = width if need is None else rows_per_pull(width)
+        eye = np.eye(c)
+        table = tf.constant(np.concatenate([eye, -eye])[:width, None, None, :], dtype)
+        counts = tf.reduce_sum(tf.cast(flags, tf.int32), 1)  # [total]
+        slots = (counts + rows - 1) // rows  # pull-backs of `rows` rows per pair
+        owner = tf.repeat(tf.range(total), slots)  # [S]: each pull-back's pair
+        first = tf.cumsum(slots, exclusive=True)
+        part = tf.range(tf.size(owner)) - tf.gather(first, owner)  # its place in the pair
+        order = tf.argsort(tf.cast(~flags, tf.int32), axis=1, stable=True)  # needed first
+        fit = self.items_per_chunk(budget, examples, rows)
+        s = tf.size(owner)
+        chunks = (s + fit - 1) // fit
+        per = (s + chunks - 1) // tf.maximum(chunks, 1)
         radii = tf.cast(eps, dtype)
         if radii.shape.rank:
             radii = tf.repeat(radii, positions)
+        big = tf.constant(np.inf, dtype)
 
         def body(i, out):
-            items = (i * per + tf.range(per)) % total
-            cut, cut_lines, cut_deltas, at = self._cropped(lines, deltas, items)
+            at = (i * per + tf.range(per)) % tf.maximum(s, 1)
+            items = tf.gather(owner, at)
+            # the pair's needed rows, from its place on (wrapping: repeats are harmless)
+            k = (tf.gather(part, at)[:, None] * rows + tf.range(rows)[None]) % tf.maximum(
+                tf.gather(counts, items)[:, None], 1)
+            row = tf.gather(tf.gather(order, items), k, batch_dims=1)  # [per, rows]
+            cut, cut_lines, cut_deltas, cutter = self._cropped(lines, deltas, items)
             r = tf.gather(radii, items) if radii.shape.rank else radii
-            per_item = tf.broadcast_to(rows, [per, 2 * c, 1, 1, c])  # the ops' records are
-            low = pull(cut, cut_lines, cut_deltas, per_item, r, at)   # per item
-            return i + 1, tf.tensor_scatter_nd_update(out, items[:, None], low)
+            low = pull(cut, cut_lines, cut_deltas, tf.gather(table, row), r, cutter)
+            where = tf.stack([tf.repeat(items, rows), tf.reshape(row, [-1])], 1)
+            return i + 1, tf.tensor_scatter_nd_max(out, where, tf.reshape(low, [-1]))
 
         _, out = tf.while_loop(lambda i, _: i < chunks, body,
-                               (tf.constant(0, tf.int32), tf.zeros([total, 2 * c], dtype)),
+                               (tf.constant(0, tf.int32), tf.fill([total, width], -big)),
                                parallel_iterations=1)
-        out = tf.reshape(out, [-1, positions, 2, c])
-        return (tf.reshape(out[:, :, 0], [-1, positions * c]),
-                -tf.reshape(out[:, :, 1], [-1, positions * c]))
+        lower = tf.reshape(out[:, :c], [-1, positions * c])
+        upper = -lower if affine else -tf.reshape(out[:, c:], [-1, positions * c])
+        return lower, upper
+
+
+def rows_per_pull(width: int) -> int:
+    """Rows per pull-back of one (example, position) pair where only some of its `width`
+    rows are needed (`ConvWindows.bounds`' `need`): a quarter of them (at least 8), so
+    that a pair with few open units pulls back few rows while the cut of its windows
+    is shared by several."""
+    return min(width, max(8, width // 4))
