@@ -7,8 +7,28 @@ are separate layers where the tests need Keras-visible pre-activations
 
 from __future__ import annotations
 
+import contextlib
+
 import keras
 import numpy as np
+
+
+@contextlib.contextmanager
+def float64_layers():
+    """Layers built inside take float64 weights and compute in float64.
+
+    `keras.backend.set_floatx` alone is not enough: Keras caches its global dtype
+    policy from `floatx` at the first layer built in the process, so it sets the
+    policy too, and restores both on exit.
+    """
+    floatx, policy = keras.config.floatx(), keras.config.dtype_policy()
+    keras.config.set_floatx("float64")
+    keras.config.set_dtype_policy("float64")
+    try:
+        yield
+    finally:
+        keras.config.set_floatx(floatx)
+        keras.config.set_dtype_policy(policy)
 
 
 def _seed(seed):

@@ -18,6 +18,7 @@ import pytest
 from keras_roll.compile.bounds.priors import PriorStore
 from keras_roll.compile.twin import linearize
 from keras_roll.robust.bounds import relaxed_margins
+from tests.model_zoo import float64_layers
 
 L = keras.layers
 B = 3
@@ -35,11 +36,8 @@ def _cnn():
 
 @functools.lru_cache(maxsize=1)
 def _setup():
-    keras.backend.set_floatx("float64")
-    try:
+    with float64_layers():
         model, parts = _cnn()
-    finally:
-        keras.backend.set_floatx("float32")
     twin = linearize(model).at_dtype("float64")
     x = np.random.default_rng(1).uniform(0, 1, (B, 8, 8, 1))
     pred = np.argmax(model(x).numpy(), axis=1)

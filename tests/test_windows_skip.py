@@ -27,6 +27,7 @@ from keras_roll.compile.rules import Activation
 from keras_roll.compile.structure import structure_of
 from keras_roll.compile.twin import linearize
 from keras_roll.robust.bounds import arithmetic_of, relaxed_margins
+from tests.model_zoo import float64_layers
 
 L = keras.layers
 B = 3
@@ -34,8 +35,7 @@ B = 3
 
 def _cnn(seed: int, padding: str):
     keras.utils.set_random_seed(seed)
-    keras.backend.set_floatx("float64")
-    try:
+    with float64_layers():
         inp = keras.Input((10, 10, 1))
         h = L.Rescaling(0.5)(inp)
         c1 = L.Conv2D(4, 3, strides=2, padding=padding, bias_initializer="random_normal")(h)
@@ -43,8 +43,6 @@ def _cnn(seed: int, padding: str):
         d = L.Dense(8, bias_initializer="random_normal")(L.Flatten()(L.ReLU()(c2)))
         out = L.Dense(3)(L.ReLU()(d))
         return keras.Model(inp, out), keras.Model(inp, [c1, c2, d])
-    finally:
-        keras.backend.set_floatx("float32")
 
 
 @functools.lru_cache(maxsize=4)
