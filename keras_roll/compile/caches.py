@@ -90,12 +90,13 @@ def compiled_call(model):
     """`model(x, training=False)` compiled once per model, for any batch size: callers
     that evaluate a Keras model on many small batches (adversarial checks,
     faithfulness curves) would otherwise pay tens of milliseconds of eager Python per
-    call of a functional model."""
-    return cached(model, ("call",), lambda: tf.function(
-        lambda x: model(x, training=False), reduce_retracing=True, autograph=False))
+    call of a functional model. Its first trace takes any batch size
+    (`batch_polymorphic`): the searches' batches shrink as examples finish."""
+    return cached(model, ("call",), lambda: batch_polymorphic(tf.function(
+        lambda x: model(x, training=False), reduce_retracing=True, autograph=False)))
 
 
-def batch_polymorphic(fn):
+def batch_polymorphic(fn, batched: int | None = None):
     """`fn` (a `tf.function`) whose first trace already takes any batch size.
 
     A `tf.function(..., reduce_retracing=True)` traces its first call for the
@@ -110,8 +111,11 @@ def batch_polymorphic(fn):
     runs its Python, and a graph traced for nothing would cost what the call does.
 
     Args:
-        fn: a `tf.function` whose tensor arguments all lead with the batch axis
+        fn: a `tf.function` whose tensor arguments lead with the batch axis
             (the traces and per-example arrays of the twin's passes).
+        batched: how many of the leading positional arguments lead with the batch
+            axis (None: all of them); the tensors of the others keep their shapes
+            (e.g. an input shape given as a tensor).
 
     Returns:
         A callable with `fn`'s arguments and results.
@@ -134,7 +138,10 @@ def batch_polymorphic(fn):
         if key not in traced:
             with lock:
                 if key not in traced:
-                    fn.get_concrete_function(*tf.nest.map_structure(_batch_spec, args))
+                    cut = len(args) if batched is None else batched
+                    fn.get_concrete_function(
+                        *tf.nest.map_structure(_batch_spec, args[:cut]),
+                        *tf.nest.map_structure(_exact_spec, args[cut:]))
                     traced.add(key)
         return fn(*args)
 
@@ -164,6 +171,13 @@ def _signature(value):
             f"pass it as a tensor or as an immutable value (a tuple, not a set or a list "
             f"inside an object).") from None
     return type(value), value
+
+
+def _exact_spec(value):
+    """A tensor's (or array's) `tf.TensorSpec` with its shape; other values as given."""
+    if isinstance(value, (tf.Tensor, np.ndarray)):
+        return tf.TensorSpec(value.shape, tf.as_dtype(value.dtype))
+    return value
 
 
 def _batch_spec(value):
