@@ -184,3 +184,50 @@ def test_the_twin_and_model_calls_trace_once_for_every_batch_size(small_cnn):
         assert j.shape == (b, lin.num_neurons(x.shape[1:]), 128)
     assert lin.compiled.axes_tangent.experimental_get_tracing_count() == 1
     assert call.experimental_get_tracing_count() == 1
+
+
+def test_batched_relaxes_only_the_leading_arguments():
+    """`batch_polymorphic(fn, batched=1)`: the first argument's batch axis is free, a
+    later tensor (an input shape, a chunk's start) keeps its shape."""
+    from keras_roll.compile.caches import batch_polymorphic
+
+    specs = []
+
+    class Recorder:
+        def get_concrete_function(self, *args):
+            specs.append(args)
+
+        def __call__(self, x, shape, k):
+            return np.asarray(x).reshape(-1, *np.asarray(shape)) * k
+
+    was = tf.config.functions_run_eagerly()
+    tf.config.run_functions_eagerly(False)  # traces ahead only for graphs
+    try:
+        wrapped = batch_polymorphic(Recorder(), batched=1)
+        for b in (2, 5):
+            x = np.ones((b, 6))
+            out = wrapped(x, tf.constant([2, 3]), 2.0)
+            np.testing.assert_array_equal(out, np.full((b, 2, 3), 2.0))
+    finally:
+        tf.config.run_functions_eagerly(was)
+    assert specs == [(tf.TensorSpec([None, 6], tf.float64), tf.TensorSpec([2], tf.int32), 2.0)]
+
+
+@pytest.mark.slow  # robust_radius's first call compiled: about 5 CPU s
+def test_robust_radius_traces_each_graph_once(small_cnn):
+    from benchmarks.traces import traces
+
+    model, x = small_cnn
+    model = keras.models.clone_model(model)
+    model.set_weights(small_cnn[0].get_weights())
+    with traces() as seen:
+        first = keras_roll.robust_radius(model, x[:2], norms=(2, np.inf), verbose=False)
+    names = [t.name for t in seen]
+    assert len(names) == len(set(names)), sorted(names)
+    assert {"_noise_pass", "_line_fn", "_terms_fn", "_bounds_fn"} <= set(names)
+    with traces() as again:  # another batch size, the same graphs
+        rr = keras_roll.robust_radius(model, x, norms=(2, np.inf), verbose=False)
+    assert not again, [t.name for t in again]
+    for p in (2, np.inf):
+        np.testing.assert_allclose(rr.lower[p][:2], first.lower[p], rtol=1e-9)  # batching
+        assert not np.any(rr.lower[p] > rr.upper[p])  # NaN: no point found
