@@ -90,12 +90,13 @@ def compiled_call(model):
     """`model(x, training=False)` compiled once per model, for any batch size: callers
     that evaluate a Keras model on many small batches (adversarial checks,
     faithfulness curves) would otherwise pay tens of milliseconds of eager Python per
-    call of a functional model."""
-    return cached(model, ("call",), lambda: tf.function(
-        lambda x: model(x, training=False), reduce_retracing=True, autograph=False))
+    call of a functional model. Its first trace takes any batch size
+    (`batch_polymorphic`): the searches' batches shrink as examples finish."""
+    return cached(model, ("call",), lambda: batch_polymorphic(tf.function(
+        lambda x: model(x, training=False), reduce_retracing=True, autograph=False)))
 
 
-def batch_polymorphic(fn):
+def batch_polymorphic(fn, batched: int | None = None, free: tuple = ()):
     """`fn` (a `tf.function`) whose first trace already takes any batch size.
 
     A `tf.function(..., reduce_retracing=True)` traces its first call for the
@@ -110,8 +111,14 @@ def batch_polymorphic(fn):
     runs its Python, and a graph traced for nothing would cost what the call does.
 
     Args:
-        fn: a `tf.function` whose tensor arguments all lead with the batch axis
+        fn: a `tf.function` whose tensor arguments lead with the batch axis
             (the traces and per-example arrays of the twin's passes).
+        batched: how many of the leading positional arguments lead with the batch
+            axis (None: all of them); the tensors of the others keep their shapes
+            (e.g. an input shape given as a tensor).
+        free: positions of arguments whose tensors are traced with every axis free
+            (their rank kept), e.g. rows `[B, C]` whose count `C` varies from call
+            to call.
 
     Returns:
         A callable with `fn`'s arguments and results.
@@ -130,11 +137,15 @@ def batch_polymorphic(fn):
     def call(*args):
         if tf.config.functions_run_eagerly():  # `fn` runs its Python: nothing to trace
             return fn(*args)
-        key = tuple(_signature(v) for v in tf.nest.flatten(args))
+        modes = [_mode(i, batched, free) for i in range(len(args))]
+        key = tuple(_signature(v, mode) for a, mode in zip(args, modes)
+                    for v in tf.nest.flatten(a))
         if key not in traced:
             with lock:
                 if key not in traced:
-                    fn.get_concrete_function(*tf.nest.map_structure(_batch_spec, args))
+                    fn.get_concrete_function(*(
+                        tf.nest.map_structure(lambda v, m=mode: _spec(v, m), a)
+                        for a, mode in zip(args, modes)))
                     traced.add(key)
         return fn(*args)
 
@@ -144,13 +155,24 @@ def batch_polymorphic(fn):
     return call
 
 
-def _signature(value):
-    """What of one argument leaf decides a trace, the batch size left out: a tensor's
-    (or array's, which `tf.function` takes as a tensor) dtype and trailing shape, a
-    variable's dtype and shape, a composite tensor's spec, another value itself. Never an
-    object's identity, so that the signatures seen stay few however many calls there are."""
+def _mode(position: int, batched: int | None, free: tuple) -> str:
+    """How the tensors of the argument at `position` are traced: "free" (every axis),
+    "batch" (the leading axis) or "exact" (their shapes)."""
+    if position in free:
+        return "free"
+    return "batch" if batched is None or position < batched else "exact"
+
+
+def _signature(value, mode: str = "batch"):
+    """What of one argument leaf decides a trace, the free axes left out (`_mode`): a
+    tensor's (or array's, which `tf.function` takes as a tensor) dtype and trailing
+    shape (its shape; its rank), a variable's dtype and shape, a composite tensor's spec,
+    another value itself. Never an object's identity, so that the signatures seen stay
+    few however many calls there are."""
     if isinstance(value, (tf.Tensor, np.ndarray)):
-        return type(value), value.dtype, tuple(value.shape[1:]) if value.ndim else ()
+        shape = {"batch": tuple(value.shape[1:]), "exact": tuple(value.shape),
+                 "free": value.ndim}[mode]
+        return type(value), value.dtype, shape if value.ndim else ()
     if isinstance(value, tf.Variable):
         return tf.Variable, value.dtype, tuple(value.shape)
     if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):  # by spec, batch included
@@ -166,9 +188,11 @@ def _signature(value):
     return type(value), value
 
 
-def _batch_spec(value):
-    """A tensor's (or array's) `tf.TensorSpec` with its leading axis None; other values
-    as given."""
-    if isinstance(value, (tf.Tensor, np.ndarray)) and value.ndim:
-        return tf.TensorSpec([None, *value.shape[1:]], tf.as_dtype(value.dtype))
-    return value
+def _spec(value, mode: str):
+    """A tensor's (or array's) `tf.TensorSpec` with its free axes None (`_mode`); other
+    values as given."""
+    if not isinstance(value, (tf.Tensor, np.ndarray)) or not value.ndim:
+        return value
+    shape = {"batch": [None, *value.shape[1:]], "exact": list(value.shape),
+             "free": [None] * value.ndim}[mode]
+    return tf.TensorSpec(shape, tf.as_dtype(value.dtype))

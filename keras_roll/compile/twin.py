@@ -64,15 +64,15 @@ class CompiledPasses(NamedTuple):
     """The interpreter's passes compiled with `tf.function` (`Linearized.compiled`).
 
     They take checked tensors (see `Linearized.check_input`) and retrace little
-    (`reduce_retracing=True`); the primal's first trace takes any batch size
-    (`keras_roll.compile.caches.batch_polymorphic`), so the twin's one-example layout
-    pass, a batch and a data set's last slice share one graph. Executors that stream
-    many chunks call these (`keras_roll.compile.streaming`).
+    (`reduce_retracing=True`); the first traces of the primal and the axes tangent take
+    any batch size (`keras_roll.compile.caches.batch_polymorphic`), so the twin's
+    one-example layout pass, a batch and a data set's last slice share one graph.
+    Executors that stream many chunks call these (`keras_roll.compile.streaming`).
     """
 
     primal: Callable
     tangent: tf.types.experimental.PolymorphicFunction
-    axes_tangent: tf.types.experimental.PolymorphicFunction
+    axes_tangent: Callable
 
     @classmethod
     def of(cls, lin: Linearized) -> CompiledPasses:
@@ -85,8 +85,10 @@ class CompiledPasses(NamedTuple):
                                autograph=False)
 
         kind = type(lin)
+        # the axes tangent's trace leads with the batch axis, its chunk's start, size
+        # and the example shape do not
         return cls(batch_polymorphic(compiled(kind.primal)), compiled(kind.tangent_from_trace),
-                   compiled(kind.axes_tangent))
+                   batch_polymorphic(compiled(kind.axes_tangent), batched=1))
 
 
 def linearize(model: ModelOrTwin, memory_budget: int | str | None = "auto") -> Linearized:

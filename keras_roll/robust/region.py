@@ -260,7 +260,8 @@ def decision_terms(twin, x, pred: np.ndarray, guard,
     x = np.asarray(x, np.float64)
     b = x.shape[0]
     layout = twin.layout(x.shape[1:])
-    logits = int(np.prod(twin.compiled.primal(tf.constant(x[:1])).logits.shape[1:]))
+    logits = cached(twin, ("logit_count", x.shape[1:]), lambda: int(np.prod(
+        twin.compiled.primal(tf.constant(x[:1])).logits.shape[1:])))  # one forward pass
     rows = max(logits - 1, 1)
     per = layout.tangent_bytes(8) * 2  # functionals and their transposes
     plan = plan_chunks(b, rows, per, memory_budget or twin.memory_budget,

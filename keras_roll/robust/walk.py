@@ -37,10 +37,10 @@ from keras_roll.compile.bounds import margin_rows
 from keras_roll.compile.caches import cached
 from keras_roll.geometry import dual_norm, steepest_directions, to_numpy
 from keras_roll.robust.adversarial import confirm, lp_norm, predict_classes
-from keras_roll.robust.compiled import BATCH_SPECS, compile_batched
+from keras_roll.robust.compiled import BATCH_SPECS
 from keras_roll.robust.region import NormBounds, decision_terms
 
-__all__ = ["line_probe", "walk_bounds"]
+__all__ = ["walk_bounds"]
 
 STEP_BEYOND = 1e-7  # relative step past a region boundary (float64 points)
 STUCK = 1e-3  # a segment that ends before this fraction of its length jumps instead
@@ -59,16 +59,6 @@ def _probe(twin, x, d, pred):
     margins = tf.reduce_sum(rows * logits[:, None], -1)
     rates = tf.reduce_sum(rows * jvp.logits, -1)  # [b, L-1]
     return t_exit[:, 0], margins, rates, others
-
-
-def line_probe(twin, x: np.ndarray, d: np.ndarray, pred: np.ndarray):
-    """`(t_exit [b], margins [b, L-1], rates [b, L-1], classes [b, L-1])` along `x + t d`
-    in the region of `x` (numpy; `t` in units of `d`)."""
-    fn = cached(twin, ("line_probe",), lambda: compile_batched(
-        functools.partial(_probe, twin), twin, "xxy"))
-    out = fn(tf.constant(x, twin.dtype), tf.constant(d, twin.dtype),
-             tf.constant(np.asarray(pred, np.int64)))
-    return tuple(to_numpy(o) for o in out)
 
 
 def _aim(terms, origin, cur, p):
@@ -117,9 +107,14 @@ def _walk(model, twin, x, pred, p, max_regions, budget):
                                memory_budget=budget)
         target, live = _aim(terms, cur[active], cur[active], p)
         d = target - cur[active]
-        t_exit, margins, rates, _ = line_probe(twin, cur[active], d, pred[active])
-        s = _first_crossing(margins, rates).numpy()
-        cross = live & (s <= t_exit) & np.isfinite(s)
+        # one region: the line loop's probe (the graph `_line_search` runs) from t = 0;
+        # its crossing `s` is finite where it lies inside the region
+        _, s, _, t_exit = _line_loop(twin)(
+            tf.constant(cur[active], tf.float64), tf.constant(d, tf.float64),
+            tf.constant(pred[active], tf.int64), tf.zeros(active.size, tf.float64),
+            tf.constant(np.inf, tf.float64), tf.ones(active.size, tf.int32))
+        s, t_exit = to_numpy(s), to_numpy(t_exit)
+        cross = live & np.isfinite(s)
         pts, ds = confirm(model, cur[active], d, np.where(cross, s, np.nan), pred[active], p,
                           origin=x[active])
         found = np.isfinite(ds)
@@ -145,10 +140,15 @@ def _first_crossing(margins, rates):
 def _line_fn(twin, x, d, pred, t, t_max, regions):
     """Region after region along `x + t d` in one graph, until each row's first
     decision crossing (or `t_max`, or its `regions [b]` probes): `(t [b], s [b], probes
-    [b])`, the crossing at `x + t d + s d` (`s` NaN where none)."""
+    [b], t_exit [b])`, the crossing at `x + t d + s d` (`s` NaN where none), `t_exit`
+    the exit of the last region probed along `d` from its start (NaN where none was).
+
+    The walk probes one region a call (`regions` 1, `t` 0, `t_max` inf): `s` is then
+    the first crossing where it lies inside the region, `t_exit` the region's exit.
+    """
     shape = [-1] + [1] * (len(x.shape) - 1)
 
-    def body(k, t, s_hit, live, probes):
+    def body(k, t, s_hit, live, probes, exits):
         at = tf.reshape(tf.where(live, t, tf.zeros_like(t)), shape)  # finished rows: at x
         t_exit, margins, rates, _ = _probe(twin, x + at * d, d, pred)
         s = _first_crossing(margins, rates)
@@ -157,14 +157,24 @@ def _line_fn(twin, x, d, pred, t, t_max, regions):
         probes = probes + tf.cast(live, tf.int32)
         still = live & ~cross & (t_next < t_max) & tf.math.is_finite(t_next) \
             & (probes < regions)
-        return k + 1, t_next, tf.where(cross, s, s_hit), still, probes
+        return (k + 1, t_next, tf.where(cross, s, s_hit), still, probes,
+                tf.where(live, t_exit, exits))
 
     nan = tf.fill(tf.shape(t), tf.constant(np.nan, t.dtype))
     start = (tf.constant(0), t, nan, tf.math.is_finite(t) & (t < t_max) & (regions > 0),
-             tf.zeros(tf.shape(t), tf.int32))
-    _, t, s, _, probes = tf.while_loop(lambda k, t, s, live, probes: tf.reduce_any(live), body,
-                                       start)
-    return t, s, probes
+             tf.zeros(tf.shape(t), tf.int32), nan)
+    _, t, s, _, probes, exits = tf.while_loop(lambda k, t, s, live, probes, exits:
+                                              tf.reduce_any(live), body, start)
+    return t, s, probes, exits
+
+
+def _line_loop(twin):
+    """`_line_fn` compiled once per twin for any batch size."""
+    return cached(twin, ("line_search",), lambda: tf.function(
+        functools.partial(_line_fn, twin), autograph=False, input_signature=[
+            BATCH_SPECS["x"](twin.input_shape), BATCH_SPECS["x"](twin.input_shape),
+            BATCH_SPECS["y"](()), BATCH_SPECS["e"](()), tf.TensorSpec([], tf.float64),
+            tf.TensorSpec([None], tf.int32)]))
 
 
 def _line_search(model, twin, x, direction, pred, p, max_regions, t_max=1.0):
@@ -172,11 +182,7 @@ def _line_search(model, twin, x, direction, pred, p, max_regions, t_max=1.0):
     region (the regions crossed in one compiled loop, `_line_fn`; a crossing the model
     does not confirm is stepped over); `(points, distances)` (NaN rows where none)."""
     b = x.shape[0]
-    fn = cached(twin, ("line_search",), lambda: tf.function(
-        functools.partial(_line_fn, twin), autograph=False, input_signature=[
-            BATCH_SPECS["x"](twin.input_shape), BATCH_SPECS["x"](twin.input_shape),
-            BATCH_SPECS["y"](()), BATCH_SPECS["e"](()), tf.TensorSpec([], tf.float64),
-            tf.TensorSpec([None], tf.int32)]))
+    fn = _line_loop(twin)
     t = np.zeros(b)
     left = np.full(b, max_regions)
     points = np.full(x.shape, np.nan)
@@ -185,7 +191,7 @@ def _line_search(model, twin, x, direction, pred, p, max_regions, t_max=1.0):
     shape = (-1,) + (1,) * (x.ndim - 1)
     while active.size:
         d = direction[active]
-        tt, s, probes = (to_numpy(v) for v in fn(
+        tt, s, probes, _ = (to_numpy(v) for v in fn(
             tf.constant(x[active], tf.float64), tf.constant(d, tf.float64),
             tf.constant(pred[active], tf.int64), tf.constant(t[active], tf.float64),
             tf.constant(float(t_max), tf.float64), tf.constant(left[active], tf.int32)))

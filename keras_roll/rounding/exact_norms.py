@@ -40,8 +40,10 @@ def _compiled(twin):
     if fn is None:
         interp = twin.interpreter if twin.dtype == "float64" else \
             Interpreter(twin.program, "float64")
+        # rows and live [b, C]: C, the neurons asked for, varies from call to call
         fn = batch_polymorphic(tf.function(functools.partial(_exact_pass, interp),
-                                           reduce_retracing=True, autograph=False))
+                                           reduce_retracing=True, autograph=False),
+                               free=(1, 2))
         _COMPILED[twin] = fn
     return fn
 

@@ -71,6 +71,7 @@ from keras_roll.compile.caches import batch_polymorphic
 from keras_roll.compile.chunking import plan_chunks
 from keras_roll.compile.interpreter import Trace, propagate
 from keras_roll.rounding.noise_transform import (
+    SELECTED,
     Edge,
     NoiseTransform,
     Samples,
@@ -130,12 +131,13 @@ class NoiseBound(NamedTuple):
 
 
 def _noise_pass(interpreter, trace: Trace, l1, samples: Samples, exact: tuple,
-                precision: EvaluationPrecision, tangent_dtype: str, reverse: bool):
+                precision: EvaluationPrecision, tangent_dtype: str, reverse: bool,
+                which=None):
     """One noise pass over `trace`: `({track: sums of squares}, {track: twin terms},
-    overflow)`, `[B, N]` / `[B]` tensors."""
+    overflow)`, `[B, N]` / `[B]` tensors; `which` the track of a `SELECTED` segment."""
     x = trace.input
     transform = NoiseTransform(precision, samples, l1, x.dtype, exact, tangent_dtype,
-                               len(interpreter.program.steps) if reverse else None)
+                               len(interpreter.program.steps) if reverse else None, which)
     tracks = transform.tracks
     zeros = tf.zeros_like(x)
     start = Edge(x, tf.ones_like(x) if 1 in tracks else None, zeros if 0 in exact else None,
@@ -163,7 +165,10 @@ def noise_bound(twin, fwd, l1=None, memory_budget: int | None = None,
     One pass per batch carries the samples of both tracks and computes the
     twin's rigorous terms once; examples and samples are streamed in chunks
     planned by `keras_roll.compile.chunking` within the memory budget (a sample
-    of an example costs what a tangent direction does).
+    of an example costs what a tangent direction does). The passes of one track,
+    track 0 or track 1 with `reverse` (certify's two passes, before and after the
+    gradients are known), share one graph: the track is its input, and both
+    tracks' magnitudes are computed (those of the other track are dropped).
 
     Args:
         twin: the (float64) `Linearized` that made `fwd`.
@@ -200,17 +205,23 @@ def noise_bound(twin, fwd, l1=None, memory_budget: int | None = None,
     per = twin.layout(x.shape[1:]).tangent_bytes(np.dtype(twin.dtype).itemsize)
     directions = samples * len(tracks)
     plan = plan_chunks(b, max(directions, 1), per, budget, max_examples=None)
+    shared = bool(samples) and (tracks == (0,) or (tracks == (1,) and reverse))
+    if shared:  # one graph for either track
+        if l1 is None:  # no gradient bound known: inf bounds nothing (min(p, inf) = p)
+            l1 = np.full((b, twin.num_neurons(x.shape[1:])), np.inf)
+        reverse = True  # only the gradient terms of track 1 read it
     parts = []
     for sl in plan.example_slices():
         tr = trace if (sl.start == 0 and sl.stop == b) else \
             twin.compiled.primal(tf.cast(x[sl], twin.dtype)).trace
         l1_part = None if l1 is None else np.asarray(l1)[sl]
-        part = _slice_pass(fn, tr, l1_part, plan, tracks, samples, precision, "float32", reverse)
+        part = _slice_pass(fn, tr, l1_part, plan, tracks, samples, precision, "float32", reverse,
+                           shared)
         bad = np.flatnonzero(part.nonfinite())
         if bad.size:  # float32 noise tangents overflowed: those examples in float64
             sub = twin.compiled.primal(tf.gather(tf.cast(x[sl], twin.dtype), bad)).trace
             redo = _slice_pass(fn, sub, None if l1_part is None else l1_part[bad], plan, tracks,
-                               samples, precision, "float64", reverse)
+                               samples, precision, "float64", reverse, shared)
             part = NoiseBound(*(None if f is None else _put(f, bad, g)
                                 for f, g in zip(part, redo)))
         parts.append(part)
@@ -224,16 +235,23 @@ def noise_bound(twin, fwd, l1=None, memory_budget: int | None = None,
 
 
 def _slice_pass(fn, trace, l1, plan, tracks, samples, precision, tangent_dtype,
-                reverse) -> NoiseBound:
+                reverse, shared) -> NoiseBound:
     """The `NoiseBound` of one example slice: its sample chunks, the twin's rigorous
-    terms from the first."""
+    terms from the first; `shared`: the graph that takes the (one) track as an input."""
     l1 = None if l1 is None else tf.constant(l1, tf.float64)
     directions = samples * len(tracks)
+    which = tf.constant(tracks[0], tf.int32) if shared else None
     sums, exact = {}, None
     for start in (plan.direction_starts() if directions else (0,)):
-        chunk = Samples.chunk(tracks, start, min(plan.per_chunk, directions - start), samples)
-        out = fn(trace, l1, chunk, tracks if exact is None else (), precision, tangent_dtype,
-                 reverse)
+        k = min(plan.per_chunk, directions - start)
+        if shared:
+            chunk = Samples.chunk((SELECTED,), start, k, samples)
+            out = fn(trace, l1, chunk, (0, 1), precision, tangent_dtype, reverse, which)
+            out = ({tracks[0]: out[0][SELECTED]}, {tracks[0]: out[1][tracks[0]]}, out[2])
+        else:
+            chunk = Samples.chunk(tracks, start, k, samples)
+            out = fn(trace, l1, chunk, tracks if exact is None else (), precision,
+                     tangent_dtype, reverse)
         for track, sq in out[0].items():
             sums[track] = sums.get(track, 0.0) + sq.numpy()
         if exact is None:

@@ -29,12 +29,14 @@ from keras_roll.rounding.precision import (
     unit_roundoff,
 )
 
-__all__ = ["NOISE_SCALE", "SEED", "Edge", "NoiseTransform", "Samples", "register_noise_rule"]
+__all__ = ["NOISE_SCALE", "SEED", "SELECTED", "Edge", "NoiseTransform", "Samples",
+           "register_noise_rule"]
 
 SEED = 20190601  # fixed probes: reproducible certificates
 NOISE_SCALE = 2.0**24  # noise tangents carry errors x 2^24 (exact): float32 stays normal
 U64 = unit_roundoff("float64")
 ETA64 = underflow_unit("float64")
+SELECTED = -1  # a samples segment whose track is a graph input (`NoiseTransform(which=)`)
 
 
 class Edge(NamedTuple):
@@ -51,7 +53,8 @@ class Edge(NamedTuple):
 
 class Samples(NamedTuple):
     """The noise samples one pass carries: `(track, first, count)` segments of the
-    `[total, *shape]` draws of each op and track."""
+    `[total, *shape]` draws of each op and track (`SELECTED`: the track the pass's
+    `which` input names)."""
 
     segments: tuple
     total: int
@@ -94,6 +97,10 @@ class NoiseTransform(Transform):
             of the program): `w1` then also bounds the error of the twin's
             gradient computed in reverse mode, whose sums run over an op's
             outputs and readers.
+        which: None, or an int32 scalar tensor (0 or 1): the track of the
+            `SELECTED` segment of `samples`, chosen when the graph runs, so that
+            one trace serves either track (with `exact=(0, 1)`, which computes
+            the magnitudes of both).
 
     Example:
 
@@ -105,7 +112,15 @@ class NoiseTransform(Transform):
     """
 
     def __init__(self, precision: EvaluationPrecision, samples: Samples, l1, dtype,
-                 exact=(0, 1), tangent_dtype="float32", readers: int | None = None):
+                 exact=(0, 1), tangent_dtype="float32", readers: int | None = None,
+                 which=None):
+        if (SELECTED in samples.tracks) != (which is not None):
+            raise ValueError(f"NoiseTransform: which={which!r} must be given exactly when a "
+                             f"segment of {samples!r} is SELECTED.")
+        if which is not None and tuple(exact) != (0, 1):
+            raise ValueError(f"NoiseTransform: a SELECTED segment needs the magnitudes of "
+                             f"both tracks, exact=(0, 1); got exact={exact!r}.")
+        self.which = which
         self.precision = precision
         self.readers = readers
         self.samples = samples
@@ -115,7 +130,7 @@ class NoiseTransform(Transform):
         self.exact = tuple(exact)
         self.index = 0
         self.cursor = tf.constant(0, tf.int32)
-        self.sumsq: dict[int, list] = {0: [], 1: []}
+        self.sumsq: dict[int, list] = {0: [], 1: [], SELECTED: []}
         self.exact_terms: dict[int, list] = {0: [], 1: []}
         self.overflow = None
 
@@ -147,7 +162,9 @@ class NoiseTransform(Transform):
         self.index += 1
         out = []
         for track, first, count in self.samples.segments:
-            seed = tf.stack([tf.constant(SEED, tf.int32), tf.constant(2 * self.index + track)])
+            stream = tf.constant(2 * self.index + track) if track != SELECTED else \
+                tf.constant(2 * self.index, tf.int32) + self.which
+            seed = tf.stack([tf.constant(SEED, tf.int32), stream])
             shape = tf.concat([[self.samples.total], rest], 0)
             out.append(tf.random.stateless_normal(shape, seed, dtype=self.tangent_dtype)
                        [first:first + count])
@@ -158,8 +175,13 @@ class NoiseTransform(Transform):
         `m0 + r m1`, for the tracks whose samples this pass carries."""
         unit = self.precision.noise_unit(op, n, matmul_like)
         eta = math.sqrt(n) * underflow_unit(self.precision.dtype_of(op))
-        tracks = self.samples.tracks
-        return {t: unit * m0 + eta if t == 0 else unit * m1 for t in tracks}
+        out = {}
+        for t in self.samples.tracks:
+            if t == SELECTED:
+                out[t] = tf.where(tf.equal(self.which, 0), unit * m0 + eta, unit * m1)
+            else:
+                out[t] = unit * m0 + eta if t == 0 else unit * m1
+        return out
 
     def sampled(self, scales, rest):
         """`[B, k, *rest]` noise `e_track g` (times `NOISE_SCALE`, in the tangents'
