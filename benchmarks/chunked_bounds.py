@@ -10,7 +10,8 @@ the output) for `--examples` examples, and prints the tracing time, the traced o
 layer bounds, `crown_cost`'s estimated work of both methods and, with `--run`, the
 wall and process CPU time of two compiled passes (the first also optimizes the graph).
 `--radius_images=n` also times `robust_radius` with its defaults in l_inf on `n` test
-images (`--data`; after one untimed image that traces), per image, wall and CPU;
+images (`--data`; after a first image that traces, timed on its own and again warm at
+the end, so that its first call's extra cost is the difference), per image, wall and CPU;
 `--intermediate` sets its intermediate bounds; `--stages` splits its CPU time among its
 stages (certify, walk, attack, bound passes, probes, the intermediate choice), and
 `--traces` lists the functions the first image traces (`benchmarks.traces`).
@@ -227,6 +228,10 @@ def _radius(models):
             rr, wall_n, cpu_n = _timed(lambda model=model: keras_roll.robust_radius(
                 model, xte[1:n + 1], yte[1:n + 1], norms=(np.inf,), verbose=False,
                 intermediate=FLAGS.intermediate))
+        with _variant(name):  # the first image again, warm: what its first call paid extra
+            _, wall_0, cpu_0 = _timed(lambda model=model: keras_roll.robust_radius(
+                model, xte[:1], yte[:1], norms=(np.inf,), verbose=False,
+                intermediate=FLAGS.intermediate))
         lowers[name] = rr.lower[np.inf]
         shown = np.array2string(lowers[name], precision=4, max_line_width=200)
         print(f"{FLAGS.model} robust_radius l_inf, {name}: first image (tracing) {wall:.1f} s "
@@ -234,6 +239,9 @@ def _radius(models):
               f"{cpu_n / n:.2f} s CPU per image; {np.mean(rr.bound_passes[np.inf]):.1f} "
               f"bound passes per image; lower bounds {shown}",
               flush=True)
+        print(f"  first call's extra cost (first image, less the same image warm: "
+              f"{wall_0:.1f} s wall / {cpu_0:.1f} s CPU): {wall - wall_0:.1f} s wall / "
+              f"{cpu - cpu_0:.1f} s CPU", flush=True)
         if FLAGS.traces:
             print(f"  first image: {summary(seen)}", flush=True)
         if stages:
