@@ -166,8 +166,12 @@ def check_rule(layer_or_model, input_shape=None, input_data=None, *, batch_size:
         all(p in bound_passes(op) for op in step.ops) for p in BoundPass))
         for step in lin.program.steps if step.ops}
     bounded = all(s.intervals and s.relaxation for s in passes.values())
-    errors = {**_float32_errors(model, x, lin), **_float64_errors(model, x, lin),
-              **(_guard_errors(lin, x) if rounding else {}),
+    # Each pass runs once: the checks below share the float32 and float64 forward
+    # passes and the model's own outputs.
+    runs = _Runs(model(x, training=False).numpy(), lin.forward(x),
+                 lin.at_dtype("float64").forward(x))
+    errors = {**_float32_errors(model, x, lin, runs), **_float64_errors(x, lin, runs),
+              **(_guard_errors(lin, runs) if rounding else {}),
               **(check_bounds(lin, x, seed=seed) if bounded else {})}
     flags = _training_flags(model, x, lin)
     result = RuleCheck(model, x, errors, flags, lin.inference_equals_training, passes)
@@ -288,9 +292,17 @@ def _logits_tensor(model: keras.Model, lin: Linearized):
     return model.layers[-1].input  # before the folded link
 
 
-def _float32_errors(model, x, lin) -> dict[str, float]:
-    fwd = lin.forward(x)
-    out = model(x, training=False).numpy()
+class _Runs(NamedTuple):
+    """What `check_rule`'s checks share: the Keras model's outputs at the inputs and
+    the float32 and float64 twins' forward passes there."""
+
+    out: np.ndarray
+    fwd32: object
+    fwd64: object
+
+
+def _float32_errors(model, x, lin, runs) -> dict[str, float]:
+    fwd, out = runs.fwd32, runs.out
     errors = {"output": _relative(
         lin.apply_output_link(fwd.logits).numpy().reshape(out.shape), out)}
     layout = lin.layout(x.shape[1:])
@@ -315,11 +327,11 @@ def _float32_errors(model, x, lin) -> dict[str, float]:
     return errors
 
 
-def _float64_errors(model, x, lin) -> dict[str, float]:
+def _float64_errors(x, lin, runs) -> dict[str, float]:
     twin = lin.at_dtype("float64")
-    out = model(x, training=False).numpy().astype(np.float64)
+    out = runs.out.astype(np.float64)
     _, ref = tape_jacobian(lambda t: twin.primal(t).neurons.z, x.astype(np.float64))
-    logits = twin.forward(x).logits
+    logits = runs.fwd64.logits
     return {
         "float64 output": _relative(twin.apply_output_link(logits).numpy().reshape(out.shape),
                                     out),
@@ -327,7 +339,7 @@ def _float64_errors(model, x, lin) -> dict[str, float]:
     }
 
 
-def _guard_errors(lin, x) -> dict[str, float]:
+def _guard_errors(lin, runs) -> dict[str, float]:
     """The guards certificates subtract against the float32 neurons' observed error.
 
     Each guard bounds `|z32 - z64|` (the model's float32 evaluation against the
@@ -337,10 +349,10 @@ def _guard_errors(lin, x) -> dict[str, float]:
     everywhere counts as inf too.
     """
     twin = lin.at_dtype("float64")
-    fwd = twin.forward(x)
+    fwd = runs.fwd64
     z64 = fwd.neurons.z.numpy()
     valid = fwd.neurons.valid.numpy()
-    observed = np.where(valid, np.abs(lin.forward(x).neurons.z.numpy() - z64), 0.0)
+    observed = np.where(valid, np.abs(runs.fwd32.neurons.z.numpy() - z64), 0.0)
     errors = {}
     for rigor in _RIGORS:
         bound = rounding_errors(twin, fwd, rigor).at_x
@@ -354,25 +366,42 @@ def _guard_errors(lin, x) -> dict[str, float]:
 
 
 def _training_flags(model, x, lin) -> list[tuple[str, bool, bool]]:
+    steps = [step for step in lin.program.steps
+             if step.ops and isinstance(step.layer, keras.layers.Layer)]
+    inputs = _layer_inputs(model, x, [step.layer for step in steps])
     flags = []
-    for step in lin.program.steps:
-        if not step.ops or not isinstance(step.layer, keras.layers.Layer):
+    for step, value in zip(steps, inputs):
+        if value is None:
             continue
-        actual = _changes_in_training(step.layer, model, x)
-        if actual is None:
-            continue
+        actual = _changes_in_training(step.layer, value)
         flag = any(op.training_dependent for op in step.ops)
         flags.append((step.name, flag, actual))
     return flags
 
 
-def _changes_in_training(layer, model, x) -> bool | None:
-    """Whether `layer` computes something else with training=True (None: a shared
-    layer, whose input is not one tensor of the model). Its variables are restored."""
+def _layer_inputs(model, x, layers) -> list:
+    """Each layer's input at `x` (the model in inference), or None for a layer whose
+    input is not a tensor of the model (a shared layer, a layer of a nested model).
+
+    One model cut at every layer's input serves them all; where that cut fails, each
+    layer is cut alone."""
     try:
-        inputs = keras.Model(model.inputs[0], layer.input)(x, training=False)
+        return list(keras.Model(model.inputs[0], [layer.input for layer in layers])(
+            x, training=False))
     except (AttributeError, ValueError):
-        return None
+        pass
+    values = []
+    for layer in layers:
+        try:
+            values.append(keras.Model(model.inputs[0], layer.input)(x, training=False))
+        except (AttributeError, ValueError):
+            values.append(None)
+    return values
+
+
+def _changes_in_training(layer, inputs) -> bool:
+    """Whether `layer` computes something else with training=True on `inputs`. Its
+    variables are restored."""
     if isinstance(inputs, (list, tuple)) and not isinstance(layer, _MERGES):
         inputs = inputs[0]  # a recurrent layer's input also lists its mask
     saved = [v.numpy() for v in layer.variables]
