@@ -47,6 +47,14 @@ import time
 
 import pytest
 
+# Before numpy loads (in this process, pytest-xdist's workers and the tests' children,
+# which inherit the environment): one OpenBLAS thread. OpenBLAS otherwise starts one
+# per core, and its threads spin while they wait for work: on the small float64
+# matrices of the tests' numpy references, with every core running a test already,
+# that doubled their CPU time (the brute force of test_robust_exact: 2.2-2.8 CPU s
+# with a thread per core, 0.5 s with one). A value set by the caller stays.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 _START = pytest.StashKey[tuple]()
 _TIMES: dict[str, list[float]] = {}  # nodeid: [CPU seconds, wall seconds, blocked seconds]
 
