@@ -166,12 +166,12 @@ def check_rule(layer_or_model, input_shape=None, input_data=None, *, batch_size:
         all(p in bound_passes(op) for op in step.ops) for p in BoundPass))
         for step in lin.program.steps if step.ops}
     bounded = all(s.intervals and s.relaxation for s in passes.values())
-    # Each pass runs once: the checks below share the float32 and float64 forward
-    # passes and the model's own outputs.
-    runs = _Runs(model(x, training=False).numpy(), lin.forward(x),
-                 lin.at_dtype("float64").forward(x))
-    errors = {**_float32_errors(model, x, lin, runs), **_float64_errors(x, lin, runs),
-              **(_guard_errors(lin, runs) if rounding else {}),
+    # The checks share the model's outputs and the float32 and float64 forward passes.
+    out, fwd32, fwd64 = (model(x, training=False).numpy(), lin.forward(x),
+                         lin.at_dtype("float64").forward(x))
+    errors = {**_float32_errors(model, x, lin, out, fwd32),
+              **_float64_errors(x, lin, out, fwd64),
+              **(_guard_errors(lin, fwd32, fwd64) if rounding else {}),
               **(check_bounds(lin, x, seed=seed) if bounded else {})}
     flags = _training_flags(model, x, lin)
     result = RuleCheck(model, x, errors, flags, lin.inference_equals_training, passes)
@@ -292,17 +292,7 @@ def _logits_tensor(model: keras.Model, lin: Linearized):
     return model.layers[-1].input  # before the folded link
 
 
-class _Runs(NamedTuple):
-    """What `check_rule`'s checks share: the Keras model's outputs at the inputs and
-    the float32 and float64 twins' forward passes there."""
-
-    out: np.ndarray
-    fwd32: object
-    fwd64: object
-
-
-def _float32_errors(model, x, lin, runs) -> dict[str, float]:
-    fwd, out = runs.fwd32, runs.out
+def _float32_errors(model, x, lin, out, fwd) -> dict[str, float]:
     errors = {"output": _relative(
         lin.apply_output_link(fwd.logits).numpy().reshape(out.shape), out)}
     layout = lin.layout(x.shape[1:])
@@ -327,11 +317,11 @@ def _float32_errors(model, x, lin, runs) -> dict[str, float]:
     return errors
 
 
-def _float64_errors(x, lin, runs) -> dict[str, float]:
+def _float64_errors(x, lin, out, fwd64) -> dict[str, float]:
     twin = lin.at_dtype("float64")
-    out = runs.out.astype(np.float64)
+    out = out.astype(np.float64)
     _, ref = tape_jacobian(lambda t: twin.primal(t).neurons.z, x.astype(np.float64))
-    logits = runs.fwd64.logits
+    logits = fwd64.logits
     return {
         "float64 output": _relative(twin.apply_output_link(logits).numpy().reshape(out.shape),
                                     out),
@@ -339,7 +329,7 @@ def _float64_errors(x, lin, runs) -> dict[str, float]:
     }
 
 
-def _guard_errors(lin, runs) -> dict[str, float]:
+def _guard_errors(lin, fwd32, fwd) -> dict[str, float]:
     """The guards certificates subtract against the float32 neurons' observed error.
 
     Each guard bounds `|z32 - z64|` (the model's float32 evaluation against the
@@ -349,10 +339,9 @@ def _guard_errors(lin, runs) -> dict[str, float]:
     everywhere counts as inf too.
     """
     twin = lin.at_dtype("float64")
-    fwd = runs.fwd64
     z64 = fwd.neurons.z.numpy()
     valid = fwd.neurons.valid.numpy()
-    observed = np.where(valid, np.abs(runs.fwd32.neurons.z.numpy() - z64), 0.0)
+    observed = np.where(valid, np.abs(fwd32.neurons.z.numpy() - z64), 0.0)
     errors = {}
     for rigor in _RIGORS:
         bound = rounding_errors(twin, fwd, rigor).at_x
@@ -369,34 +358,26 @@ def _training_flags(model, x, lin) -> list[tuple[str, bool, bool]]:
     steps = [step for step in lin.program.steps
              if step.ops and isinstance(step.layer, keras.layers.Layer)]
     inputs = _layer_inputs(model, x, [step.layer for step in steps])
-    flags = []
-    for step, value in zip(steps, inputs):
-        if value is None:
-            continue
-        actual = _changes_in_training(step.layer, value)
-        flag = any(op.training_dependent for op in step.ops)
-        flags.append((step.name, flag, actual))
-    return flags
+    return [(step.name, any(op.training_dependent for op in step.ops),
+             _changes_in_training(step.layer, value))
+            for step, value in zip(steps, inputs) if value is not None]
 
 
 def _layer_inputs(model, x, layers) -> list:
-    """Each layer's input at `x` (the model in inference), or None for a layer whose
-    input is not a tensor of the model (a shared layer, a layer of a nested model).
+    """Each layer's input at `x`, the model in inference (None where it is not a tensor
+    of the model: a shared layer, a layer of a nested model): one cut of the model at
+    every layer's input, or one cut per layer where that fails."""
 
-    One model cut at every layer's input serves them all; where that cut fails, each
-    layer is cut alone."""
-    try:
-        return list(keras.Model(model.inputs[0], [layer.input for layer in layers])(
-            x, training=False))
-    except (AttributeError, ValueError):
-        pass
-    values = []
-    for layer in layers:
+    def cut(some):  # a model of one output returns it alone, not in a list
         try:
-            values.append(keras.Model(model.inputs[0], layer.input)(x, training=False))
+            outputs = [la.input for la in some] if len(some) > 1 else some[0].input
+            values = keras.Model(model.inputs[0], outputs)(x, training=False)
         except (AttributeError, ValueError):
-            values.append(None)
-    return values
+            return None
+        return list(values) if len(some) > 1 else [values]
+
+    every = cut(layers) if layers else []
+    return every if every is not None else [(cut([la]) or [None])[0] for la in layers]
 
 
 def _changes_in_training(layer, inputs) -> bool:
