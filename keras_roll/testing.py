@@ -166,8 +166,12 @@ def check_rule(layer_or_model, input_shape=None, input_data=None, *, batch_size:
         all(p in bound_passes(op) for op in step.ops) for p in BoundPass))
         for step in lin.program.steps if step.ops}
     bounded = all(s.intervals and s.relaxation for s in passes.values())
-    errors = {**_float32_errors(model, x, lin), **_float64_errors(model, x, lin),
-              **(_guard_errors(lin, x) if rounding else {}),
+    # The checks share the model's outputs and the float32 and float64 forward passes.
+    out, fwd32, fwd64 = (model(x, training=False).numpy(), lin.forward(x),
+                         lin.at_dtype("float64").forward(x))
+    errors = {**_float32_errors(model, x, lin, out, fwd32),
+              **_float64_errors(x, lin, out, fwd64),
+              **(_guard_errors(lin, fwd32, fwd64) if rounding else {}),
               **(check_bounds(lin, x, seed=seed) if bounded else {})}
     flags = _training_flags(model, x, lin)
     result = RuleCheck(model, x, errors, flags, lin.inference_equals_training, passes)
@@ -288,9 +292,7 @@ def _logits_tensor(model: keras.Model, lin: Linearized):
     return model.layers[-1].input  # before the folded link
 
 
-def _float32_errors(model, x, lin) -> dict[str, float]:
-    fwd = lin.forward(x)
-    out = model(x, training=False).numpy()
+def _float32_errors(model, x, lin, out, fwd) -> dict[str, float]:
     errors = {"output": _relative(
         lin.apply_output_link(fwd.logits).numpy().reshape(out.shape), out)}
     layout = lin.layout(x.shape[1:])
@@ -315,11 +317,11 @@ def _float32_errors(model, x, lin) -> dict[str, float]:
     return errors
 
 
-def _float64_errors(model, x, lin) -> dict[str, float]:
+def _float64_errors(x, lin, out, fwd64) -> dict[str, float]:
     twin = lin.at_dtype("float64")
-    out = model(x, training=False).numpy().astype(np.float64)
+    out = out.astype(np.float64)
     _, ref = tape_jacobian(lambda t: twin.primal(t).neurons.z, x.astype(np.float64))
-    logits = twin.forward(x).logits
+    logits = fwd64.logits
     return {
         "float64 output": _relative(twin.apply_output_link(logits).numpy().reshape(out.shape),
                                     out),
@@ -327,7 +329,7 @@ def _float64_errors(model, x, lin) -> dict[str, float]:
     }
 
 
-def _guard_errors(lin, x) -> dict[str, float]:
+def _guard_errors(lin, fwd32, fwd) -> dict[str, float]:
     """The guards certificates subtract against the float32 neurons' observed error.
 
     Each guard bounds `|z32 - z64|` (the model's float32 evaluation against the
@@ -337,10 +339,9 @@ def _guard_errors(lin, x) -> dict[str, float]:
     everywhere counts as inf too.
     """
     twin = lin.at_dtype("float64")
-    fwd = twin.forward(x)
     z64 = fwd.neurons.z.numpy()
     valid = fwd.neurons.valid.numpy()
-    observed = np.where(valid, np.abs(lin.forward(x).neurons.z.numpy() - z64), 0.0)
+    observed = np.where(valid, np.abs(fwd32.neurons.z.numpy() - z64), 0.0)
     errors = {}
     for rigor in _RIGORS:
         bound = rounding_errors(twin, fwd, rigor).at_x
@@ -354,25 +355,34 @@ def _guard_errors(lin, x) -> dict[str, float]:
 
 
 def _training_flags(model, x, lin) -> list[tuple[str, bool, bool]]:
-    flags = []
-    for step in lin.program.steps:
-        if not step.ops or not isinstance(step.layer, keras.layers.Layer):
-            continue
-        actual = _changes_in_training(step.layer, model, x)
-        if actual is None:
-            continue
-        flag = any(op.training_dependent for op in step.ops)
-        flags.append((step.name, flag, actual))
-    return flags
+    steps = [step for step in lin.program.steps
+             if step.ops and isinstance(step.layer, keras.layers.Layer)]
+    inputs = _layer_inputs(model, x, [step.layer for step in steps])
+    return [(step.name, any(op.training_dependent for op in step.ops),
+             _changes_in_training(step.layer, value))
+            for step, value in zip(steps, inputs) if value is not None]
 
 
-def _changes_in_training(layer, model, x) -> bool | None:
-    """Whether `layer` computes something else with training=True (None: a shared
-    layer, whose input is not one tensor of the model). Its variables are restored."""
-    try:
-        inputs = keras.Model(model.inputs[0], layer.input)(x, training=False)
-    except (AttributeError, ValueError):
-        return None
+def _layer_inputs(model, x, layers) -> list:
+    """Each layer's input at `x`, the model in inference (None where it is not a tensor
+    of the model: a shared layer, a layer of a nested model): one cut of the model at
+    every layer's input, or one cut per layer where that fails."""
+
+    def cut(some):  # a model of one output returns it alone, not in a list
+        try:
+            outputs = [la.input for la in some] if len(some) > 1 else some[0].input
+            values = keras.Model(model.inputs[0], outputs)(x, training=False)
+        except (AttributeError, ValueError):
+            return None
+        return list(values) if len(some) > 1 else [values]
+
+    every = cut(layers) if layers else []
+    return every if every is not None else [(cut([la]) or [None])[0] for la in layers]
+
+
+def _changes_in_training(layer, inputs) -> bool:
+    """Whether `layer` computes something else with training=True on `inputs`. Its
+    variables are restored."""
     if isinstance(inputs, (list, tuple)) and not isinstance(layer, _MERGES):
         inputs = inputs[0]  # a recurrent layer's input also lists its mask
     saved = [v.numpy() for v in layer.variables]

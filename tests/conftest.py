@@ -33,9 +33,10 @@ long file handed out last would run alone at the end. `LONGEST_FIRST` (the files
 with the most CPU time, subprocesses included, longest first) are collected before
 the others. Without `--no-loadscope-reorder`, pytest-xdist would instead hand out
 the files with the most tests first, whatever their length. The list holds every file
-of about 2 CPU s or more: a simulation of pytest-xdist's hand-out on measured per-test
-times (about 500 CPU s a worker) left the two workers 11 s apart with the 32 longest
-files listed, under 1 s apart with every file of 2 s or more.
+of about 0.5 % of the suite's CPU time or more (1 CPU s of the 181 of the last profile):
+a simulation of pytest-xdist's hand-out on measured per-test times (about 500 CPU s a
+worker, on a slower machine) left the two workers 11 s apart with the 32 longest files
+listed, under 1 s apart with every file of 2 s (0.4 %) or more.
 """
 
 from __future__ import annotations
@@ -47,31 +48,34 @@ import time
 
 import pytest
 
+# Before numpy loads (in this process, pytest-xdist's workers and the tests' children,
+# which inherit the environment): one OpenBLAS thread. OpenBLAS otherwise starts one
+# per core, and its threads spin while they wait for work: on the small float64
+# matrices of the tests' numpy references, with every core running a test already,
+# that doubled their CPU time (the brute force of test_robust_exact: 2.2-2.8 CPU s
+# with a thread per core, 0.5 s with one). A value set by the caller stays.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 _START = pytest.StashKey[tuple]()
 _TIMES: dict[str, list[float]] = {}  # nodeid: [CPU seconds, wall seconds, blocked seconds]
 
 LONGEST_FIRST = ("test_roll.py", "test_roll_exact.py", "test_models.py", "test_robust.py",
-                 "test_errors.py", "test_rule_conformance.py", "test_attacks.py",
-                 "test_certified_training.py", "test_bounds.py", "test_alpha_crown.py",
-                 "test_robust_exact.py", "test_branch_and_bound.py",
-                 "test_robust_guard.py", "test_caltech256_example.py",
-                 "test_fast_paths.py", "test_soundness.py", "test_scornn.py",
-                 "test_robust_search.py", "test_examples.py", "test_margins.py",
-                 "test_chunked_passes.py", "test_distortion.py", "test_twin.py",
-                 "test_distribute.py", "test_regularizers.py", "test_distribute_eval.py",
-                 "test_roll_wrt.py", "test_intermediate_bounds.py", "test_options.py",
-                 "test_caches.py", "test_attacks_polish.py", "test_attack_starts.py",
-                 "test_trace_counts.py", "test_crown_stable_units.py",
-                 "test_branch_layer_bounds.py", "test_attribution.py",
-                 "test_attack_budget.py", "test_conv_windows.py", "test_docstrings.py",
-                 "test_float32_tangents.py", "test_mmr_chunked.py",
-                 "test_windows_residual.py", "test_data.py", "test_chunked_jacobian.py",
-                 "test_attack_scouts.py", "test_plots.py", "test_attribution_inputs.py",
-                 "test_caltech256.py", "test_ties.py", "test_units.py", "test_readme.py",
-                 "test_zero_radii.py", "test_faithfulness.py", "test_smoothgrad.py",
-                 "test_rounding_rules.py", "test_certify_auto.py", "test_architecture.py",
-                 "test_roll_auto.py", "test_package_imports.py",
-                 "test_regularizers_registry.py", "test_chunking.py")
+                 "test_attacks.py", "test_certified_training.py", "test_branch_and_bound.py",
+                 "test_errors.py", "test_bounds.py", "test_rule_conformance.py",
+                 "test_robust_guard.py", "test_robust_search.py", "test_fast_paths.py",
+                 "test_robust_exact.py", "test_distribute.py", "test_examples.py",
+                 "test_alpha_crown.py", "test_caltech256_example.py", "test_chunked_passes.py",
+                 "test_scornn.py", "test_twin.py", "test_distortion.py", "test_soundness.py",
+                 "test_regularizers.py", "test_margins.py", "test_roll_wrt.py", "test_caches.py",
+                 "test_plots.py", "test_distribute_eval.py", "test_attacks_polish.py",
+                 "test_intermediate_bounds.py", "test_trace_counts.py", "test_attack_budget.py",
+                 "test_architecture.py", "test_options.py", "test_caltech256.py",
+                 "test_attack_starts.py", "test_docstrings.py", "test_attribution.py",
+                 "test_conv_windows.py", "test_attack_scouts.py", "test_mmr_chunked.py",
+                 "test_windows_residual.py", "test_chunked_jacobian.py",
+                 "test_crown_stable_units.py", "test_branch_layer_bounds.py",
+                 "test_float32_tangents.py", "test_ties.py", "test_attribution_inputs.py",
+                 "test_readme.py", "test_faithfulness.py")
 
 
 def pytest_addoption(parser):
