@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import keras_roll
 from keras_roll.attribution.distortion import gradient_distortion, sampling_box
-from keras_roll.attribution.genetic import PopulationStore
+from keras_roll.attribution.genetic import PopulationStore, ranking_keys
 from keras_roll.attribution.gradients import LogitGradients
 from keras_roll.compile.chunking import plan_directions
 
@@ -378,6 +378,20 @@ def test_chunked_populations_reproduce_the_whole_array_search_bit_for_bit(memory
     dist, points = _whole_array_search(model, x, y, memory_budget=memory_budget, **kw)
     np.testing.assert_array_equal(res.distortion, dist)
     np.testing.assert_array_equal(res.points, points)
+
+
+def test_ranking_keys_tie_scores_apart_only_by_float32_rounding():
+    ulp = 2.0**-23
+    score = np.array([[1.0, 1.0 + ulp, 0.5, 1.0 - 2 * ulp, 0.75 + 4 * ulp, 0.75],
+                      [-3.0, 2.0 + 8 * ulp, 2.0, 0.0, -3.0 * (1 + ulp), 2.0 - ulp]])
+    order = np.argsort(-ranking_keys(score), axis=1, kind="stable")
+    # within a few float32 ulps: tied, in the order of the rows (the earlier first)
+    np.testing.assert_array_equal(order, [[0, 1, 3, 4, 5, 2], [1, 2, 5, 3, 0, 4]])
+    assert np.argsort(-score[0], kind="stable")[0] == 1  # the raw scores rank the noise
+    # scores apart by more than the rounding keep their order
+    spread = np.random.default_rng(0).permutation(np.linspace(-2.0, 5.0, 400))[None]
+    np.testing.assert_array_equal(np.argsort(-ranking_keys(spread), axis=1, kind="stable"),
+                                  np.argsort(-spread, axis=1, kind="stable"))
 
 
 def test_population_store_in_a_file_reads_what_it_wrote():

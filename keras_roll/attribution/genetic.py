@@ -27,10 +27,30 @@ import tempfile
 
 import numpy as np
 
-__all__ = ["CROSSOVER", "SURVIVORS", "PopulationStore", "genetic_search", "survivors"]
+__all__ = ["CROSSOVER", "RANK_BITS", "SURVIVORS", "PopulationStore", "genetic_search",
+           "ranking_keys", "survivors"]
 
 SURVIVORS = 0.25  # share of the population kept by each generation (Appendix J)
 CROSSOVER = (-0.25, 1.25)  # range of the crossover weight a (Appendix J)
+
+
+RANK_BITS = 16  # scores that agree to 16 bits of an example's largest rank as equal
+
+
+def ranking_keys(score: np.ndarray) -> np.ndarray:
+    """`score [G, N]` rounded to `RANK_BITS` bits below each row's largest magnitude
+    (a power of two), the keys by which the search ranks its points.
+
+    A point's float32 score changes in its last bits with the batch it is evaluated
+    in: a kernel may sum a row in another order at another place in a batch (oneDNN's
+    blocked matrix products do). Points of one linear region have the same gradient,
+    so their scores tie but for that noise, and ranking by the raw scores would let
+    the batch layout (one device, or a share on each replica) pick among them. On the
+    rounded keys such ties keep their order (the earlier point first).
+    """
+    top = np.max(np.abs(score), axis=1, keepdims=True)
+    step = np.exp2(np.floor(np.log2(np.where(top > 0, top, 1.0))) - RANK_BITS)
+    return np.round(score / step)
 
 
 def survivors(population: int) -> int:
@@ -171,7 +191,7 @@ class _GroupSearch:
 
     def generation(self):
         """Keeps the best 25 %, refills by crossover, projects, evaluates the children."""
-        order = np.argsort(-self.score, axis=1, kind="stable")[:, :self.keep]
+        order = np.argsort(-ranking_keys(self.score), axis=1, kind="stable")[:, :self.keep]
         self.score = np.take_along_axis(self.score, order, axis=1)
         self.flip = np.take_along_axis(self.flip, order, axis=1)
         nxt = 1 - self.cur
@@ -204,7 +224,7 @@ class _GroupSearch:
             self.store.write(nxt, e, self.keep + c0, kids)
 
     def result(self, generations):
-        best = np.argmax(self.score, axis=1)  # the first of equal maxima
+        best = np.argmax(ranking_keys(self.score), axis=1)  # the first of equal maxima
         rows = np.arange(self.g)
         points = np.stack([self.store.read(self.cur, e, best[e:e + 1])[0] for e in rows])
         evaluations = self.population + generations * self.children
