@@ -77,10 +77,14 @@ def test_nothing_is_traced_while_functions_run_eagerly():
     calls = []
     fn = _traced(calls)
     wrapped = batch_polymorphic(fn)
-    assert tf.config.functions_run_eagerly()  # this test is not marked `graph`
-    x = tf.constant(np.arange(6.0).reshape(2, 3))
-    np.testing.assert_allclose(wrapped(x, 2.0).numpy(), [6.0, 24.0])
-    wrapped(x, 2.0)
+    eager = tf.config.functions_run_eagerly()  # False under `make test-all`
+    tf.config.run_functions_eagerly(True)
+    try:
+        x = tf.constant(np.arange(6.0).reshape(2, 3))
+        np.testing.assert_allclose(wrapped(x, 2.0).numpy(), [6.0, 24.0])
+        wrapped(x, 2.0)
+    finally:
+        tf.config.run_functions_eagerly(eager)
     assert fn.experimental_get_tracing_count() == 0 and len(calls) == 2  # Python, twice
 
 

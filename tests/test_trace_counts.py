@@ -229,5 +229,8 @@ def test_robust_radius_traces_each_graph_once(small_cnn):
         rr = keras_roll.robust_radius(model, x, norms=(2, np.inf), verbose=False)
     assert not again, [t.name for t in again]
     for p in (2, np.inf):
-        np.testing.assert_allclose(rr.lower[p][:2], first.lower[p], rtol=1e-9)  # batching
+        # batching: the attack's float32 upper bound, where the relaxation's search
+        # starts, rounds with the batch (1e-6 here); the search then lands within its
+        # `bisect_tol` (1e-3) of the largest certified radius on another path
+        np.testing.assert_allclose(rr.lower[p][:2], first.lower[p], rtol=1e-3)
         assert not np.any(rr.lower[p] > rr.upper[p])  # NaN: no point found
