@@ -23,6 +23,7 @@ import tensorflow as tf
 from keras_roll.compile.caches import compiled_call
 
 __all__ = ["FLIP_GAP", "PUSHES", "START_GAP", "clearly_other", "confirm", "lp_norm",
+           "margin_gradients",
            "model_outputs", "predict_classes"]
 
 # Relative pushes beyond a computed crossing, tried in turn (the crossing itself
@@ -53,6 +54,18 @@ def model_outputs(model, x: np.ndarray) -> np.ndarray:
         y = fn(tf.constant(x[i:i + PREDICT_BATCH].astype(dtype)))
         out.append(np.asarray(y, np.float64).reshape(y.shape[0], -1))
     return np.concatenate(out) if out else np.zeros((0, 0))
+
+
+def margin_gradients(model, x: np.ndarray, pred: np.ndarray, other: np.ndarray) -> tuple:
+    """`(margins [B], gradients [B, *input_shape])`, float64 arrays: the Keras model's
+    `f_pred - f_other` at `x` (computed in the model's input dtype) and its gradient
+    with respect to the input, from one `tf.GradientTape`."""
+    xt = tf.constant(np.asarray(x).astype(model.inputs[0].dtype))
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        out = tf.reshape(model(xt, training=False), [xt.shape[0], -1])
+        m = tf.gather(out, pred, batch_dims=1) - tf.gather(out, other, batch_dims=1)
+    return np.asarray(m, np.float64), np.asarray(tape.gradient(m, xt), np.float64)
 
 
 def predict_classes(model, x: np.ndarray) -> np.ndarray:

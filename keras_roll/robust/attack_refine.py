@@ -25,26 +25,19 @@ pts, dist = refine_points(model, x, best, pred, np.inf, lo, hi, rounds=4)
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
 
-from keras_roll.robust.adversarial import clearly_other, lp_norm, model_outputs
+from keras_roll.robust.adversarial import (
+    clearly_other,
+    lp_norm,
+    margin_gradients,
+    model_outputs,
+)
 from keras_roll.robust.attack_points import checked_points, in_domain
 
 __all__ = ["CHUNK_BYTES", "SHARES", "linear_target", "refine_points"]
 
 SHARES = tuple(2.0**-k for k in range(0, 12))  # shares of the step tried per round
 CHUNK_BYTES = 2**26  # candidate points (float64) per chunk of rows
-
-
-def _margin_gradients(model, pts, pred, target):
-    """`[B, *input_shape]` float64 gradients of `f_pred - f_target` at `pts`."""
-    dtype = model.inputs[0].dtype
-    xt = tf.constant(pts.astype(dtype))
-    with tf.GradientTape() as tape:
-        tape.watch(xt)
-        out = tf.reshape(model(xt, training=False), [pts.shape[0], -1])
-        m = tf.gather(out, pred, batch_dims=1) - tf.gather(out, target, batch_dims=1)
-    return np.asarray(tape.gradient(m, xt), np.float64)
 
 
 def linear_target(g: np.ndarray, level: np.ndarray, p) -> np.ndarray:
@@ -85,7 +78,7 @@ def _refine_rows(model, x, pts, dist, pred, p, lo, hi, rounds):
     dtype = np.dtype(model.inputs[0].dtype)
     for _ in range(rounds):
         target = np.argmax(model_outputs(model, pts.astype(dtype)), axis=1)
-        g = _margin_gradients(model, pts, pred, target).reshape(b, width)
+        g = margin_gradients(model, pts, pred, target)[1].reshape(b, width)
         d = (pts - x).reshape(b, width)
         aim = linear_target(g, np.sum(g * d, axis=1), p)
         gains = dist - lp_norm(aim, p) > 0

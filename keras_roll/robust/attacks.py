@@ -61,6 +61,7 @@ import tensorflow as tf
 
 from keras_roll.robust.adversarial import (
     lp_norm,
+    margin_gradients,
     predict_classes,
 )
 from keras_roll.robust.attack_loop import dual_norms
@@ -103,14 +104,11 @@ def _class_order(model, x, pred, p):
     dist = np.full(b * classes, np.inf)
     for c0 in range(0, rows.size, ORDER_ROWS):
         r, j = rows[c0:c0 + ORDER_ROWS], other[c0:c0 + ORDER_ROWS]
-        xt = tf.constant(x[r])
-        with tf.GradientTape() as tape:
-            tape.watch(xt)
-            out = tf.cast(tf.reshape(model(xt, training=False), [r.size, classes]), tf.float32)
-            m = tf.gather(out, pred[r], batch_dims=1) - tf.gather(out, j, batch_dims=1)
-        gq = dual_norms(tf.cast(tape.gradient(m, xt), tf.float32), p).numpy()
+        m, g = margin_gradients(model, x[r], pred[r], j)
+        m = m.astype(np.float32)
+        gq = dual_norms(tf.constant(g, tf.float32), p).numpy()
         with np.errstate(divide="ignore", invalid="ignore"):
-            dist[c0:c0 + r.size] = np.where(gq > 0, np.maximum(m.numpy(), 0.0) / gq, np.inf)
+            dist[c0:c0 + r.size] = np.where(gq > 0, np.maximum(m, 0.0) / gq, np.inf)
     dist = dist.reshape(b, classes)
     dist[np.arange(b), pred] = np.nan
     order = np.argsort(np.where(np.isnan(dist), np.inf, dist), axis=1, kind="stable")
